@@ -1,0 +1,3 @@
+from kvverify.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""The ``kvverify`` command line: one subcommand per job.
+
+Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
+``run(args) -> int`` (the exit status). Modules are imported only when their subcommand
+runs, so ``kvverify check`` never pays for torch and a host without the extension can
+still use every subcommand that does not drive a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line summary). The summary is repeated here, not taken from the
+# module, so that `kvverify --help` does not import torch.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "check": (
+        "kvverify.trace.cli",
+        "decide from CUDA's ordering rules alone whether a trace of stream work races",
+    ),
+}
+
+DESCRIPTION = """\
+kvverify proves whether batched KV-cache swaps between GPU and host memory are safe
+under each source access order of cuMemcpyBatchAsync (STREAM, DURING_API_CALL, ANY):
+on paper (a happens-before checker over a trace) and on the device (a stress harness).
+
+Run `kvverify COMMAND --help` for each command's options."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with one sub-parser per entry of ``SUBCOMMANDS``."""
+    from kvverify import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="kvverify",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"kvverify {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, summary) in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=summary, description=summary)
+        p.set_defaults(_module=module)
+        _lazy_arguments(p, module)
+    return parser
+
+
+def _lazy_arguments(parser: argparse.ArgumentParser, module: str) -> None:
+    # Arguments are declared by the subcommand's module; importing it is cheap for every
+    # module by rule (torch is imported inside `run`, never at module level).
+    importlib.import_module(module).add_arguments(parser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(importlib.import_module(args._module).run(args))
+    except KeyboardInterrupt:
+        print("kvverify: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

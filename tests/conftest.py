@@ -1,0 +1,30 @@
+"""Shared pytest setup: GPU tests run only where a CUDA device and the extension exist."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+@functools.cache
+def gpu_unavailable_reason() -> str | None:
+    """Why GPU tests cannot run here, or None when they can."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    from kvverify import _extension
+
+    return _extension.load_error()
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    for item in items:
+        if "gpu" in item.keywords:
+            reason = reason or gpu_unavailable_reason()
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"GPU test skipped: {reason}"))
