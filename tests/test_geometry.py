@@ -300,6 +300,12 @@ def test_directory_text_config_and_name(tmp_path):
     assert (g.name, g.num_layers, g.num_kv_heads, g.head_dim) == ("mm", 32, 8, 128)
 
 
+def test_text_config_inherits_the_top_level_dtype():
+    text = _without(LLAMA_31_8B, "torch_dtype")
+    assert from_hf_config({"torch_dtype": "float32", "text_config": text}).dtype_bytes == 4
+    assert from_hf_config({"torch_dtype": "float32", "text_config": LLAMA_31_8B}).dtype_bytes == 2
+
+
 def test_missing_kv_heads_means_multi_head_attention():
     config = {k: v for k, v in LLAMA_31_8B.items() if k != "num_key_value_heads"}
     assert from_hf_config(config).num_kv_heads == 32
