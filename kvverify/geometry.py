@@ -123,7 +123,9 @@ class ModelGeometry:
     @classmethod
     def mla(cls, name: str, num_layers: int, latent_dim: int, dtype_bytes: int) -> ModelGeometry:
         """An MLA geometry: one latent tensor per layer, ``latent_dim`` elements per token."""
-        return cls(name, num_layers, 1, latent_dim, dtype_bytes, mla_latent_dim=latent_dim, kv_split=False)
+        return cls(
+            name, num_layers, 1, latent_dim, dtype_bytes, mla_latent_dim=latent_dim, kv_split=False
+        )
 
 
 # Numbers checked against each model's public config.json (see docs and the report of
@@ -358,7 +360,7 @@ class KVLayout:
 
     @property
     def num_tensors(self) -> int:
-        """Cache tensors per rank: ``num_layers * 2`` where K and V are split, else ``num_layers``."""
+        """Cache tensors per rank: ``num_layers * 2`` where K and V are split, else one per layer."""
         return self.geometry.num_layers * (2 if self.geometry.kv_split else 1)
 
     @property

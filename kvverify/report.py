@@ -137,18 +137,28 @@ class Observation:
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{field} must be a non-negative integer, got {value!r}")
         if self.trials < 1:
-            raise ValueError("an observation needs at least one trial (use None for a cell not run)")
+            raise ValueError(
+                "an observation needs at least one trial (use None for a cell not run)"
+            )
         if self.corrupted_trials > self.trials:
             raise ValueError(f"corrupted_trials {self.corrupted_trials} > trials {self.trials}")
         if sum(self.counts.values()) != self.blocks_checked:
-            raise ValueError(f"block states {self.counts} do not sum to blocks_checked {self.blocks_checked}")
+            raise ValueError(
+                f"block states {self.counts} do not sum to blocks_checked {self.blocks_checked}"
+            )
         bad_blocks = self.stale + self.torn + self.garbage
         if (self.corrupted_trials > 0) != (bad_blocks > 0):
             raise ValueError(
                 f"corrupted_trials={self.corrupted_trials} but {bad_blocks} blocks were not OK"
             )
-        if not (isinstance(self.elapsed_s, (int, float)) and math.isfinite(self.elapsed_s) and self.elapsed_s >= 0):
-            raise ValueError(f"elapsed_s must be a finite non-negative number, got {self.elapsed_s!r}")
+        if not (
+            isinstance(self.elapsed_s, (int, float))
+            and math.isfinite(self.elapsed_s)
+            and self.elapsed_s >= 0
+        ):
+            raise ValueError(
+                f"elapsed_s must be a finite non-negative number, got {self.elapsed_s!r}"
+            )
 
     @property
     def corrupted(self) -> bool:
@@ -173,7 +183,8 @@ class CellVerdict(str, enum.Enum):
     NO_RACE_OBSERVED = "NO_RACE_OBSERVED"  # contract RACY, native run saw none
     SAFE_CONFIRMED = "SAFE_CONFIRMED"  # contract SAFE, no corruption
     UNEXPECTED_CORRUPTION = "UNEXPECTED_CORRUPTION"  # contract SAFE, corruption: a bug
-    SENSITIVITY_FAILURE = "SENSITIVITY_FAILURE"  # contract RACY, adversarial saw none: a harness bug
+    # contract RACY, the adversarial executor saw none: a harness bug
+    SENSITIVITY_FAILURE = "SENSITIVITY_FAILURE"
     NOT_RUN = "NOT_RUN"  # no observation (no GPU, or the cell was skipped)
 
     @property
@@ -195,10 +206,14 @@ def cell_verdict(contract: str, observation: Observation | None, executor: str) 
     if observation is None:
         return CellVerdict.NOT_RUN
     if contract == "SAFE":
-        return CellVerdict.UNEXPECTED_CORRUPTION if observation.corrupted else CellVerdict.SAFE_CONFIRMED
+        if observation.corrupted:
+            return CellVerdict.UNEXPECTED_CORRUPTION
+        return CellVerdict.SAFE_CONFIRMED
     if observation.corrupted:
         return CellVerdict.CONFIRMED_RACE
-    return CellVerdict.SENSITIVITY_FAILURE if executor == "adversarial" else CellVerdict.NO_RACE_OBSERVED
+    if executor == "adversarial":
+        return CellVerdict.SENSITIVITY_FAILURE
+    return CellVerdict.NO_RACE_OBSERVED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +236,9 @@ class CellResult:
     def __post_init__(self) -> None:
         _one_of("contract", self.contract, CONTRACTS)
         if (self.contract == "RACY") != bool(self.witness):
-            raise ValueError(f"{self.cell.label}: a RACY contract needs a witness, a SAFE one has none")
+            raise ValueError(
+                f"{self.cell.label}: a RACY contract needs a witness, a SAFE one has none"
+            )
 
     @property
     def verdict(self) -> CellVerdict:
@@ -367,7 +384,9 @@ class StressReport:
         for r in any_cells:
             quiescent = False
             if r.cell.direction == "load":
-                ends = [contracts.get(_contract_key(r.cell, o)) for o in ("STREAM", "DURING_API_CALL")]
+                ends = [
+                    contracts.get(_contract_key(r.cell, o)) for o in ("STREAM", "DURING_API_CALL")
+                ]
                 if None in ends:
                     undecided.append(r.cell.label)
                     continue
@@ -384,7 +403,9 @@ class StressReport:
                 f"cannot tell whether {subject}: {len(undecided)} ANY load cell(s) lack "
                 "STREAM and DURING_API_CALL counterparts"
             )
-            return Headline(None, text, tuple(safe_extra), tuple(unsafe_quiescent), tuple(undecided))
+            return Headline(
+                None, text, tuple(safe_extra), tuple(unsafe_quiescent), tuple(undecided)
+            )
         if not any(r.observation for r in any_cells):
             tally += ", on paper only: no ANY cell ran"
         if not safe_extra and not unsafe_quiescent:
@@ -431,7 +452,9 @@ class StressReport:
         Raises ValueError for a different schema version, KeyError for a missing field.
         """
         if doc.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(f"schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}")
+            raise ValueError(
+                f"schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}"
+            )
         platform = dict(doc["platform"])
         platform["host_memory_kinds"] = tuple(platform["host_memory_kinds"])
         return cls(

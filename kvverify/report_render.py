@@ -139,7 +139,9 @@ def write_junit(report: StressReport, path: str | os.PathLike) -> None:
     attrs = {k: str(v) for k, v in counts.items()} | {"time": f"{elapsed:.3f}"}
     root = ET.Element("testsuites", {"name": "kvverify stress"} | attrs)
     suite = ET.SubElement(
-        root, "testsuite", {"name": f"kvverify stress {report.campaign}", "timestamp": report.created} | attrs
+        root,
+        "testsuite",
+        {"name": f"kvverify stress {report.campaign}", "timestamp": report.created} | attrs,
     )
     suite_props = ET.SubElement(suite, "properties")
     platform = report.platform

@@ -138,7 +138,20 @@ def test_pointer_inputs_are_checked():
 def test_cpu_slots_expand_like_the_engine():
     layout = KVLayout(PRESETS["llama-3.1-8b"], block_size_factor=4)
     # vLLM's expand_block_ids docstring example: [0, 1, 3] with factor 4.
-    assert layout.cpu_slot_ids(np.array([0, 1, 3])).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]
+    assert layout.cpu_slot_ids(np.array([0, 1, 3])).tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        12,
+        13,
+        14,
+        15,
+    ]
     assert layout.cpu_slot_ids(np.array([2, 0]), skip=3).tolist() == [11, 0, 1, 2, 3]
     with pytest.raises(ValueError, match="skip"):
         layout.cpu_slot_ids(np.array([0]), skip=4)
@@ -199,7 +212,9 @@ def test_transfer_rejects_mismatched_counts():
     data=st.data(),
 )
 def test_transfer_pages_are_disjoint_and_inside_their_tensors(f, n_cpu, data):
-    g = ModelGeometry("small", 2, 2, 8, 2)  # 2 layers * K/V = 4 tensors, 16 * 2 * 8 * 2 = 512 B pages
+    g = ModelGeometry(
+        "small", 2, 2, 8, 2
+    )  # 2 layers * K/V = 4 tensors, 16 * 2 * 8 * 2 = 512 B pages
     layout = KVLayout(g, block_size=16, block_size_factor=f)
     num_gpu_blocks, num_cpu_blocks = 64, 8
     skip = data.draw(st.integers(0, f - 1))

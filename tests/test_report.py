@@ -24,7 +24,9 @@ from kvverify.report import (
 from kvverify.report_render import COLUMNS
 from kvverify.stats import clopper_pearson_upper
 
-WITNESS = "ops 3 (kernel writer) / 5 (copy_batch ANY) RAW: nothing orders the source read after the write"
+WITNESS = (
+    "ops 3 (kernel writer) / 5 (copy_batch ANY) RAW: nothing orders the source read after the write"
+)
 
 
 def clean(trials=100, blocks_per_trial=64, page=32768):
@@ -94,13 +96,20 @@ def results(observe=faithful, contracts=CONTRACTS, host_memory=("pinned",)):
 def make_report(cells=None, **kwargs):
     kwargs.setdefault(
         "platform",
-        Platform("NVIDIA H200", "580.65.06", "13.0", "2.11.0+cu130", ("pinned", "registered", "pageable")),
+        Platform(
+            "NVIDIA H200", "580.65.06", "13.0", "2.11.0+cu130", ("pinned", "registered", "pageable")
+        ),
     )
-    return StressReport(campaign="smoke", seed=7, cells=tuple(results() if cells is None else cells), **kwargs)
+    return StressReport(
+        campaign="smoke", seed=7, cells=tuple(results() if cells is None else cells), **kwargs
+    )
 
 
 def replace_observation(cells, label, observation):
-    return [dataclasses.replace(r, observation=observation) if r.cell.label == label else r for r in cells]
+    return [
+        dataclasses.replace(r, observation=observation) if r.cell.label == label else r
+        for r in cells
+    ]
 
 
 # -- cells and observations ------------------------------------------------------------------
@@ -228,7 +237,10 @@ def test_failing_verdicts_exit_one(label, observation, verdict):
 def test_summary_names_where_each_order_was_safe():
     summary = make_report().summary()
     assert summary == {
-        "STREAM": {"store": {"H1-fixed": ["pinned"]}, "load": {"H3-fixed": ["pinned"], "H5-fixed": ["pinned"]}},
+        "STREAM": {
+            "store": {"H1-fixed": ["pinned"]},
+            "load": {"H3-fixed": ["pinned"], "H5-fixed": ["pinned"]},
+        },
         "DURING_API_CALL": {"store": {}, "load": {"H3-broken": ["pinned"], "H3-fixed": ["pinned"]}},
         "ANY": {"store": {}, "load": {"H3-fixed": ["pinned"]}},
     }
@@ -246,7 +258,11 @@ def test_headline_holds_for_the_catalogue():
     h = make_report().headline()
     assert h.holds is True
     assert h.text.startswith("YES")
-    assert (h.safe_but_not_quiescent_load, h.quiescent_load_but_not_safe, h.undecided) == ((), (), ())
+    assert (h.safe_but_not_quiescent_load, h.quiescent_load_but_not_safe, h.undecided) == (
+        (),
+        (),
+        (),
+    )
 
 
 def test_headline_fails_when_a_quiescent_load_corrupts_under_any():
@@ -260,7 +276,11 @@ def test_headline_fails_when_a_quiescent_load_corrupts_under_any():
 def test_headline_fails_when_any_is_safe_for_a_store():
     # A store after a full device synchronization: every order safe, ANY included.
     contracts = dict(CONTRACTS)
-    contracts[("store-after-sync", "store")] = {"STREAM": "SAFE", "DURING_API_CALL": "SAFE", "ANY": "SAFE"}
+    contracts[("store-after-sync", "store")] = {
+        "STREAM": "SAFE",
+        "DURING_API_CALL": "SAFE",
+        "ANY": "SAFE",
+    }
     h = make_report(results(contracts=contracts)).headline()
     assert h.holds is False
     assert h.safe_but_not_quiescent_load == (
@@ -287,7 +307,9 @@ def test_report_rejects_duplicates_and_contract_disagreement():
     with pytest.raises(ValueError, match="twice"):
         make_report(cells + cells[:1])
     first = cells[0]  # H1-fixed store STREAM native: SAFE
-    other = CellResult(dataclasses.replace(first.cell, executor="adversarial"), "RACY", WITNESS, corrupted())
+    other = CellResult(
+        dataclasses.replace(first.cell, executor="adversarial"), "RACY", WITNESS, corrupted()
+    )
     with pytest.raises(ValueError, match="disagree"):
         make_report([first, other])
 
@@ -303,12 +325,25 @@ def validator():
 
 
 def test_json_validates_and_round_trips(validator, tmp_path):
-    report = make_report(layout={
-        "model": "llama-3.1-8b", "num_layers": 32, "num_kv_heads": 8, "head_dim": 128,
-        "dtype_bytes": 2, "mla_latent_dim": None, "kv_split": True, "block_size": 16, "tp": 1,
-        "block_size_factor": 1, "kv_heads_per_rank": 8, "num_tensors": 64, "page_bytes": 32768,
-        "block_bytes": 2097152, "cpu_block_bytes": 2097152,
-    })
+    report = make_report(
+        layout={
+            "model": "llama-3.1-8b",
+            "num_layers": 32,
+            "num_kv_heads": 8,
+            "head_dim": 128,
+            "dtype_bytes": 2,
+            "mla_latent_dim": None,
+            "kv_split": True,
+            "block_size": 16,
+            "tp": 1,
+            "block_size_factor": 1,
+            "kv_heads_per_rank": 8,
+            "num_tensors": 64,
+            "page_bytes": 32768,
+            "block_bytes": 2097152,
+            "cpu_block_bytes": 2097152,
+        }
+    )
     doc = report.to_json()
     validator.validate(doc)
     assert doc["schema_version"] == 1 and doc["headline"]["holds"] is True
@@ -392,7 +427,11 @@ def test_junit_one_testcase_per_cell(tmp_path):
     assert failing == {label, "H1-fixed store/D2H/ANY/pinned/adversarial"}
     assert skipped == {"H5-fixed load/H2D/ANY/pinned/native"}
     assert by_name[label].find("failure").get("type") == "UNEXPECTED_CORRUPTION"
-    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (str(len(cases)), "2", "1")
+    assert (suite.get("tests"), suite.get("failures"), suite.get("skipped")) == (
+        str(len(cases)),
+        "2",
+        "1",
+    )
 
     props = {p.get("name"): p.get("value") for p in by_name[label].iter("property")}
     assert props["verdict"] == "UNEXPECTED_CORRUPTION"
