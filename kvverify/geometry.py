@@ -360,7 +360,7 @@ class KVLayout:
 
     @property
     def num_tensors(self) -> int:
-        """Cache tensors per rank: ``num_layers * 2`` where K and V are split, else one per layer."""
+        """Cache tensors per rank: ``num_layers * 2`` with K and V split, else one per layer."""
         return self.geometry.num_layers * (2 if self.geometry.kv_split else 1)
 
     @property
