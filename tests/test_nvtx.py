@@ -333,6 +333,21 @@ def test_cli_option(fresh_annotate):
     assert fresh_annotate.state() == "off (--no-nvtx)"
 
 
+def test_cli_applies_no_nvtx_before_the_subcommand_runs(fresh_annotate, monkeypatch):
+    import types
+
+    from kvverify import cli
+
+    seen = []
+    fake = types.ModuleType("kvverify_fake_annotated_command")
+    fake.add_arguments = fresh_annotate.add_cli_option
+    fake.run = lambda args: seen.append(fresh_annotate.state()) or 0
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    monkeypatch.setattr(cli, "SUBCOMMANDS", {"fake": (fake.__name__, "a fake annotated command")})
+    assert cli.main(["fake", "--no-nvtx"]) == 0
+    assert seen == ["off (--no-nvtx)"]
+
+
 # --- end to end: `kvverify stress` under the recorder --------------------------------------
 
 # The documented CLI of the stress runner (issue 4). CPU mode runs everywhere; the GPU
