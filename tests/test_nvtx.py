@@ -348,6 +348,20 @@ def test_cli_applies_no_nvtx_before_the_subcommand_runs(fresh_annotate, monkeypa
     assert seen == ["off (--no-nvtx)"]
 
 
+def test_overhead_benchmark_runs(tmp_path):
+    """The benchmark runs and its no-tool figure is far below a trial's cost (loose bound)."""
+    pytest.importorskip("nvtx")
+    out = tmp_path / "overhead.json"
+    bench = ns.REPO / "benchmarks" / "bench_nvtx_overhead.py"
+    result = subprocess.run([sys.executable, str(bench), "--n", "2000", "--json", str(out)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(out.read_text())
+    no_tool = summary["modes"]["no-tool"]["ns_per_range"]
+    assert set(no_tool) == {"run", "cell", "trial", "phase"}
+    assert max(no_tool.values()) < 50_000, no_tool
+
+
 # --- end to end: `kvverify stress` under the recorder --------------------------------------
 
 # The documented CLI of the stress runner (issue 4). CPU mode runs everywhere; the GPU
