@@ -48,18 +48,18 @@ import sys
 import numpy as np
 
 __all__ = [
-    "BlockState",
+    "MAX_GENERATION",
     "POISON_GENERATION",
     "POISON_WORD",
-    "MAX_GENERATION",
-    "h32",
+    "BlockState",
     "block_keys",
-    "pattern_words",
-    "fill_blocks",
-    "poison_blocks",
-    "classify_blocks",
-    "mix64",
     "checksum_blocks_reference",
+    "classify_blocks",
+    "fill_blocks",
+    "h32",
+    "mix64",
+    "pattern_words",
+    "poison_blocks",
 ]
 
 
