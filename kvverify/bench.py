@@ -328,6 +328,7 @@ def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | 
         "pages_per_call": point.pages_per_call,
         "calls_per_rep": point.calls_per_rep,
         "bytes_per_rep": point.rep_bytes,
+        # event-timed bytes of one method (its counted reps); the end-to-end reps and the warm-up move as much again
         "bytes_timed_per_method": point.rep_bytes * len(next(iter(measured.values())).reps) if measured else 0,
         "methods": methods,
         "any_over_stream": None,
@@ -467,6 +468,7 @@ def _pct(x: float | None) -> str:
 
 def render_tables(document: dict[str, Any], console) -> None:
     """Print the platform line, the event-timed table and the end-to-end table."""
+    from rich.markup import escape
     from rich.table import Table
 
     from kvverify import platform_info
@@ -474,7 +476,7 @@ def render_tables(document: dict[str, Any], console) -> None:
     cfg = document["config"]
     orders = [m for m in cfg["methods"] if m in ORDERS]
     baselines = [m for m in cfg["methods"] if m == "loop"]
-    console.print(platform_info.describe(document["platform"]))
+    console.print(escape(platform_info.describe(document["platform"])))
     ci = f"{100 * cfg['confidence']:g}%"
     t = Table(
         title=f"kvverify bench — GB/s (1e9 B/s), event-timed behind a stream hold, {cfg['host_memory']} host memory",
@@ -486,29 +488,31 @@ def render_tables(document: dict[str, Any], console) -> None:
         ),
     )
     for name in ["dir", "page", "pages/call", "ceiling", *orders, *baselines, f"ANY/STREAM [{ci} CI]", "STREAM spread", "repeat Δ"]:
-        t.add_column(name, justify="left" if name in ("dir", "page") else "right")
+        t.add_column(escape(name), justify="left" if name in ("dir", "page") else "right")
     for p in document["points"]:
         m = p["methods"]
         rep = p["repeat"]
         rep_text = "—" if rep is None else _pct(rep["rel_delta"]) + ("" if rep["within_tolerance"] in (None, True) else " !")
-        t.add_row(
+        row = (
             p["direction"], p["label"], str(p["pages_per_call"]), _cell(m.get("ceiling")),
             *[_cell(m.get(o)) for o in orders], *[_cell(m.get(b)) for b in baselines],
             _ratio_text(p["any_over_stream"]),
             _pct(m["STREAM"]["gbps"]["rel_spread"]) if "STREAM" in m else "—",
             rep_text,
         )
+        t.add_row(*(escape(x) for x in row))
     console.print(t)
     e = Table(title="end-to-end GB/s (host clock from before the first call to the completion of the last copy, no hold)")
     for name in ["dir", "page", "ceiling", *orders, *baselines, f"ANY/STREAM [{ci} CI]"]:
-        e.add_column(name, justify="left" if name in ("dir", "page") else "right")
+        e.add_column(escape(name), justify="left" if name in ("dir", "page") else "right")
     for p in document["points"]:
         m = p["methods"]
-        e.add_row(
+        row = (
             p["direction"], p["label"], _cell(m.get("ceiling"), "e2e_gbps"),
             *[_cell(m.get(o), "e2e_gbps") for o in orders], *[_cell(m.get(b), "e2e_gbps") for b in baselines],
             _ratio_text(p["any_over_stream_e2e"]),
         )
+        e.add_row(*(escape(x) for x in row))
     console.print(e)
 
 
@@ -523,7 +527,8 @@ def plot(document: dict[str, Any], path: str) -> None:
     colors = {"STREAM": "tab:blue", "DURING_API_CALL": "tab:green", "ANY": "tab:orange", "loop": "tab:gray"}
     styles = {"h2d": "-", "d2h": "--"}
     markers = {"h2d": "o", "d2h": "s"}
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=120)
+    top = 0.0
     all_pages: set[int] = set()
     for direction in DIRECTIONS:
         points = sorted((p for p in document["points"] if p["direction"] == direction), key=lambda p: p["page_bytes"])
@@ -538,12 +543,14 @@ def plot(document: dict[str, Any], path: str) -> None:
                 if m is not None and m["gbps"]["median"] == m["gbps"]["median"]:
                     xs.append(p["page_bytes"])
                     ys.append(m["gbps"]["median"])
+                    top = max(top, ys[-1])
             if xs:
                 all_pages.update(xs)
                 ax.plot(xs, ys, linestyle=styles[direction] if method != "loop" else ":", marker=markers[direction],
                         color=colors.get(method, "black"), label=f"{direction.upper()} {method}", markersize=4)
         ceiling = document["ceiling_gbps"].get(direction)
         if ceiling is not None:
+            top = max(top, ceiling)
             ax.axhline(ceiling, color="black", linestyle=styles[direction], linewidth=1, alpha=0.6,
                        label=f"{direction.upper()} ceiling (one contiguous copy) {ceiling:.1f} GB/s")
     ax.set_xscale("log", base=2)
@@ -553,14 +560,14 @@ def plot(document: dict[str, Any], path: str) -> None:
         ax.set_xticklabels([format_size(t) for t in ticks], rotation=45, ha="right")
     ax.set_xlabel("page size")
     ax.set_ylabel("GB/s (1e9 bytes/s), event-timed")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, top * 1.1 if top > 0 else 1)
     ax.grid(True, which="major", alpha=0.3)
     plat = document["platform"]
     ax.set_title(
         f"swap_blocks_batch bandwidth — {plat.get('gpu_name', 'unknown')}, {document['config']['host_memory']} host memory",
         fontsize=10,
     )
-    ax.legend(fontsize=7, ncol=2, loc="lower right")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

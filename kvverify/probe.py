@@ -188,6 +188,7 @@ def _agree(m: dict[str, Any]) -> str:
 
 def render_table(document: dict[str, Any], console) -> None:
     """Print the probe cells as one rich table, the platform line above it and the legend below."""
+    from rich.markup import escape
     from rich.table import Table
 
     from kvverify import platform_info
@@ -207,21 +208,22 @@ def render_table(document: dict[str, Any], console) -> None:
         ("order", "left"),
         ("host memory", "left"),
         ("blocks host", "left"),
-        ("call ms (median [min–max])", "right"),
+        ("call ms median (min–max)", "right"),
         ("call / hold", "right"),
         ("source read", "left"),
     ):
         table.add_column(name, justify=justify)
     for cell in document["cells"]:
         call = cell["call_s"]
-        call_text = "—" if call["n"] == 0 else f"{call['median'] * 1e3:.3f} [{call['min'] * 1e3:.3f}–{call['max'] * 1e3:.3f}]"
+        call_text = "—" if call["n"] == 0 else f"{call['median'] * 1e3:.3f} ({call['min'] * 1e3:.3f}–{call['max'] * 1e3:.3f})"
         ratio = cell["call_over_hold"]
         ratio_text = "—" if ratio != ratio else f"{ratio:.2f}"
         read = _agree(cell["source_read"])
         if cell["errors"]:
             read += f" ({cell['errors'][0][:60]})"
-        table.add_row(cell["direction"], cell["order"], cell["host_memory"], _agree(cell["blocks"]), call_text, ratio_text, read)
-    console.print(platform_info.describe(document["platform"]))
+        row = (cell["direction"], cell["order"], cell["host_memory"], _agree(cell["blocks"]), call_text, ratio_text, read)
+        table.add_row(*(escape(x) for x in row))
+    console.print(escape(platform_info.describe(document["platform"])))
     console.print(table)
 
 

@@ -74,15 +74,10 @@ def size_list_arg(text: str) -> list[int]:
 
 
 def format_size(nbytes: int) -> str:
-    """Name ``nbytes`` in the largest binary unit that divides it: ``4 KiB``, ``2 MiB``, ``1000 B``.
-
-    Sizes that no binary unit divides are given in the largest unit below them with
-    one decimal (``1.5 MiB``).
-    """
+    """Name ``nbytes`` exactly, in the largest binary unit that divides it: ``4 KiB``, ``2 MiB``,
+    ``1536 KiB``, ``1000 B``. ``parse_size`` reads every result back to the same number."""
     nbytes = int(nbytes)
     for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if nbytes >= scale:
-            if nbytes % scale == 0:
-                return f"{nbytes // scale} {unit}"
-            return f"{nbytes / scale:.1f} {unit}"
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
