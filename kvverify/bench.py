@@ -265,8 +265,11 @@ class Rep:
 
 @dataclass
 class Series:
+    """The counted reps of one method at one point; ``error``: why the method stopped early (its op raised)."""
+
     reps: list[Rep] = field(default_factory=list)
     blocking: bool = False
+    error: str | None = None
 
 
 def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate) -> Rep:
@@ -281,18 +284,32 @@ def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate)
 
 def measure_point(backend, point: Point, methods: list[str], reps: int, seed: int, annotate) -> dict[str, Series]:
     """Measure ``methods`` at ``point``: one warm-up rep each (sizes the hold, not counted), then
-    ``reps`` interleaved rounds (``round_order``)."""
+    ``reps`` interleaved rounds (``round_order``). A method whose op raises is dropped from the
+    point's remaining rounds with the error kept (``backend.recover()`` then re-synchronizes; a
+    sticky CUDA error raises there and ends the run)."""
     calls = backend.prepare(point, seed)
     issuers = {m: backend.issuer(m, point, calls) for m in methods}
     holds = {m: HoldController() for m in methods}
     out = {m: Series() for m in methods}
-    with annotate.trial_range(-1):  # warm-up
+
+    def attempt(m: str) -> Rep | None:
+        try:
+            return _one_rep(backend, issuers[m], holds[m], annotate)
+        except Exception as exc:  # noqa: BLE001  (the op's own errors: unsupported memory, invalid value, ...)
+            out[m].error = " ".join(str(exc).split())[:300] or type(exc).__name__
+            backend.recover()
+            return None
+
+    with annotate.phase_range("warm-up"):
         for m in methods:
-            _one_rep(backend, issuers[m], holds[m], annotate)
+            attempt(m)
     for i in range(reps):
         with annotate.trial_range(i):
             for m in round_order(i, methods):
-                out[m].reps.append(_one_rep(backend, issuers[m], holds[m], annotate))
+                if out[m].error is None:
+                    rep = attempt(m)
+                    if rep is not None:
+                        out[m].reps.append(rep)
     for m in methods:
         out[m].blocking = holds[m].blocking
     return out
@@ -307,6 +324,7 @@ def summarize_series(point: Point, series: Series) -> dict[str, Any]:
         "e2e_gbps": _measure.summary(e2e),
         "hold_covered": sum(1 for r in series.reps if r.covered),
         "blocking": series.blocking,
+        "error": series.error,
         "queue_s": _measure.summary(r.queue_s for r in series.reps),
         "hold_s": _measure.summary(r.hold_s for r in series.reps),
         "samples_gbps": bw,
@@ -337,8 +355,10 @@ def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | 
     }
     if "ANY" in methods and "STREAM" in methods:
         a, s = methods["ANY"], methods["STREAM"]
-        result["any_over_stream"] = _measure.ratio_ci(a["samples_gbps"], s["samples_gbps"], confidence)
-        result["any_over_stream_e2e"] = _measure.ratio_ci(a["samples_e2e_gbps"], s["samples_e2e_gbps"], confidence)
+        n = min(len(a["samples_gbps"]), len(s["samples_gbps"]))  # round i of one pairs with round i of the other
+        if n >= 2:
+            result["any_over_stream"] = _measure.ratio_ci(a["samples_gbps"][:n], s["samples_gbps"][:n], confidence)
+            result["any_over_stream_e2e"] = _measure.ratio_ci(a["samples_e2e_gbps"][:n], s["samples_e2e_gbps"][:n], confidence)
     if repeat is not None and repeat.reps and "STREAM" in methods:
         second = summarize_series(point, repeat)
         first_median = methods["STREAM"]["gbps"]["median"]
@@ -350,7 +370,7 @@ def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | 
             "second_gbps": second["gbps"]["median"],
             "rel_delta": delta,
             "checked": checked,
-            "within_tolerance": (delta <= REPEAT_TOLERANCE) if checked else None,
+            "within_tolerance": (delta <= REPEAT_TOLERANCE) if checked and delta == delta else None,
             "tolerance": REPEAT_TOLERANCE,
             "second_series": second,
         }
@@ -447,6 +467,8 @@ def _progress_line(point: Point, series: dict[str, Series], elapsed_s: float) ->
 def _cell(method: dict[str, Any] | None, key: str = "gbps") -> str:
     if method is None:
         return "—"
+    if method.get("error") and method[key]["n"] == 0:
+        return "error"
     med = method[key]["median"]
     if med is None or med != med:
         return "—"
@@ -502,6 +524,10 @@ def render_tables(document: dict[str, Any], console) -> None:
         )
         t.add_row(*(escape(x) for x in row))
     console.print(t)
+    for p in document["points"]:
+        for name, m in p["methods"].items():
+            if m.get("error"):
+                console.print(escape(f"{p['direction']} {p['label']} {name}: stopped after {m['gbps']['n']} reps: {m['error']}"))
     e = Table(title="end-to-end GB/s (host clock from before the first call to the completion of the last copy, no hold)")
     for name in ["dir", "page", "ceiling", *orders, *baselines, f"ANY/STREAM [{ci} CI]"]:
         e.add_column(escape(name), justify="left" if name in ("dir", "page") else "right")
@@ -601,6 +627,10 @@ class CudaBench:
     def close(self) -> None:
         self.torch.cuda.synchronize()
         self.host.free()
+
+    def recover(self) -> None:
+        """After an op raised: wait for the stream (a sticky CUDA error raises here and ends the run)."""
+        self.torch.cuda.synchronize()
 
     def _bases(self, direction: str) -> tuple[int, int]:
         host, dev = int(self.host.ptr), int(self.dev.data_ptr())

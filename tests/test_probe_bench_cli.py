@@ -534,6 +534,48 @@ def test_bench_without_batch_api_measures_baselines_only(monkeypatch):
     assert doc["points"][0]["any_over_stream"] is None and doc["points"][0]["repeat"] is None
 
 
+class FailingBench(FakeBench):
+    """DURING_API_CALL raises from its first call; ANY raises from its third held rep."""
+
+    def __init__(self):
+        super().__init__()
+        self.recovered = 0
+        self.any_calls = 0
+
+    def held(self, issue, hold_ns):
+        if issue.method == "DURING_API_CALL":
+            raise RuntimeError("cuMemcpyBatchAsync: invalid argument\n(details)")
+        if issue.method == "ANY":
+            self.any_calls += 1
+            if self.any_calls == 4:  # warm-up + 2 counted reps succeed
+                raise RuntimeError("transient")
+        return super().held(issue, hold_ns)
+
+    def recover(self):
+        self.recovered += 1
+
+
+def test_bench_keeps_going_when_a_method_raises(monkeypatch):
+    from rich.console import Console
+
+    _fake_stats(monkeypatch)
+    args = parse(bench, ["--page-sizes", "64KiB", "--reps", "5", "--directions", "h2d", "--no-repeat"])
+    backend = FailingBench()
+    doc = bench.run_bench(args, backend, {"batch_api_available": True}, _measure._NoAnnotate)
+    m = doc["points"][0]["methods"]
+    assert m["DURING_API_CALL"]["error"] == "cuMemcpyBatchAsync: invalid argument (details)"
+    assert m["DURING_API_CALL"]["gbps"]["n"] == 0
+    assert m["ANY"]["error"] == "transient" and m["ANY"]["gbps"]["n"] == 2
+    assert m["STREAM"]["gbps"]["n"] == 5 and m["STREAM"]["error"] is None
+    assert backend.recovered == 2
+    ratio = doc["points"][0]["any_over_stream"]
+    assert ratio["n"] == 2  # only the rounds where both ran
+    console = Console(record=True, width=250)
+    bench.render_tables(doc, console)
+    text = console.export_text()
+    assert "error" in text and "stopped after 0 reps: cuMemcpyBatchAsync" in text
+
+
 def test_write_json_turns_nan_into_null(tmp_path):
     out = tmp_path / "x.json"
     _measure.write_json(str(out), {"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 2}})
