@@ -6,7 +6,6 @@ Nothing here imports torch at module level.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import statistics
@@ -64,37 +63,12 @@ def _one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-class _NoAnnotate:
-    """Stand-in for ``kvverify.annotate`` while that module has not landed: every range is a no-op."""
+def load_annotate(args):
+    """Return ``kvverify.annotate`` with ``--no-nvtx`` from ``args`` applied (``kvverify.cli`` applies it
+    too; applying it here keeps ``run(args)`` right when called directly)."""
+    from kvverify import annotate
 
-    @staticmethod
-    def configure(enabled: bool) -> None:
-        return None
-
-    @staticmethod
-    def run_range(label):
-        return contextlib.nullcontext()
-
-    @staticmethod
-    def cell_range(label, direction=None):
-        return contextlib.nullcontext()
-
-    @staticmethod
-    def trial_range(index):
-        return contextlib.nullcontext()
-
-    @staticmethod
-    def phase_range(name):
-        return contextlib.nullcontext()
-
-
-def load_annotate(enabled: bool):
-    """Return ``kvverify.annotate`` configured with ``enabled`` (a no-op stand-in if the module is absent)."""
-    try:
-        from kvverify import annotate
-    except ImportError:
-        return _NoAnnotate
-    annotate.configure(enabled)
+    annotate.configure_from_args(args)
     return annotate
 
 
@@ -155,25 +129,29 @@ def majority(values: Sequence[Any]) -> dict[str, Any]:
 
 
 def ratio_ci(numerators: Sequence[float], denominators: Sequence[float], confidence: float) -> dict[str, Any]:
-    """Median of the paired ratios ``numerators[i] / denominators[i]`` with its confidence interval.
+    """Median of the paired ratios ``numerators[i] / denominators[i]`` with its confidence interval
+    (``kvverify.stats.paired_ratio_ci``: distribution-free, from binomial order statistics).
 
-    Delegates to ``kvverify.stats.paired_ratio_ci`` and accepts either return shape of that
-    contract (a ``RatioCI`` with ``median``/``low``/``high`` or a ``(median, low, high)`` tuple).
+    With fewer pairs than ``stats.min_pairs(confidence)`` (6 at 95%), or a sample that is not a
+    finite positive number, there is no interval: ``low`` and ``high`` are None and ``note`` says why;
+    ``median`` is then the plain median of the finite ratios (NaN if none).
     """
     from kvverify import stats
 
-    result = stats.paired_ratio_ci(list(numerators), list(denominators), confidence)
-    if hasattr(result, "median"):
-        median, low, high = result.median, result.low, result.high
-    else:
-        median, low, high = tuple(result)[:3]
-    return {
-        "median": float(median),
-        "low": float(low),
-        "high": float(high),
-        "n": len(numerators),
-        "confidence": confidence,
-    }
+    num, den = list(numerators), list(denominators)
+    try:
+        r = stats.paired_ratio_ci(num, den, confidence)
+        return {"median": r.median, "low": r.low, "high": r.high, "n": r.n, "confidence": confidence, "note": None}
+    except ValueError as exc:
+        ratios = [a / b for a, b in zip(num, den) if b and a == a and b == b and math.isfinite(a / b)]
+        return {
+            "median": statistics.median(ratios) if ratios else float("nan"),
+            "low": None,
+            "high": None,
+            "n": len(num),
+            "confidence": confidence,
+            "note": f"no interval: {exc}",
+        }
 
 
 # --------------------------------------------------------------------------- output

@@ -52,6 +52,7 @@ MIN_REP_BYTES = 256 * MiB  # calls/rep defaults to the fewest calls that move th
 REPEAT_CHECK_MIN_PAGE = 256 * KiB
 REPEAT_TOLERANCE = 0.03
 BASELINES = ("loop", "ceiling")
+WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
 
 
 class PlanError(ValueError):
@@ -87,9 +88,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", metavar="PRESET",
                    help="take page sizes and pages per call from a model preset of kvverify.geometry (e.g. llama-3.1-8b)")
     g.add_argument("--block-tokens", type=_int_list, default=[16, 32, 64], metavar="LIST",
-                   help="with --model: tokens per KV block, one page size each (default 16,32,64)")
-    g.add_argument("--blocks-per-call", type=_positive_int, default=32,
-                   help="with --model: KV blocks per batch call; pages/call = blocks x the layout's tensors (default 32)")
+                   help="with --model: tokens per KV block (GPU page), one page size each (default 16,32,64)")
+    g.add_argument("--blocks-per-transfer", type=_positive_int, default=16,
+                   help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
+                        "layout's tensors (default 16)")
     g.add_argument("--directions", type=parse_directions, default=list(DIRECTIONS), help="h2d,d2h (default both)")
     g.add_argument("--orders", type=parse_orders, default=list(ORDERS), help="STREAM,DURING_API_CALL,ANY (default all)")
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
@@ -110,7 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform as JSON (- for stdout)")
     g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib: pip install 'kvverify[plot]')")
     g.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
-    g.add_argument("--no-nvtx", action="store_true", help="emit no NVTX ranges")
+    from kvverify import annotate
+
+    annotate.add_cli_option(g)
 
 
 # --------------------------------------------------------------------------- plan
@@ -160,15 +164,19 @@ def _model_shapes(args: argparse.Namespace) -> list[tuple[int, int, str]]:
         from kvverify import geometry
     except ImportError as exc:
         raise PlanError(f"--model needs kvverify.geometry ({exc})") from None
-    preset = geometry.PRESETS.get(args.model)
-    if preset is None:
-        raise PlanError(f"--model {args.model!r} is not a preset; choose from {', '.join(sorted(geometry.PRESETS))}")
+    try:
+        preset = geometry.preset(args.model)
+    except ValueError as exc:
+        raise PlanError(f"--model: {exc}") from None
     shapes = []
     for tokens in args.block_tokens:
-        layout = geometry.KVLayout(geometry=preset, block_size=tokens, tp=1, block_size_factor=1)
+        try:
+            layout = geometry.KVLayout(geometry=preset, block_size=tokens)
+        except ValueError as exc:
+            raise PlanError(f"--model {preset.name} --block-tokens {tokens}: {exc}") from None
         page = int(layout.page_bytes)
-        pages = int(layout.tensors) * args.blocks_per_call
-        shapes.append((page, pages, f"{args.model} {tokens} tok"))
+        pages = int(layout.num_tensors) * args.blocks_per_transfer
+        shapes.append((page, pages, f"{preset.name} {tokens} tok"))
     return shapes
 
 
@@ -191,7 +199,7 @@ def plan_points(args: argparse.Namespace) -> list[Point]:
         if pages > slots:
             raise PlanError(
                 f"{label}: {pages} pages per call of {format_size(page)} do not fit a pool of {format_size(args.pool_bytes)} "
-                "(raise --pool-bytes or lower --call-bytes / --blocks-per-call)"
+                "(raise --pool-bytes or lower --call-bytes / --blocks-per-transfer)"
             )
         call_bytes = page * pages
         calls = args.calls_per_rep or max(1, math.ceil(MIN_REP_BYTES / call_bytes))
@@ -274,10 +282,10 @@ class Series:
 
 def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate) -> Rep:
     hold_ns = hold.hold_ns
-    with annotate.phase_range("held"):
+    with annotate.phase_range("swap"):  # held: spin, start event, the calls, stop event, wait
         copy_s, queue_s, covered = backend.held(issue, hold_ns)
     hold.update(queue_s, covered)
-    with annotate.phase_range("end-to-end"):
+    with annotate.phase_range("swap"):  # end-to-end: the calls on an idle stream, wait
         e2e_s = backend.end_to_end(issue)
     return Rep(copy_s, queue_s, covered, hold_ns / 1e9, e2e_s)
 
@@ -300,7 +308,7 @@ def measure_point(backend, point: Point, methods: list[str], reps: int, seed: in
             backend.recover()
             return None
 
-    with annotate.phase_range("warm-up"):
+    with annotate.trial_range(WARMUP_TRIAL):
         for m in methods:
             attempt(m)
     for i in range(reps):
@@ -356,7 +364,7 @@ def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | 
     if "ANY" in methods and "STREAM" in methods:
         a, s = methods["ANY"], methods["STREAM"]
         n = min(len(a["samples_gbps"]), len(s["samples_gbps"]))  # round i of one pairs with round i of the other
-        if n >= 2:
+        if n >= 1:
             result["any_over_stream"] = _measure.ratio_ci(a["samples_gbps"][:n], s["samples_gbps"][:n], confidence)
             result["any_over_stream_e2e"] = _measure.ratio_ci(a["samples_e2e_gbps"][:n], s["samples_e2e_gbps"][:n], confidence)
     if repeat is not None and repeat.reps and "STREAM" in methods:
@@ -423,7 +431,7 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
             "page_sizes": [p.page_bytes for p in points if p.direction == points[0].direction] if points else [],
             "model": args.model,
             "block_tokens": list(args.block_tokens) if args.model else None,
-            "blocks_per_call": args.blocks_per_call if args.model else None,
+            "blocks_per_transfer": args.blocks_per_transfer if args.model else None,
             "reps": args.reps,
             "warmup_reps": 1,
             "pool_bytes": args.pool_bytes,
@@ -481,6 +489,8 @@ def _cell(method: dict[str, Any] | None, key: str = "gbps") -> str:
 def _ratio_text(r: dict[str, Any] | None) -> str:
     if not r:
         return "—"
+    if r["low"] is None:
+        return f"{r['median']:.3f} (n={r['n']}: no CI)"
     return f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
 
 
@@ -637,7 +647,11 @@ class CudaBench:
         return (host, dev) if direction == "h2d" else (dev, host)
 
     def prepare(self, point: Point, seed: int):
-        """``calls_per_rep`` call-sets of (src_ptrs, dst_ptrs, sizes) int64 CPU tensors at random page slots."""
+        """``calls_per_rep`` call-sets of (src_ptrs, dst_ptrs, sizes) int64 CPU tensors at random page slots.
+
+        Each call-set goes once through the op with its pointer check on (an address the driver
+        cannot resolve raises a ValueError instead of crashing the process); the timed calls skip it.
+        """
         np, torch = self.np, self.torch
         rng = np.random.default_rng(seed)
         slots = self.pool_bytes // point.page_bytes
@@ -648,6 +662,9 @@ class CudaBench:
             src = rng.choice(slots, size=point.pages_per_call, replace=False).astype(np.int64) * point.page_bytes + src_base
             dst = rng.choice(slots, size=point.pages_per_call, replace=False).astype(np.int64) * point.page_bytes + dst_base
             calls.append((torch.from_numpy(src), torch.from_numpy(dst), sizes))
+        for src, dst, n in calls:
+            self.ops.swap_blocks_batch(src, dst, n, self.ops.SrcAccessOrder.STREAM, check_pointers=True)
+        torch.cuda.synchronize()
         return calls
 
     def issuer(self, method: str, point: Point, calls) -> Callable[[], None]:
@@ -660,17 +677,19 @@ class CudaBench:
                 torch.tensor([dst_base], dtype=torch.int64),
                 torch.tensor([point.rep_bytes], dtype=torch.int64),
             )
-            return lambda: ops.swap_blocks_batch(*one, stream_order, use_batch_api=False)
+            ops.swap_blocks_batch(*one, stream_order, use_batch_api=False, check_pointers=True)  # checked once
+            torch.cuda.synchronize()
+            return lambda: ops.swap_blocks_batch(*one, stream_order, use_batch_api=False, check_pointers=False)
         if method == "loop":
             def loop() -> None:
                 for src, dst, sizes in calls:
-                    ops.swap_blocks_batch(src, dst, sizes, stream_order, use_batch_api=False)
+                    ops.swap_blocks_batch(src, dst, sizes, stream_order, use_batch_api=False, check_pointers=False)
             return loop
         order = ops.SrcAccessOrder[method]
 
         def batch() -> None:
             for src, dst, sizes in calls:
-                ops.swap_blocks_batch(src, dst, sizes, order, use_batch_api=True)
+                ops.swap_blocks_batch(src, dst, sizes, order, use_batch_api=True, check_pointers=False)
         return batch
 
     def held(self, issue: Callable[[], None], hold_ns: int) -> tuple[float, float, bool]:
@@ -722,13 +741,18 @@ def run(args: argparse.Namespace) -> int:
 
     from kvverify import platform_info
 
-    annotate = _measure.load_annotate(not args.no_nvtx)
+    annotate = _measure.load_annotate(args)
     platform = platform_info.collect(args.device)
     out = _measure.console(stderr=args.json == "-")
 
     def progress(line: str) -> None:
         print(f"[bench] {line}", file=sys.stderr, flush=True)
 
+    from kvverify import stats
+
+    if args.reps < stats.min_pairs(args.confidence):
+        progress(f"warning: {args.reps} reps give no {args.confidence:.0%} interval for ANY/STREAM "
+                 f"(it needs {stats.min_pairs(args.confidence)} pairs)")
     l2 = platform.get("l2_cache_bytes")
     if isinstance(l2, int) and args.pool_bytes < 4 * l2:
         progress(f"warning: the pool ({format_size(args.pool_bytes)}) is less than 4x the L2 ({format_size(l2)})")

@@ -101,7 +101,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-memory", type=parse_host_kinds, default=list(HOST_KINDS), help="pinned,registered,pageable (default all)")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     parser.add_argument("--json", metavar="PATH", help="write the cells and the platform as JSON (- for stdout)")
-    parser.add_argument("--no-nvtx", action="store_true", help="emit no NVTX ranges")
+    from kvverify import annotate
+
+    annotate.add_cli_option(parser)
 
 
 # --------------------------------------------------------------------------- pure logic
@@ -253,6 +255,17 @@ class CudaProbe:
         self.dev_ptrs = torch.from_numpy(offsets + self.dev.data_ptr())
         self.host_ptrs = {kind: torch.from_numpy(offsets + int(buf.ptr)) for kind, buf in self.host.items()}
 
+        # Check every address once, through the op's own pointer check (an address the driver cannot
+        # resolve raises a ValueError here instead of crashing the process); timed calls skip it.
+        for ptrs in self.host_ptrs.values():
+            ops.swap_blocks_batch(ptrs, self.dev_ptrs, self.sizes, ops.SrcAccessOrder.STREAM, check_pointers=True)
+            ops.swap_blocks_batch(self.dev_ptrs, ptrs, self.sizes, ops.SrcAccessOrder.STREAM, check_pointers=True)
+        torch.cuda.synchronize()
+
+    def _swap(self, src_ptrs, dst_ptrs, order: str) -> None:
+        """The call under test: the batch API, this order, no pointer lookup (checked once above)."""
+        self.ops.swap_blocks_batch(src_ptrs, dst_ptrs, self.sizes, self.ops.SrcAccessOrder[order], check_pointers=False)
+
     def close(self) -> None:
         self.torch.cuda.synchronize()
         for buf in self.host.values():
@@ -277,15 +290,15 @@ class CudaProbe:
         torch.cuda.synchronize()
         s = self.copy_stream
         with torch.cuda.stream(s):
-            with a.phase_range("hold"):
+            with a.phase_range("write"):  # the pending work: the hold on the copy stream
                 self.kernels.spin(hold_ns)
                 self.pending.record(s)
-            with a.phase_range("call"):
+            with a.phase_range("swap"):
                 t0 = time.perf_counter()
-                self.ops.swap_blocks_batch(self.host_ptrs[kind], self.dev_ptrs, self.sizes, self.ops.SrcAccessOrder[order])
+                self._swap(self.host_ptrs[kind], self.dev_ptrs, order)
                 t1 = time.perf_counter()
             pending_at_return = not self.pending.query()
-            with a.phase_range("rewrite"):
+            with a.phase_range("write"):  # the host rewrites the source
                 host.fill(NEW)
             pending_after_rewrite = not self.pending.query()
         with a.phase_range("verify"):
@@ -301,16 +314,16 @@ class CudaProbe:
         self.dev.fill_(OLD)
         torch.cuda.synchronize()
         w, s = self.writer_stream, self.copy_stream
-        with a.phase_range("hold"):
+        with a.phase_range("write"):  # the pending writer on the other stream
             with torch.cuda.stream(w):
                 self.kernels.spin(hold_ns)
                 self.dev.fill_(NEW)
                 self.pending.record(w)
             s.wait_event(self.pending)
         with torch.cuda.stream(s):
-            with a.phase_range("call"):
+            with a.phase_range("swap"):
                 t0 = time.perf_counter()
-                self.ops.swap_blocks_batch(self.dev_ptrs, self.host_ptrs[kind], self.sizes, self.ops.SrcAccessOrder[order])
+                self._swap(self.dev_ptrs, self.host_ptrs[kind], order)
                 t1 = time.perf_counter()
             pending_at_return = not self.pending.query()
         with a.phase_range("verify"):
@@ -375,7 +388,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvverify import platform_info
 
-    annotate = _measure.load_annotate(not args.no_nvtx)
+    annotate = _measure.load_annotate(args)
     platform = platform_info.collect(args.device)
     out = _measure.console(stderr=args.json == "-")
 

@@ -23,6 +23,16 @@ REPO = Path(__file__).resolve().parents[1]
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
 
+@pytest.fixture
+def annotate_off():
+    """The real kvverify.annotate with annotation off: every range is a no-op, names are still checked."""
+    from kvverify import annotate
+
+    annotate.configure(False)
+    yield annotate
+    annotate._reset_for_tests()
+
+
 def parse(module, argv):
     parser = argparse.ArgumentParser(prog=f"kvverify {module.__name__.rsplit('.', 1)[1]}")
     module.add_arguments(parser)
@@ -185,40 +195,19 @@ def test_bench_plan_error_is_one_line(capsys):
     assert len(err) == 1 and err[0].startswith("kvverify bench:")
 
 
-def _fake_geometry(monkeypatch):
-    class KVLayout:
-        def __init__(self, geometry, block_size, tp, block_size_factor):
-            self.page_bytes = block_size * geometry.num_kv_heads * geometry.head_dim * geometry.dtype_bytes
-            self.tensors = 2 * geometry.num_layers
-
-    g = types.SimpleNamespace(name="llama-3.1-8b", num_layers=32, num_kv_heads=8, head_dim=128, dtype_bytes=2)
-    module = types.ModuleType("kvverify.geometry")
-    module.PRESETS = {"llama-3.1-8b": g}
-    module.KVLayout = KVLayout
-    import kvverify
-
-    monkeypatch.setitem(sys.modules, "kvverify.geometry", module)
-    monkeypatch.setattr(kvverify, "geometry", module, raising=False)
-
-
-def test_plan_points_model(monkeypatch):
-    _fake_geometry(monkeypatch)
+def test_plan_points_model():
     args = bench.resolve(parse(bench, ["--model", "llama-3.1-8b", "--directions", "h2d"]))
     points = bench.plan_points(args)
+    # 16, 32, 64 tokens x 8 KV heads x 128 x 2 bytes; 32 layers x (K, V) = 64 tensors x 16 blocks per transfer
     assert [p.page_bytes for p in points] == [32 * KiB, 64 * KiB, 128 * KiB]
-    assert all(p.pages_per_call == 64 * 32 for p in points)
+    assert all(p.pages_per_call == 64 * 16 for p in points)
     assert points[0].label == "llama-3.1-8b 16 tok"
-    args = bench.resolve(parse(bench, ["--model", "nope"]))
+    assert points[0].calls_per_rep == 8  # 32 MiB per call, 256 MiB per rep
+    args = bench.resolve(parse(bench, ["--model", "DeepSeek-V3", "--block-tokens", "16", "--blocks-per-transfer", "4"]))
+    (p, _) = bench.plan_points(args)
+    assert p.page_bytes == 16 * 576 * 2 and p.pages_per_call == 61 * 4
     with pytest.raises(bench.PlanError, match="llama-3.1-8b"):
-        bench.plan_points(args)
-
-
-def test_plan_points_real_geometry():
-    geometry = pytest.importorskip("kvverify.geometry")
-    args = bench.resolve(parse(bench, ["--model", "llama-3.1-8b", "--block-tokens", "16"]))
-    points = bench.plan_points(args)
-    assert len(points) == 2 and points[0].page_bytes > 0 and points[0].pages_per_call >= 32
-    assert "llama-3.1-8b" in geometry.PRESETS
+        bench.plan_points(bench.resolve(parse(bench, ["--model", "nope"])))
 
 
 # --------------------------------------------------------------------------- statistics and controls
@@ -252,37 +241,21 @@ def test_gbps_is_decimal():
     assert math.isnan(_measure.gbps(1, 0))
 
 
-@pytest.mark.parametrize("shape", ["namedtuple", "tuple"])
-def test_ratio_ci_accepts_both_contract_shapes(monkeypatch, shape):
-    import collections
-
-    RatioCI = collections.namedtuple("RatioCI", "median low high n")
-    seen = {}
-
-    def paired_ratio_ci(num, den, confidence=0.95):
-        seen["args"] = (list(num), list(den), confidence)
-        ratios = sorted(a / b for a, b in zip(num, den))
-        med = ratios[len(ratios) // 2]
-        return RatioCI(med, ratios[0], ratios[-1], len(ratios)) if shape == "namedtuple" else (med, ratios[0], ratios[-1])
-
-    import kvverify
-
-    fake = types.ModuleType("kvverify.stats")
-    fake.paired_ratio_ci = paired_ratio_ci
-    monkeypatch.setitem(sys.modules, "kvverify.stats", fake)
-    monkeypatch.setattr(kvverify, "stats", fake, raising=False)
-    r = _measure.ratio_ci([2.0, 3.0, 4.0], [2.0, 2.0, 2.0], 0.9)
-    assert seen["args"] == ([2.0, 3.0, 4.0], [2.0, 2.0, 2.0], 0.9)
-    assert (r["median"], r["low"], r["high"], r["n"], r["confidence"]) == (1.5, 1.0, 2.0, 3, 0.9)
-
-
-def test_ratio_ci_real_stats():
-    pytest.importorskip("kvverify.stats")
+def test_ratio_ci():
     num = [50.0 + 0.1 * i for i in range(12)]
     den = [50.0] * 12
     r = _measure.ratio_ci(num, den, 0.95)
-    assert r["low"] <= r["median"] <= r["high"]
-    assert 1.0 <= r["median"] <= 1.03
+    assert r["low"] <= r["median"] <= r["high"] and r["note"] is None
+    assert r["median"] == pytest.approx(1.011) and r["n"] == 12 and r["confidence"] == 0.95
+    assert r["high"] - r["low"] < 0.02
+
+
+def test_ratio_ci_without_enough_pairs_has_no_interval():
+    r = _measure.ratio_ci([2.0, 3.0, 4.0], [2.0, 2.0, 2.0], 0.95)
+    assert r["median"] == 1.5 and r["low"] is None and r["high"] is None and r["n"] == 3
+    assert "needs 6" in r["note"]
+    bad = _measure.ratio_ci([1.0] * 6 + [float("nan")], [1.0] * 7, 0.95)
+    assert bad["low"] is None and bad["median"] == 1.0
 
 
 def test_round_order_interleaves_any_and_stream():
@@ -379,12 +352,12 @@ class FakeProbe:
         return probe.Trial(call_s, not blocked, after, landed, probe.source_read(direction, landed, not blocked, after))
 
 
-def test_run_probe_document_and_table(tmp_path):
+def test_run_probe_document_and_table(tmp_path, annotate_off):
     from rich.console import Console
 
     args = parse(probe, ["--reps", "3", "--hold-ms", "10"])
     backend = FakeProbe()
-    doc = probe.run_probe(args, backend, {"batch_api_available": True, "gpu_name": "fake"}, _measure._NoAnnotate)
+    doc = probe.run_probe(args, backend, {"batch_api_available": True, "gpu_name": "fake"}, annotate_off)
     assert len(doc["cells"]) == 18
     assert len(backend.calls) == 18 * (3 + 1)  # one warm-up per cell
     assert {c["hold_s"] for c in doc["cells"]} == {0.01}
@@ -406,10 +379,10 @@ def test_run_probe_document_and_table(tmp_path):
     assert loaded["cells"][0]["trials"][0]["landed"] in ("old", "new")
 
 
-def test_run_probe_without_batch_api_marks_cells():
+def test_run_probe_without_batch_api_marks_cells(annotate_off):
     args = parse(probe, ["--reps", "2", "--directions", "h2d", "--orders", "ANY"])
     backend = FakeProbe()
-    doc = probe.run_probe(args, backend, {"batch_api_available": False}, _measure._NoAnnotate)
+    doc = probe.run_probe(args, backend, {"batch_api_available": False}, annotate_off)
     assert backend.calls == []
     assert all(c["errors"] == ["batch API absent"] for c in doc["cells"])
 
@@ -448,25 +421,11 @@ class FakeBench:
         return issue.point.rep_bytes / (self.RATES[issue.method] * 1e9) + 1e-4
 
 
-def _fake_stats(monkeypatch):
-    import kvverify
-
-    def paired_ratio_ci(num, den, confidence=0.95):
-        ratios = sorted(a / b for a, b in zip(num, den))
-        return (ratios[len(ratios) // 2], ratios[0], ratios[-1])
-
-    fake = types.ModuleType("kvverify.stats")
-    fake.paired_ratio_ci = paired_ratio_ci
-    monkeypatch.setitem(sys.modules, "kvverify.stats", fake)
-    monkeypatch.setattr(kvverify, "stats", fake, raising=False)
-
-
 @pytest.fixture
-def bench_doc(monkeypatch):
-    _fake_stats(monkeypatch)
-    args = parse(bench, ["--quick", "--reps", "4"])
+def bench_doc(annotate_off):
+    args = parse(bench, ["--quick", "--reps", "6"])
     backend = FakeBench()
-    doc = bench.run_bench(args, backend, {"batch_api_available": True, "gpu_name": "fake"}, _measure._NoAnnotate)
+    doc = bench.run_bench(args, backend, {"batch_api_available": True, "gpu_name": "fake"}, annotate_off)
     return doc, backend
 
 
@@ -474,21 +433,21 @@ def test_run_bench_document(bench_doc):
     doc, backend = bench_doc
     points = doc["points"]
     assert len(points) == 8 and not doc["truncated"] and doc["points_planned"] == 8
-    # 5 methods x (4 reps + 1 warm-up) per point, then STREAM x (4 + 1) again for the repeat series
-    assert backend.held_calls == 8 * 5 * 5 + 8 * 5 and backend.e2e_calls == backend.held_calls
+    # 5 methods x (6 reps + 1 warm-up) per point, then STREAM x (6 + 1) again for the repeat series
+    assert backend.held_calls == 8 * 5 * 7 + 8 * 7 and backend.e2e_calls == backend.held_calls
     p = next(p for p in points if p["direction"] == "h2d" and p["page_bytes"] == 2 * MiB)
     assert p["methods"]["STREAM"]["gbps"]["median"] == pytest.approx(50.0)
     assert p["methods"]["ceiling"]["gbps"]["median"] == pytest.approx(55.0)
     assert p["methods"]["STREAM"]["of_ceiling"] == pytest.approx(50 / 55)
     assert p["any_over_stream"]["median"] == pytest.approx(1.01)
-    assert p["any_over_stream"]["n"] == 4
-    assert p["methods"]["STREAM"]["hold_covered"] == 4
+    assert p["any_over_stream"]["n"] == 6 and p["any_over_stream"]["low"] == pytest.approx(1.01)
+    assert p["methods"]["STREAM"]["hold_covered"] == 6
     assert p["methods"]["DURING_API_CALL"]["blocking"] is True
     assert p["repeat"]["checked"] and p["repeat"]["within_tolerance"] and p["repeat"]["rel_delta"] == pytest.approx(0)
     small = next(p for p in points if p["page_bytes"] == 16 * KiB)
     assert small["repeat"]["checked"] is False and small["repeat"]["within_tolerance"] is None
     assert doc["ceiling_gbps"] == {"h2d": pytest.approx(55.0), "d2h": pytest.approx(55.0)}
-    assert p["bytes_timed_per_method"] == 4 * 256 * MiB
+    assert p["bytes_timed_per_method"] == 6 * 256 * MiB
     # every point's draws are distinct from the others' and from the repeat series'
     seeds = [s for _, s in backend.prepared]
     assert len(set(seeds)) == len(seeds)
@@ -519,17 +478,15 @@ def test_bench_plot(bench_doc, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_max_seconds_cuts_short(monkeypatch):
-    _fake_stats(monkeypatch)
+def test_bench_max_seconds_cuts_short(annotate_off):
     args = parse(bench, ["--page-sizes", "64KiB,2MiB", "--reps", "2", "--max-seconds", "1e-9"])
-    doc = bench.run_bench(args, FakeBench(), {"batch_api_available": True}, _measure._NoAnnotate)
+    doc = bench.run_bench(args, FakeBench(), {"batch_api_available": True}, annotate_off)
     assert doc["truncated"] and len(doc["points"]) <= 1
 
 
-def test_bench_without_batch_api_measures_baselines_only(monkeypatch):
-    _fake_stats(monkeypatch)
+def test_bench_without_batch_api_measures_baselines_only(annotate_off):
     args = parse(bench, ["--page-sizes", "64KiB", "--reps", "2", "--directions", "h2d"])
-    doc = bench.run_bench(args, FakeBench(), {"batch_api_available": False}, _measure._NoAnnotate)
+    doc = bench.run_bench(args, FakeBench(), {"batch_api_available": False}, annotate_off)
     assert set(doc["points"][0]["methods"]) == {"loop", "ceiling"}
     assert doc["points"][0]["any_over_stream"] is None and doc["points"][0]["repeat"] is None
 
@@ -555,13 +512,12 @@ class FailingBench(FakeBench):
         self.recovered += 1
 
 
-def test_bench_keeps_going_when_a_method_raises(monkeypatch):
+def test_bench_keeps_going_when_a_method_raises(annotate_off):
     from rich.console import Console
 
-    _fake_stats(monkeypatch)
     args = parse(bench, ["--page-sizes", "64KiB", "--reps", "5", "--directions", "h2d", "--no-repeat"])
     backend = FailingBench()
-    doc = bench.run_bench(args, backend, {"batch_api_available": True}, _measure._NoAnnotate)
+    doc = bench.run_bench(args, backend, {"batch_api_available": True}, annotate_off)
     m = doc["points"][0]["methods"]
     assert m["DURING_API_CALL"]["error"] == "cuMemcpyBatchAsync: invalid argument (details)"
     assert m["DURING_API_CALL"]["gbps"]["n"] == 0
@@ -569,11 +525,11 @@ def test_bench_keeps_going_when_a_method_raises(monkeypatch):
     assert m["STREAM"]["gbps"]["n"] == 5 and m["STREAM"]["error"] is None
     assert backend.recovered == 2
     ratio = doc["points"][0]["any_over_stream"]
-    assert ratio["n"] == 2  # only the rounds where both ran
+    assert ratio["n"] == 2 and ratio["low"] is None  # only the rounds where both ran: too few for an interval
     console = Console(record=True, width=250)
     bench.render_tables(doc, console)
     text = console.export_text()
-    assert "error" in text and "stopped after 0 reps: cuMemcpyBatchAsync" in text
+    assert "error" in text and "stopped after 0 reps: cuMemcpyBatchAsync" in text and "(n=2: no CI)" in text
 
 
 def test_write_json_turns_nan_into_null(tmp_path):

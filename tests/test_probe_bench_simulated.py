@@ -106,15 +106,6 @@ def simulated(monkeypatch):
         monkeypatch.setitem(sys.modules, f"kvverify.{name}", module)
         monkeypatch.setattr(kvverify, name, module, raising=False)
 
-    def paired_ratio_ci(num, den, confidence=0.95):
-        r = sorted(a / b for a, b in zip(num, den))
-        return (r[len(r) // 2], r[0], r[-1])
-
-    stats = types.ModuleType("kvverify.stats")
-    stats.paired_ratio_ci = paired_ratio_ci
-    monkeypatch.setitem(sys.modules, "kvverify.stats", stats)
-    monkeypatch.setattr(kvverify, "stats", stats, raising=False)
-
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty", lambda *a, device=None, **k: real_empty(*a, **k))
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
@@ -123,7 +114,10 @@ def simulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
     monkeypatch.setattr(_measure, "gpu_refusal", lambda: None)
-    return record
+    from kvverify import annotate
+
+    yield record
+    annotate._reset_for_tests()
 
 
 def parse(module, argv):
