@@ -508,7 +508,7 @@ def render_tables(document: dict[str, Any], console) -> None:
     cfg = document["config"]
     orders = [m for m in cfg["methods"] if m in ORDERS]
     baselines = [m for m in cfg["methods"] if m == "loop"]
-    console.print(escape(platform_info.describe(document["platform"])))
+    platform_info.render(document["platform"], console)
     ci = f"{100 * cfg['confidence']:g}%"
     t = Table(
         title=f"kvverify bench — GB/s (1e9 B/s), event-timed behind a stream hold, {cfg['host_memory']} host memory",

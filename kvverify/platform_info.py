@@ -177,3 +177,32 @@ def describe(info: dict[str, Any]) -> str:
         f"CUDA {info.get('cuda_driver_version', UNKNOWN)} (torch {info.get('torch_version', UNKNOWN)}, "
         f"built for {info.get('cuda_runtime_version', UNKNOWN)}) · {link} · batch API {batch_text}"
     )
+
+
+def render(info: dict[str, Any], console) -> None:
+    """Print ``info`` as a two-column rich table (what probe and bench show above their results)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    pcie = info.get("pcie", {})
+    gen, width = pcie.get("gen_max", UNKNOWN), pcie.get("width_max", UNKNOWN)
+    cur_gen, cur_width = pcie.get("gen_current", UNKNOWN), pcie.get("width_current", UNKNOWN)
+    batch = info.get("batch_api_available", UNKNOWN)
+    l2 = info.get("l2_cache_bytes", UNKNOWN)
+    rows = [
+        ("GPU", f"{info.get('gpu_name', UNKNOWN)} (compute {info.get('compute_capability', UNKNOWN)}, "
+                f"L2 {l2 / 1e6:.0f} MB)" if isinstance(l2, int) else str(info.get("gpu_name", UNKNOWN))),
+        ("driver", str(info.get("driver_version", UNKNOWN))),
+        ("CUDA (driver supports)", str(info.get("cuda_driver_version", UNKNOWN))),
+        ("CUDA (torch built for)", str(info.get("cuda_runtime_version", UNKNOWN))),
+        ("torch / Python", f"{info.get('torch_version', UNKNOWN)} / {info.get('python_version', UNKNOWN)}"),
+        ("PCIe (max, NVML)", f"Gen{gen} x{width}" if UNKNOWN not in (gen, width) else UNKNOWN),
+        ("PCIe (now, NVML)", f"Gen{cur_gen} x{cur_width}" if UNKNOWN not in (cur_gen, cur_width) else UNKNOWN),
+        ("batch API (cuMemcpyBatchAsync)", {True: "present", False: "absent"}.get(batch, str(batch))),
+    ]
+    table = Table(title="platform", show_header=False)
+    table.add_column("field")
+    table.add_column("value")
+    for key, value in rows:
+        table.add_row(escape(key), escape(value))
+    console.print(table)

@@ -225,7 +225,7 @@ def render_table(document: dict[str, Any], console) -> None:
             read += f" ({cell['errors'][0][:60]})"
         row = (cell["direction"], cell["order"], cell["host_memory"], _agree(cell["blocks"]), call_text, ratio_text, read)
         table.add_row(*(escape(x) for x in row))
-    console.print(escape(platform_info.describe(document["platform"])))
+    platform_info.render(document["platform"], console)
     console.print(table)
 
 

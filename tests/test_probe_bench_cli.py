@@ -558,6 +558,21 @@ def test_describe_platform():
     assert "PCIe Gen5 x16 (now Gen1 x16)" in text and "batch API yes" in text and "driver 580.159.03" in text
 
 
+def test_render_platform_table():
+    from rich.console import Console
+
+    info = {"gpu_name": "NVIDIA H200", "compute_capability": "9.0", "l2_cache_bytes": 62914560,
+            "driver_version": "580.159.04", "cuda_driver_version": "13.0", "cuda_runtime_version": "13.0",
+            "torch_version": "2.11.0", "python_version": "3.12.3", "batch_api_available": True,
+            "pcie": {"gen_current": 5, "width_current": 16, "gen_max": 5, "width_max": 16}}
+    console = Console(record=True, width=120)
+    platform_info.render(info, console)
+    text = console.export_text()
+    for part in ("NVIDIA H200 (compute 9.0, L2 63 MB)", "580.159.04", "Gen5 x16", "present", "2.11.0 / 3.12.3"):
+        assert part in text
+    platform_info.render(platform_info.collect(), console)  # every field unknown here: still renders
+
+
 def test_cuda_version_string():
     assert platform_info._cuda_version_string(13000) == "13.0"
     assert platform_info._cuda_version_string(12080) == "12.8"
