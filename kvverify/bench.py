@@ -419,6 +419,8 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
                     repeats[index] = measure_point(
                         backend, point, ["STREAM"], args.reps, args.seed * 1_000_003 + 500_000 + index, annotate
                     )["STREAM"]
+                if progress is not None:
+                    progress("repeat " + _progress_line(point, {"STREAM": repeats[index]}, elapsed()))
     results = [summarize_point(p, s, repeats.get(i), args.confidence) for i, (p, s) in enumerate(measured)]
     return {
         "kind": "kvverify-bench",
@@ -585,7 +587,7 @@ def plot(document: dict[str, Any], path: str) -> None:
                 ax.plot(xs, ys, linestyle=styles[direction] if method != "loop" else ":", marker=markers[direction],
                         color=colors.get(method, "black"), label=f"{direction.upper()} {method}", markersize=4)
         ceiling = document["ceiling_gbps"].get(direction)
-        if ceiling is not None:
+        if ceiling is not None and ceiling == ceiling:
             top = max(top, ceiling)
             ax.axhline(ceiling, color="black", linestyle=styles[direction], linewidth=1, alpha=0.6,
                        label=f"{direction.upper()} ceiling (one contiguous copy) {ceiling:.1f} GB/s")
