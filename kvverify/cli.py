@@ -19,6 +19,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.trace.cli",
         "decide from CUDA's ordering rules alone whether a trace of stream work races",
     ),
+    "probe": (
+        "kvverify.probe",
+        "measure, per direction, order and host memory, whether a batch copy blocks the host and when it reads its source",
+    ),
+    "bench": (
+        "kvverify.bench",
+        "measure swap_blocks_batch bandwidth per direction, order and page size against a contiguous copy and a per-copy loop",
+    ),
 }
 
 DESCRIPTION = """\
