@@ -504,7 +504,7 @@ def test_rules_api_intervals():
     b.copy_batch("offload", "ANY", [(GPU, CPU)])         # 2
     b.copy_batch("offload", "DURING_API_CALL", [(GPU2, CPU2)])   # 3
     order = analyze(b.build())
-    w, any_src, any_dst, during_src, during_dst = order.accesses
+    w, any_src, any_dst, during_src, _during_dst = order.accesses
     assert any_src.rule == "5:ANY" and any_src.floating
     assert any_src.until == any_dst.until == (order.timeline_of("offload"), 1)   # latest: the copy's completion
     assert any_src.after[order.timeline_of("compute")] == 0                      # earliest: not behind the barrier
