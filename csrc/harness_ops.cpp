@@ -20,6 +20,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "message.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
@@ -36,44 +38,43 @@ using kvverify::pattern::kPoisonGeneration;
 // ------------------------------------------------------------------------------------------
 
 void check_address_tensor(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be an int64 tensor, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.is_cuda(), name,
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, kvverify::cat(name, " must be an int64 tensor, got ", t.scalar_type()));
+  TORCH_CHECK_VALUE(t.is_cuda(), kvverify::cat(name,
                     " must be a CUDA tensor (kvverify.kernels moves host arrays to the device), got device ",
-                    t.device());
-  TORCH_CHECK_VALUE(t.dim() == 1, name, " must be 1-D (one entry per block), got shape ", t.sizes());
+                    t.device()));
+  TORCH_CHECK_VALUE(t.dim() == 1, kvverify::cat(name, " must be 1-D (one entry per block), got shape ", t.sizes()));
 }
 
 void check_ids(const at::Tensor& block_ids, const at::Tensor& block_ptrs) {
   check_address_tensor(block_ids, "block_ids");
-  TORCH_CHECK_VALUE(block_ids.device() == block_ptrs.device(), "block_ids must be on block_ptrs' device ",
-                    block_ptrs.device(), ", got ", block_ids.device());
-  TORCH_CHECK_VALUE(block_ids.numel() == block_ptrs.numel(), "block_ids must have one id per block: ",
-                    block_ptrs.numel(), " block_ptrs but ", block_ids.numel(), " block_ids");
+  TORCH_CHECK_VALUE(block_ids.device() == block_ptrs.device(), kvverify::cat("block_ids must be on block_ptrs' device ",
+                    block_ptrs.device(), ", got ", block_ids.device()));
+  TORCH_CHECK_VALUE(block_ids.numel() == block_ptrs.numel(), kvverify::cat("block_ids must have one id per block: ",
+                    block_ptrs.numel(), " block_ptrs but ", block_ids.numel(), " block_ids"));
 }
 
 uint32_t check_block_bytes(int64_t block_bytes) {
-  TORCH_CHECK_VALUE(block_bytes > 0 && block_bytes % 8 == 0,
-                    "block_bytes must be a positive multiple of 8 (whole 8-byte words), got ", block_bytes);
-  TORCH_CHECK_VALUE(block_bytes / 8 <= 0xFFFFFFFFLL, "block_bytes must be at most 8 * (2**32 - 1) (32-bit word index), got ",
-                    block_bytes);
+  TORCH_CHECK_VALUE(block_bytes > 0 && block_bytes % 8 == 0, kvverify::cat("block_bytes must be a positive multiple of 8 (whole 8-byte words), got ", block_bytes));
+  TORCH_CHECK_VALUE(block_bytes / 8 <= 0xFFFFFFFFLL, kvverify::cat("block_bytes must be at most 8 * (2**32 - 1) (32-bit word index), got ",
+                    block_bytes));
   return static_cast<uint32_t>(block_bytes / 8);
 }
 
 uint32_t check_generation(int64_t generation, const char* name) {
-  TORCH_CHECK_VALUE(generation >= 0 && generation < static_cast<int64_t>(kPoisonGeneration), name,
-                    " must lie in [0, 2**32 - 2] (2**32 - 1 is reserved for poison), got ", generation);
+  TORCH_CHECK_VALUE(generation >= 0 && generation < static_cast<int64_t>(kPoisonGeneration), kvverify::cat(name,
+                    " must lie in [0, 2**32 - 2] (2**32 - 1 is reserved for poison), got ", generation));
   return static_cast<uint32_t>(generation);
 }
 
 uint64_t check_hold(int64_t ns, const char* name) {
-  TORCH_CHECK_VALUE(ns >= 0 && ns <= kMaxHoldNs, name, " must lie in [0, ", kMaxHoldNs,
-                    "] nanoseconds (at most a minute), got ", ns);
+  TORCH_CHECK_VALUE(ns >= 0 && ns <= kMaxHoldNs, kvverify::cat(name, " must lie in [0, ", kMaxHoldNs,
+                    "] nanoseconds (at most a minute), got ", ns));
   return static_cast<uint64_t>(ns);
 }
 
 int64_t check_grid(const at::Tensor& block_ptrs) {
   const int64_t n = block_ptrs.numel();
-  TORCH_CHECK_VALUE(n <= 0x7FFFFFFFLL, "block_ptrs may hold at most 2**31 - 1 blocks (one CTA each), got ", n);
+  TORCH_CHECK_VALUE(n <= 0x7FFFFFFFLL, kvverify::cat("block_ptrs may hold at most 2**31 - 1 blocks (one CTA each), got ", n));
   return n;
 }
 

@@ -15,6 +15,8 @@
 #include <cudaTypedefs.h>
 #include <fcntl.h>
 #include <torch/library.h>
+
+#include "message.h"
 #include <unistd.h>
 
 #include <cerrno>
@@ -93,7 +95,7 @@ std::string operand_problem(PointerGetAttributes get, uintptr_t address, uint64_
 void check_pointers(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes) {
   // Shapes and dtypes are checked by the caller (kvverify.ops) or by swap_blocks_batch itself.
   const int64_t n = src_ptrs.numel();
-  TORCH_CHECK_VALUE(dst_ptrs.numel() == n && sizes.numel() == n, "src_ptrs, dst_ptrs and sizes must have the same length");
+  TORCH_CHECK_VALUE(dst_ptrs.numel() == n && sizes.numel() == n, kvverify::cat("src_ptrs, dst_ptrs and sizes must have the same length"));
   PointerGetAttributes get = pointer_get_attributes();
   if (n == 0 || get == nullptr) return;
   const auto s = src_ptrs.contiguous(), d = dst_ptrs.contiguous(), z = sizes.contiguous();
@@ -102,9 +104,9 @@ void check_pointers(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, cons
   const int64_t* zp = z.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
     const std::string src = operand_problem(get, static_cast<uintptr_t>(sp[i]), static_cast<uint64_t>(zp[i]));
-    TORCH_CHECK_VALUE(src.empty(), "src_ptrs[", i, "] = ", sp[i], " (", zp[i], " bytes) ", src);
+    TORCH_CHECK_VALUE(src.empty(), kvverify::cat("src_ptrs[", i, "] = ", sp[i], " (", zp[i], " bytes) ", src));
     const std::string dst = operand_problem(get, static_cast<uintptr_t>(dp[i]), static_cast<uint64_t>(zp[i]));
-    TORCH_CHECK_VALUE(dst.empty(), "dst_ptrs[", i, "] = ", dp[i], " (", zp[i], " bytes) ", dst);
+    TORCH_CHECK_VALUE(dst.empty(), kvverify::cat("dst_ptrs[", i, "] = ", dp[i], " (", zp[i], " bytes) ", dst));
   }
 }
 
