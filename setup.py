@@ -18,8 +18,24 @@ from setuptools import setup
 REQUIRE = os.environ.get("KVVERIFY_REQUIRE_EXTENSION", "") == "1"
 
 
+def _find_cuda_home():
+    """Point CUDA_HOME at a toolkit with headers before torch looks for one.
+
+    torch derives CUDA_HOME from the `nvcc` on PATH; where that is a wrapper script outside the
+    toolkit (as on our CI image: /usr/local/bin/nvcc), it guesses a folder without headers.
+    """
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    toolkits = ["/usr/local/cuda"] + sorted(glob.glob("/usr/local/cuda-*"), reverse=True)
+    for home in toolkits:
+        if os.path.exists(os.path.join(home, "include", "cuda_runtime.h")):
+            os.environ["CUDA_HOME"] = home
+            return
+
+
 def _why_no_extension():
     """Return None when the extension can be built here, else the reason it cannot."""
+    _find_cuda_home()
     try:
         import torch
         from torch.utils import cpp_extension
@@ -30,6 +46,19 @@ def _why_no_extension():
     if cpp_extension.CUDA_HOME is None:
         return "nvcc was not found (set CUDA_HOME)"
     return None
+
+
+def _pip_cuda_include_dirs():
+    """Headers of the CUDA libraries torch's wheel depends on (cuSPARSE, cuBLAS, ...).
+
+    ATen's CUDA headers include them, and a toolkit holding only the compiler and runtime
+    (as on our CI image) lacks them; the `nvidia-*` wheels installed with torch carry them.
+    """
+    try:
+        import nvidia
+    except ImportError:
+        return []
+    return sorted(d for root in nvidia.__path__ for d in glob.glob(os.path.join(root, "*", "include")))
 
 
 def _ext_modules_and_cmdclass():
@@ -52,10 +81,9 @@ def _ext_modules_and_cmdclass():
     ext = CUDAExtension(
         name="kvverify._C",
         sources=sources,
-        include_dirs=[os.path.join(here, "csrc")],
-        # Py_LIMITED_API keeps one build loadable by any CPython >= 3.10 (no pybind11 module).
-        define_macros=[("Py_LIMITED_API", "0x030a0000")],
-        extra_compile_args={"cxx": ["-O2", "-std=c++17"], "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr"]},
+        include_dirs=[os.path.join(here, "csrc")] + _pip_cuda_include_dirs(),
+        extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O3", "--expt-relaxed-constexpr"]},
+        # The stable ABI keeps one build loadable by any CPython >= 3.10 (no pybind11 module).
         py_limited_api=True,
     )
     return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}

@@ -60,6 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    # Subcommands that call kvverify.annotate.add_cli_option get --no-nvtx; apply it once here.
+    from kvverify import annotate
+
+    annotate.configure_from_args(args)
     try:
         return int(importlib.import_module(args._module).run(args))
     except KeyboardInterrupt:

@@ -1,0 +1,235 @@
+// torch.ops.kvverify.swap_blocks_batch: one cuMemcpyBatchAsync over raw byte addresses, under
+// the source access order the caller asks for, and swap_blocks_loop: one cudaMemcpyAsync per copy.
+//
+// The driver entry point is resolved at run time (cudaGetDriverEntryPointByVersion) so that the
+// extension never links libcuda: build hosts have no driver, and one build serves both the
+// CUDA 12.8 signature of cuMemcpyBatchAsync (with failIdx) and the CUDA 13 one (without).
+
+#include <Python.h>
+
+#include <c10/cuda/CUDAStream.h>
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+// A module object so that `import kvverify._C` works under Py_LIMITED_API; the ops register
+// themselves with the dispatcher when the shared object loads.
+extern "C" {
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module_def);
+}
+}
+
+namespace kvverify {
+namespace {
+
+// The two published signatures of cuMemcpyBatchAsync (cudaTypedefs.h).
+using BatchV12080 = PFN_cuMemcpyBatchAsync_v12080;  // ..., size_t* failIdx, CUstream
+using BatchV13000 = PFN_cuMemcpyBatchAsync_v13000;  // ..., CUstream
+using GetErrorName = PFN_cuGetErrorName_v6000;
+
+struct DriverApi {
+  BatchV13000 batch_v13 = nullptr;
+  BatchV12080 batch_v12 = nullptr;
+  GetErrorName get_error_name = nullptr;
+  int driver_version = 0;
+  bool has_batch() const { return batch_v13 != nullptr || batch_v12 != nullptr; }
+};
+
+template <typename Fn>
+Fn resolve(const char* symbol, unsigned int version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  cudaError_t err = cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &status);
+  if (err != cudaSuccess || status != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // a missing symbol is an answer, not an error to leave behind
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
+const DriverApi& driver_api() {
+  static DriverApi api;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    cudaDriverGetVersion(&api.driver_version);
+    // Ask for the newest signature first: a 13.x driver answers the 13000 request with the
+    // variant without failIdx; a 12.8/12.9 driver only knows the 12080 one.
+    if (api.driver_version >= 13000) api.batch_v13 = resolve<BatchV13000>("cuMemcpyBatchAsync", 13000);
+    if (api.batch_v13 == nullptr && api.driver_version >= 12080)
+      api.batch_v12 = resolve<BatchV12080>("cuMemcpyBatchAsync", 12080);
+    api.get_error_name = resolve<GetErrorName>("cuGetErrorName", 6000);
+  });
+  return api;
+}
+
+std::string driver_error_name(CUresult result) {
+  const char* name = nullptr;
+  if (driver_api().get_error_name != nullptr) driver_api().get_error_name(result, &name);
+  return name != nullptr ? std::string(name) : "CUresult " + std::to_string(static_cast<int>(result));
+}
+
+void check_index_tensor(const at::Tensor& t, const char* arg) {
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, arg, " must be an int64 tensor, got ", t.scalar_type());
+  TORCH_CHECK_VALUE(t.dim() == 1, arg, " must be 1-D, got ", t.dim(), " dimensions");
+  TORCH_CHECK_VALUE(t.device().is_cpu(), arg, " must be on the CPU (it is read by the host), got ", t.device());
+}
+
+// Validates every argument before anything is issued, so a rejected call changes nothing.
+// Returns the number of copies.
+int64_t validate(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes) {
+  check_index_tensor(src_ptrs, "src_ptrs");
+  check_index_tensor(dst_ptrs, "dst_ptrs");
+  check_index_tensor(sizes, "sizes");
+  const int64_t n = src_ptrs.numel();
+  TORCH_CHECK_VALUE(dst_ptrs.numel() == n && sizes.numel() == n,
+                    "src_ptrs, dst_ptrs and sizes must have the same length, got ", n, ", ", dst_ptrs.numel(),
+                    " and ", sizes.numel());
+  if (n == 0) return 0;
+  const auto src = src_ptrs.contiguous();
+  const auto dst = dst_ptrs.contiguous();
+  const auto len = sizes.contiguous();
+  const int64_t* s = src.data_ptr<int64_t>();
+  const int64_t* d = dst.data_ptr<int64_t>();
+  const int64_t* z = len.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(z[i] > 0, "sizes[", i, "] must be > 0 bytes, got ", z[i]);
+    TORCH_CHECK_VALUE(s[i] != 0, "src_ptrs[", i, "] is a null pointer");
+    TORCH_CHECK_VALUE(d[i] != 0, "dst_ptrs[", i, "] is a null pointer");
+  }
+  TORCH_CHECK_VALUE(c10::cuda::device_count() > 0, "swap_blocks_batch needs a CUDA device, and none is visible");
+  return n;
+}
+
+// cuMemcpyBatchAsync refuses the legacy NULL stream (CUDA Driver API, cuMemcpyBatchAsync:
+// "hStream ... Must not be legacy NULL stream"), which is torch's default stream. On it the
+// batch runs on a side stream joined both ways by events, which keeps the stream-order
+// semantics of every source access order: the side stream's only pending work is the wait.
+template <typename Issue>
+void on_batch_capable_stream(cudaStream_t stream, Issue issue) {
+  if (stream != nullptr && stream != cudaStreamLegacy) {
+    issue(stream);
+    return;
+  }
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false);
+  cudaEvent_t before = nullptr, after = nullptr;
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&before, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cudaEventCreateWithFlags(&after, cudaEventDisableTiming));
+  C10_CUDA_CHECK(cudaEventRecord(before, stream));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(side.stream(), before, 0));
+  try {
+    issue(side.stream());
+  } catch (...) {
+    cudaEventDestroy(before);
+    cudaEventDestroy(after);
+    throw;
+  }
+  C10_CUDA_CHECK(cudaEventRecord(after, side.stream()));
+  C10_CUDA_CHECK(cudaStreamWaitEvent(stream, after, 0));
+  // Destroying an event with pending work is allowed: its resources go once the work completes.
+  C10_CUDA_CHECK(cudaEventDestroy(before));
+  C10_CUDA_CHECK(cudaEventDestroy(after));
+}
+
+void copy_loop(const int64_t* s, const int64_t* d, const int64_t* z, int64_t n, cudaStream_t stream) {
+  for (int64_t i = 0; i < n; ++i) {
+    cudaError_t err = cudaMemcpyAsync(reinterpret_cast<void*>(d[i]), reinterpret_cast<const void*>(s[i]),
+                                      static_cast<size_t>(z[i]), cudaMemcpyDefault, stream);
+    if (err != cudaSuccess) {
+      cudaGetLastError();  // not sticky: leave the runtime usable for the next call
+      TORCH_CHECK(false, "cudaMemcpyAsync failed for copy ", i, " of ", n, ": ", cudaGetErrorName(err), " (",
+                  cudaGetErrorString(err), ")");
+    }
+  }
+}
+
+void copy_batch(const int64_t* s, const int64_t* d, const int64_t* z, int64_t n, int64_t order,
+                cudaStream_t stream) {
+  const DriverApi& api = driver_api();
+  CUmemcpyAttributes attr = {};
+  attr.srcAccessOrder = static_cast<CUmemcpySrcAccessOrder>(order);
+  size_t attr_index = 0;
+  // The driver takes non-const arrays of its own integer types; int64 and CUdeviceptr/size_t
+  // have the same width on every platform CUDA supports, but copy rather than alias.
+  std::vector<CUdeviceptr> srcs(s, s + n), dsts(d, d + n);
+  std::vector<size_t> bytes(z, z + n);
+  CUresult result;
+  size_t fail_index = SIZE_MAX;
+  on_batch_capable_stream(stream, [&](cudaStream_t st) {
+    if (api.batch_v13 != nullptr) {
+      result = api.batch_v13(dsts.data(), srcs.data(), bytes.data(), static_cast<size_t>(n), &attr, &attr_index, 1,
+                             reinterpret_cast<CUstream>(st));
+    } else {
+      result = api.batch_v12(dsts.data(), srcs.data(), bytes.data(), static_cast<size_t>(n), &attr, &attr_index, 1,
+                             &fail_index, reinterpret_cast<CUstream>(st));
+    }
+    if (result != CUDA_SUCCESS) {
+      std::string where = fail_index != SIZE_MAX ? " at copy " + std::to_string(fail_index) + " of " + std::to_string(n)
+                                                 : " (the driver does not report which copy failed)";
+      TORCH_CHECK(false, "cuMemcpyBatchAsync failed", where, ": ", driver_error_name(result),
+                  " (srcAccessOrder=", order, ")");
+    }
+  });
+}
+
+struct Pointers {
+  at::Tensor src, dst, len;
+  const int64_t* s() const { return src.data_ptr<int64_t>(); }
+  const int64_t* d() const { return dst.data_ptr<int64_t>(); }
+  const int64_t* z() const { return len.data_ptr<int64_t>(); }
+};
+
+Pointers contiguous(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes) {
+  return {src_ptrs.contiguous(), dst_ptrs.contiguous(), sizes.contiguous()};
+}
+
+void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
+                       int64_t src_access_order) {
+  TORCH_CHECK_VALUE(src_access_order >= CU_MEMCPY_SRC_ACCESS_ORDER_STREAM &&
+                        src_access_order <= CU_MEMCPY_SRC_ACCESS_ORDER_ANY,
+                    "src_access_order must be 1 (STREAM), 2 (DURING_API_CALL) or 3 (ANY), got ", src_access_order);
+  const int64_t n = validate(src_ptrs, dst_ptrs, sizes);
+  if (n == 0) return;
+  const Pointers p = contiguous(src_ptrs, dst_ptrs, sizes);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  if (driver_api().has_batch()) {
+    copy_batch(p.s(), p.d(), p.z(), n, src_access_order, stream);
+  } else {
+    copy_loop(p.s(), p.d(), p.z(), n, stream);
+  }
+}
+
+void swap_blocks_loop(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes) {
+  const int64_t n = validate(src_ptrs, dst_ptrs, sizes);
+  if (n == 0) return;
+  const Pointers p = contiguous(src_ptrs, dst_ptrs, sizes);
+  copy_loop(p.s(), p.d(), p.z(), n, c10::cuda::getCurrentCUDAStream().stream());
+}
+
+bool batch_api_available() { return driver_api().has_batch(); }
+
+int64_t driver_version() { return driver_api().driver_version; }
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(kvverify, m) {
+  m.def("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int src_access_order=1) -> ()");
+  m.def("swap_blocks_loop(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes) -> ()");
+  m.def("batch_api_available() -> bool", &batch_api_available);
+  m.def("driver_version() -> int", &driver_version);
+}
+
+// The pointer tensors live on the CPU whatever the copies touch, so one kernel serves every
+// backend; registering it for all of them lets the op itself reject a CUDA tensor by name.
+TORCH_LIBRARY_IMPL(kvverify, CompositeExplicitAutograd, m) {
+  m.impl("swap_blocks_batch", &swap_blocks_batch);
+  m.impl("swap_blocks_loop", &swap_blocks_loop);
+}
+
+}  // namespace kvverify
