@@ -1,0 +1,73 @@
+"""Holding a stream until the host lets it go: the adversarial executor's "latest" moment.
+
+A copy whose order lets it run late is held until the host is about to observe its
+completion (a sync, a poll), which is the latest moment stream order allows; any host op
+in between (a rewrite of a source, a read of a destination) then falls inside the window.
+
+The hold is ``cuStreamWaitValue32`` on a flag word in pinned host memory, set by the host
+at release: deterministic on any GPU. Where cuda-python is missing, a spin kernel of
+``fallback_ns`` stands in (timing-based; the report says so through ``mechanism``).
+
+Every host wait in the executors releases all holds first, and waits with a deadline, so a
+held stream can never hang the process.
+"""
+
+from __future__ import annotations
+
+MAX_HOLDS = 4096
+
+
+class StreamGate:
+    def __init__(self, device, fallback_ns: int = 20_000_000) -> None:
+        import torch
+
+        self.fallback_ns = fallback_ns
+        self._open: list[int] = []
+        self._next = 0
+        try:
+            from cuda.bindings import driver
+
+            self._driver = driver
+            self._geq = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
+            self.mechanism = "cuStreamWaitValue32 on a host flag, released at the host's next wait"
+        except ImportError:
+            self._driver = None
+            self.mechanism = f"spin kernel of {fallback_ns / 1e6:.0f} ms (cuda-python missing: timing-based)"
+        self._flags = torch.zeros(MAX_HOLDS, dtype=torch.int32, pin_memory=True)
+        self._view = self._flags.numpy()
+
+    def hold(self, stream) -> None:
+        """Make later work on ``stream`` wait until ``release_all``."""
+        if self._driver is None:
+            from kvverify import kernels
+            import torch
+
+            with torch.cuda.stream(stream):
+                kernels.spin(self.fallback_ns)
+            return
+        if self._next >= MAX_HOLDS:
+            raise RuntimeError(f"more than {MAX_HOLDS} stream holds in one trial; raise MAX_HOLDS")
+        i = self._next
+        self._next += 1
+        self._view[i] = 0
+        d = self._driver
+        (err,) = d.cuStreamWaitValue32(
+            d.CUstream(stream.cuda_stream), d.CUdeviceptr(self._flags.data_ptr() + 4 * i), 1, self._geq
+        )
+        if err != d.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuStreamWaitValue32 failed: {err}; the adversarial hold is unavailable here")
+        self._open.append(i)
+
+    @property
+    def holding(self) -> bool:
+        return bool(self._open)
+
+    def release_all(self) -> None:
+        for i in self._open:
+            self._view[i] = 1
+        self._open.clear()
+
+    def reset(self) -> None:
+        """Between trials, once the device is idle: flag words can be reused."""
+        self.release_all()
+        self._next = 0
