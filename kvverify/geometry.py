@@ -87,7 +87,9 @@ class ModelGeometry:
     ``mla_latent_dim`` is ``kv_lora_rank + qk_rope_head_dim`` and the cache is stored as
     one "head" of that width (``num_kv_heads == 1``, ``head_dim == mla_latent_dim``), as
     engines store it. ``kv_split`` says whether K and V live in separate tensors (two per
-    layer) or in one tensor per layer (MLA, or backends that interleave K and V in a page).
+    layer, as vLLM's FlashAttention backend keeps them) or in one tensor per layer (MLA, or
+    a backend that keeps K and V of a block together, such as FlashInfer's
+    ``(num_blocks, 2, ...)``: ``dataclasses.replace(g, kv_split=False)``).
 
     Raises ValueError when a count is not a positive integer, ``dtype_bytes`` is not
     1, 2 or 4, or the MLA fields disagree.
@@ -121,7 +123,9 @@ class ModelGeometry:
     @classmethod
     def mla(cls, name: str, num_layers: int, latent_dim: int, dtype_bytes: int) -> ModelGeometry:
         """An MLA geometry: one latent tensor per layer, ``latent_dim`` elements per token."""
-        return cls(name, num_layers, 1, latent_dim, dtype_bytes, mla_latent_dim=latent_dim, kv_split=False)
+        return cls(
+            name, num_layers, 1, latent_dim, dtype_bytes, mla_latent_dim=latent_dim, kv_split=False
+        )
 
 
 # Numbers checked against each model's public config.json (see docs and the report of
@@ -193,8 +197,13 @@ def from_hf_config(
     ConfigError(field="config.json") when the file cannot be read or is not a JSON object.
     """
     config, default_name = _load_config(source)
-    if isinstance(config.get("text_config"), Mapping) and "num_hidden_layers" not in config:
-        config = config["text_config"]
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and "num_hidden_layers" not in config:
+        dtype_keys = ("torch_dtype", "dtype")
+        if any(text.get(k) is not None for k in dtype_keys):
+            config = text
+        else:  # multimodal wrappers often keep the dtype at the top level only
+            config = {**{k: config[k] for k in dtype_keys if k in config}, **text}
     num_layers = _positive_int(config, "num_hidden_layers")
     dtype_bytes = _dtype_bytes(config, kv_cache_dtype)
     name = name or str(config.get("_name_or_path") or default_name)
@@ -351,7 +360,7 @@ class KVLayout:
 
     @property
     def num_tensors(self) -> int:
-        """Cache tensors per rank: ``num_layers * 2`` where K and V are split, else ``num_layers``."""
+        """Cache tensors per rank: ``num_layers * 2`` with K and V split, else one per layer."""
         return self.geometry.num_layers * (2 if self.geometry.kv_split else 1)
 
     @property

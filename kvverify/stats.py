@@ -121,7 +121,9 @@ def paired_ratio_ci(
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
     if num.ndim != 1 or num.shape != den.shape:
-        raise ValueError(f"numerators {num.shape} and denominators {den.shape} must be 1-D and paired")
+        raise ValueError(
+            f"numerators {num.shape} and denominators {den.shape} must be 1-D and paired"
+        )
     if not (np.all(np.isfinite(num)) and np.all(np.isfinite(den))):
         raise ValueError("ratios need finite values")
     if np.any(num <= 0) or np.any(den <= 0):
@@ -133,7 +135,9 @@ def paired_ratio_ci(
     ci = stats.quantile_test(ratios, q=float(np.median(ratios)), p=0.5).confidence_interval(
         confidence_level=confidence
     )
-    return RatioCI(float(np.median(ratios)), float(ci.low), float(ci.high), int(ratios.size), confidence)
+    return RatioCI(
+        float(np.median(ratios)), float(ci.low), float(ci.high), int(ratios.size), confidence
+    )
 
 
 class Spread(NamedTuple):

@@ -138,7 +138,20 @@ def test_pointer_inputs_are_checked():
 def test_cpu_slots_expand_like_the_engine():
     layout = KVLayout(PRESETS["llama-3.1-8b"], block_size_factor=4)
     # vLLM's expand_block_ids docstring example: [0, 1, 3] with factor 4.
-    assert layout.cpu_slot_ids(np.array([0, 1, 3])).tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 12, 13, 14, 15]
+    assert layout.cpu_slot_ids(np.array([0, 1, 3])).tolist() == [
+        0,
+        1,
+        2,
+        3,
+        4,
+        5,
+        6,
+        7,
+        12,
+        13,
+        14,
+        15,
+    ]
     assert layout.cpu_slot_ids(np.array([2, 0]), skip=3).tolist() == [11, 0, 1, 2, 3]
     with pytest.raises(ValueError, match="skip"):
         layout.cpu_slot_ids(np.array([0]), skip=4)
@@ -199,7 +212,9 @@ def test_transfer_rejects_mismatched_counts():
     data=st.data(),
 )
 def test_transfer_pages_are_disjoint_and_inside_their_tensors(f, n_cpu, data):
-    g = ModelGeometry("small", 2, 2, 8, 2)  # 2 layers * K/V = 4 tensors, 16 * 2 * 8 * 2 = 512 B pages
+    g = ModelGeometry(
+        "small", 2, 2, 8, 2
+    )  # 2 layers * K/V = 4 tensors, 16 * 2 * 8 * 2 = 512 B pages
     layout = KVLayout(g, block_size=16, block_size_factor=f)
     num_gpu_blocks, num_cpu_blocks = 64, 8
     skip = data.draw(st.integers(0, f - 1))
@@ -298,6 +313,12 @@ def test_directory_text_config_and_name(tmp_path):
     path = _write(tmp_path, {"model_type": "llava", "text_config": LLAMA_31_8B})
     g = from_hf_config(path.parent, name="mm")
     assert (g.name, g.num_layers, g.num_kv_heads, g.head_dim) == ("mm", 32, 8, 128)
+
+
+def test_text_config_inherits_the_top_level_dtype():
+    text = _without(LLAMA_31_8B, "torch_dtype")
+    assert from_hf_config({"torch_dtype": "float32", "text_config": text}).dtype_bytes == 4
+    assert from_hf_config({"torch_dtype": "float32", "text_config": LLAMA_31_8B}).dtype_bytes == 2
 
 
 def test_missing_kv_heads_means_multi_head_attention():

@@ -144,7 +144,9 @@ def test_spread_values():
     assert spread([5.0, 5.0]).cv == 0.0
 
 
-@pytest.mark.parametrize("samples", [[], [1.0], [1.0, np.nan], [0.0, 0.0], [-1.0, -2.0], [[1.0, 2.0]]])
+@pytest.mark.parametrize(
+    "samples", [[], [1.0], [1.0, np.nan], [0.0, 0.0], [-1.0, -2.0], [[1.0, 2.0]]]
+)
 def test_spread_degenerate_input(samples):
     with pytest.raises(ValueError):
         spread(samples)

@@ -1,0 +1,24 @@
+"""Traces of stream work and the happens-before checker behind ``kvverify check``.
+
+- :mod:`~kvverify.trace.model`: the trace format (``shared/TRACE_FORMAT.md``), parsing, validation,
+  :class:`TraceBuilder`;
+- :mod:`~kvverify.trace.rules`: the ordering rules 1–7 as vector clocks (one definition);
+- :mod:`~kvverify.trace.checker`: :func:`check`, the race finder;
+- :mod:`~kvverify.trace.oracle`: an independent enumerator of executions, the checker's oracle;
+- :mod:`~kvverify.trace.report`: :class:`Report`, :class:`Race`.
+"""
+
+from kvverify.trace.checker import check
+from kvverify.trace.model import (ORDERS, SPACES, Buffer, Copy, CopyBatch, HostRead, HostWrite, Kernel,
+                                  Op, QueryEvent, Range, Record, SyncDevice, SyncEvent, SyncStream,
+                                  Trace, TraceBuilder, TraceError, Transfer, WaitEvent, WaitStream)
+from kvverify.trace.report import RACY, SAFE, Race, Report
+from kvverify.trace.rules import Access, Ordering, analyze, happens_before
+
+__all__ = [
+    "check", "Report", "Race", "SAFE", "RACY",
+    "Trace", "TraceBuilder", "TraceError", "Range", "Buffer", "Transfer", "Op",
+    "Kernel", "Copy", "CopyBatch", "Record", "WaitEvent", "WaitStream", "SyncEvent", "QueryEvent",
+    "SyncStream", "SyncDevice", "HostWrite", "HostRead", "SPACES", "ORDERS",
+    "analyze", "happens_before", "Access", "Ordering",
+]

@@ -1,0 +1,651 @@
+"""The trace model of ``shared/TRACE_FORMAT.md`` (version 1): parsing, validation, building.
+
+A :class:`Trace` is what a program asked a CUDA device to do, in the order the host thread
+issued it. Every op is a small frozen dataclass; a byte range is a :class:`Range` named tuple
+``(buffer, offset, length)``, which is also how :class:`TraceBuilder` takes ranges.
+
+All validation lives in :meth:`Trace.from_json`; :meth:`TraceBuilder.build` goes through it too,
+so a trace built in code and one read from a file are checked by the same lines. Invalid input
+raises :class:`TraceError`, which names the op index and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import operator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterable, Mapping, NamedTuple, Sequence, Union
+
+VERSION = 1
+SPACES = ("device", "host_pinned", "host_registered", "host_pageable")
+HOST_SPACES = frozenset(("host_pinned", "host_registered", "host_pageable"))
+ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
+
+
+class TraceError(ValueError):
+    """An invalid trace. ``op_index`` is the 0-based op (None for the document's header) and
+    ``field`` the offending field, e.g. ``"copies[1].src"``; ``str(err)`` is one line naming both."""
+
+    def __init__(self, message: str, *, op_index: int | None = None, field: str | None = None,
+                 op_kind: str | None = None):
+        self.message = message
+        self.op_index = op_index
+        self.field = field
+        self.op_kind = op_kind
+        super().__init__(self._line())
+
+    def _line(self) -> str:
+        where = []
+        if self.op_index is not None:
+            where.append(f"op {self.op_index}" + (f" ({self.op_kind})" if self.op_kind else ""))
+        if self.field is not None:
+            where.append(f"field '{self.field}'")
+        return (", ".join(where) + ": " if where else "") + self.message
+
+
+# --------------------------------------------------------------------------------------------
+# Values
+
+
+class Range(NamedTuple):
+    """``length`` bytes of ``buffer`` from ``offset``: JSON ``[buffer, offset, length]``."""
+
+    buffer: str
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+    def overlap(self, other: "Range") -> "Range | None":
+        """The bytes both ranges cover, or None."""
+        if self.buffer != other.buffer:
+            return None
+        lo, hi = max(self.offset, other.offset), min(self.end, other.end)
+        return Range(self.buffer, lo, hi - lo) if lo < hi else None
+
+    def to_json(self) -> list:
+        return [self.buffer, self.offset, self.length]
+
+    def __str__(self) -> str:
+        return f"{self.buffer}[{self.offset}:{self.end}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    name: str
+    space: str
+    nbytes: int
+
+    @property
+    def is_host(self) -> bool:
+        return self.space in HOST_SPACES
+
+    @property
+    def is_pageable(self) -> bool:
+        return self.space == "host_pageable"
+
+    def to_json(self) -> dict:
+        return {"space": self.space, "bytes": self.nbytes}
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """One copy of a ``copy_batch``: ``{"src": range, "dst": range}``."""
+
+    src: Range
+    dst: Range
+
+    def to_json(self) -> dict:
+        return {"src": self.src.to_json(), "dst": self.dst.to_json()}
+
+
+# --------------------------------------------------------------------------------------------
+# Ops (one class per op of the table in TRACE_FORMAT.md; ``kind`` is its JSON "op")
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    kind: ClassVar[str] = "kernel"
+    stream: str
+    reads: tuple[Range, ...] = ()
+    writes: tuple[Range, ...] = ()
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """cudaMemcpyAsync: stream-ordered on both sides, except where pageable memory (rule 6)."""
+
+    kind: ClassVar[str] = "copy"
+    stream: str
+    src: Range
+    dst: Range
+    name: str | None = None
+
+    @property
+    def copies(self) -> tuple[Transfer, ...]:
+        return (Transfer(self.src, self.dst),)
+
+    @property
+    def order(self) -> str:
+        return "STREAM"
+
+
+@dataclass(frozen=True, slots=True)
+class CopyBatch:
+    """cuMemcpyBatchAsync with one CUmemcpyAttributes (one ``order``) for all copies."""
+
+    kind: ClassVar[str] = "copy_batch"
+    stream: str
+    order: str
+    copies: tuple[Transfer, ...]
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    kind: ClassVar[str] = "record"
+    event: str
+    stream: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitEvent:
+    kind: ClassVar[str] = "wait_event"
+    stream: str
+    event: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitStream:
+    kind: ClassVar[str] = "wait_stream"
+    stream: str
+    on: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncEvent:
+    kind: ClassVar[str] = "sync_event"
+    event: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueryEvent:
+    kind: ClassVar[str] = "query_event"
+    event: str
+    result: bool
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStream:
+    kind: ClassVar[str] = "sync_stream"
+    stream: str
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncDevice:
+    kind: ClassVar[str] = "sync_device"
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostWrite:
+    kind: ClassVar[str] = "host_write"
+    ranges: tuple[Range, ...]
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostRead:
+    kind: ClassVar[str] = "host_read"
+    ranges: tuple[Range, ...]
+    name: str | None = None
+
+
+Op = Union[Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent,
+           SyncStream, SyncDevice, HostWrite, HostRead]
+OP_TYPES: dict[str, type] = {
+    cls.kind: cls
+    for cls in (Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent,
+                SyncStream, SyncDevice, HostWrite, HostRead)
+}
+STREAM_WORK = (Kernel, Copy, CopyBatch)
+
+
+def op_to_json(op: Op) -> dict:
+    """The JSON object of one op, fields in the order of the format's table."""
+    out: dict[str, Any] = {"op": op.kind}
+    if isinstance(op, Kernel):
+        out.update(stream=op.stream, reads=[r.to_json() for r in op.reads],
+                   writes=[r.to_json() for r in op.writes])
+    elif isinstance(op, Copy):
+        out.update(stream=op.stream, src=op.src.to_json(), dst=op.dst.to_json())
+    elif isinstance(op, CopyBatch):
+        out.update(stream=op.stream, order=op.order, copies=[c.to_json() for c in op.copies])
+    elif isinstance(op, Record):
+        out.update(event=op.event, stream=op.stream)
+    elif isinstance(op, WaitEvent):
+        out.update(stream=op.stream, event=op.event)
+    elif isinstance(op, WaitStream):
+        out.update(stream=op.stream, on=op.on)
+    elif isinstance(op, SyncEvent):
+        out.update(event=op.event)
+    elif isinstance(op, QueryEvent):
+        out.update(event=op.event, result=op.result)
+    elif isinstance(op, SyncStream):
+        out.update(stream=op.stream)
+    elif isinstance(op, (HostWrite, HostRead)):
+        out.update(ranges=[r.to_json() for r in op.ranges])
+    if op.name is not None:
+        out["name"] = op.name
+    return out
+
+
+def describe_op(op: Op, index: int) -> str:
+    """``op 3 (copy_batch 'store' on 'offload', ANY)``: how reports name an op."""
+    bits = [op.kind]
+    if op.name:
+        bits.append(repr(op.name))
+    stream = getattr(op, "stream", None)
+    if stream is not None:
+        bits.append(f"on '{stream}'")
+    text = " ".join(bits)
+    if isinstance(op, CopyBatch):
+        text += f", {op.order}"
+    return f"op {index} ({text})"
+
+
+# --------------------------------------------------------------------------------------------
+# The trace
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A validated trace. ``ops`` is the host thread's program order."""
+
+    buffers: Mapping[str, Buffer]
+    streams: tuple[str, ...]
+    ops: tuple[Op, ...]
+    version: int = VERSION
+
+    @classmethod
+    def from_json(cls, doc: Any) -> "Trace":
+        """Parse and validate a trace from JSON text (str / bytes) or an already-decoded object.
+
+        Raises :class:`TraceError` (a ValueError) naming the op index and field of the first
+        problem found."""
+        if isinstance(doc, (bytes, bytearray)):
+            try:
+                doc = doc.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"not UTF-8 text: {e}") from None
+        if isinstance(doc, str):
+            try:
+                doc = json.loads(doc)
+            except json.JSONDecodeError as e:
+                raise TraceError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+        return _Parser(doc).parse()
+
+    def to_json(self) -> dict:
+        """The trace as a JSON-ready object (``json.dumps(trace.to_json())`` round-trips)."""
+        return {
+            "version": self.version,
+            "buffers": {name: b.to_json() for name, b in self.buffers.items()},
+            "streams": list(self.streams),
+            "ops": [op_to_json(op) for op in self.ops],
+        }
+
+    def dumps(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_json(), indent=indent)
+
+    def describe(self, index: int) -> str:
+        return describe_op(self.ops[index], index)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation
+
+
+_COMMON = frozenset(("op", "name"))
+_FIELDS: dict[str, tuple[frozenset, frozenset]] = {
+    # kind: (required, optional) besides "op" and "name"
+    "kernel": (frozenset(("stream",)), frozenset(("reads", "writes"))),
+    "copy": (frozenset(("stream", "src", "dst")), frozenset()),
+    "copy_batch": (frozenset(("stream", "order", "copies")), frozenset()),
+    "record": (frozenset(("event", "stream")), frozenset()),
+    "wait_event": (frozenset(("stream", "event")), frozenset()),
+    "wait_stream": (frozenset(("stream", "on")), frozenset()),
+    "sync_event": (frozenset(("event",)), frozenset()),
+    "query_event": (frozenset(("event", "result")), frozenset()),
+    "sync_stream": (frozenset(("stream",)), frozenset()),
+    "sync_device": (frozenset(), frozenset()),
+    "host_write": (frozenset(("ranges",)), frozenset()),
+    "host_read": (frozenset(("ranges",)), frozenset()),
+}
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _show(x: Any) -> str:
+    try:
+        return json.dumps(x)
+    except (TypeError, ValueError):
+        return repr(x)
+
+
+def _type_name(x: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
+            float: "number", type(None): "null"}.get(type(x), type(x).__name__)
+
+
+class _Parser:
+    def __init__(self, doc: Any):
+        self.doc = doc
+        self.buffers: dict[str, Buffer] = {}
+        self.streams: set[str] = set()
+        self.i: int | None = None
+        self.kind: str | None = None
+
+    def fail(self, field: str | None, message: str):
+        raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
+
+    def parse(self) -> Trace:
+        doc = self.doc
+        if not isinstance(doc, dict):
+            self.fail(None, f"a trace is a JSON object, got {_type_name(doc)}")
+        for key in ("version", "buffers", "streams", "ops"):
+            if key not in doc:
+                self.fail(key, "missing")
+        version = doc["version"]
+        if not _is_int(version) or version != VERSION:
+            self.fail("version", f"unknown version {_show(version)} (this checker reads version {VERSION})")
+        self._buffers(doc["buffers"])
+        streams = doc["streams"]
+        if not isinstance(streams, list):
+            self.fail("streams", f"expected an array of stream names, got {_type_name(streams)}")
+        for k, s in enumerate(streams):
+            if not isinstance(s, str) or not s:
+                self.fail(f"streams[{k}]", f"a stream name is a non-empty string, got {_show(s)}")
+            if s in self.streams:
+                self.fail(f"streams[{k}]", f"stream '{s}' is declared twice")
+            self.streams.add(s)
+        ops = doc["ops"]
+        if not isinstance(ops, list):
+            self.fail("ops", f"expected an array of ops, got {_type_name(ops)}")
+        parsed = []
+        for i, raw in enumerate(ops):
+            self.i, self.kind = i, None
+            parsed.append(self._op(raw))
+        return Trace(buffers=self.buffers, streams=tuple(streams), ops=tuple(parsed), version=version)
+
+    def _buffers(self, raw: Any) -> None:
+        if not isinstance(raw, dict):
+            self.fail("buffers", f"expected an object of buffers, got {_type_name(raw)}")
+        for name, b in raw.items():
+            where = f"buffers.{name}"
+            if not name:
+                self.fail("buffers", "a buffer name is a non-empty string")
+            if not isinstance(b, dict):
+                self.fail(where, f"expected {{\"space\": ..., \"bytes\": ...}}, got {_type_name(b)}")
+            for key in ("space", "bytes"):
+                if key not in b:
+                    self.fail(f"{where}.{key}", "missing")
+            extra = sorted(set(b) - {"space", "bytes"})
+            if extra:
+                self.fail(f"{where}.{extra[0]}", "unknown field")
+            space, nbytes = b["space"], b["bytes"]
+            if space not in SPACES:
+                self.fail(f"{where}.space", f"unknown space {_show(space)} (expected one of {', '.join(SPACES)})")
+            if not _is_int(nbytes) or nbytes <= 0:
+                self.fail(f"{where}.bytes", f"expected a positive integer, got {_show(nbytes)}")
+            self.buffers[name] = Buffer(name, space, nbytes)
+
+    # -- op fields ------------------------------------------------------------------------
+
+    def _op(self, raw: Any) -> Op:
+        if not isinstance(raw, dict):
+            self.fail(None, f"an op is a JSON object, got {_type_name(raw)}")
+        if "op" not in raw:
+            self.fail("op", "missing")
+        kind = raw["op"]
+        if not isinstance(kind, str) or kind not in _FIELDS:
+            self.fail("op", f"unknown op {_show(kind)} (expected one of {', '.join(_FIELDS)})")
+        self.kind = kind
+        required, optional = _FIELDS[kind]
+        for key in sorted(required - raw.keys()):
+            self.fail(key, "missing")
+        for key in sorted(raw.keys() - required - optional - _COMMON):
+            self.fail(key, f"unknown field for a {kind} op")
+        name = raw.get("name")
+        if name is not None and not isinstance(name, str):
+            self.fail("name", f"expected a string, got {_type_name(name)}")
+
+        if kind == "kernel":
+            return Kernel(self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
+                          self._ranges(raw, "writes", optional=True), name)
+        if kind == "copy":
+            src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
+            self._same_length(src, dst, "dst")
+            return Copy(self._stream(raw, "stream"), src, dst, name)
+        if kind == "copy_batch":
+            stream = self._stream(raw, "stream")
+            order = raw["order"]
+            if order not in ORDERS:
+                self.fail("order", f"unknown order {_show(order)} (expected one of {', '.join(ORDERS)})")
+            return CopyBatch(stream, order, self._copies(raw["copies"]), name)
+        if kind == "record":
+            return Record(self._event(raw), self._stream(raw, "stream"), name)
+        if kind == "wait_event":
+            return WaitEvent(self._stream(raw, "stream"), self._event(raw), name)
+        if kind == "wait_stream":
+            return WaitStream(self._stream(raw, "stream"), self._stream(raw, "on"), name)
+        if kind == "sync_event":
+            return SyncEvent(self._event(raw), name)
+        if kind == "query_event":
+            result = raw["result"]
+            if not isinstance(result, bool):
+                self.fail("result", f"expected true or false, got {_show(result)}")
+            return QueryEvent(self._event(raw), result, name)
+        if kind == "sync_stream":
+            return SyncStream(self._stream(raw, "stream"), name)
+        if kind == "sync_device":
+            return SyncDevice(name)
+        ranges = self._ranges(raw, "ranges", host=True)
+        return HostWrite(ranges, name) if kind == "host_write" else HostRead(ranges, name)
+
+    def _stream(self, raw: dict, field: str) -> str:
+        s = raw[field]
+        if not isinstance(s, str):
+            self.fail(field, f"expected a stream name, got {_type_name(s)}")
+        if s not in self.streams:
+            self.fail(field, f"unknown stream '{s}' (declared: {', '.join(sorted(self.streams)) or 'none'})")
+        return s
+
+    def _event(self, raw: dict) -> str:
+        e = raw["event"]
+        if not isinstance(e, str) or not e:
+            self.fail("event", f"an event name is a non-empty string, got {_show(e)}")
+        return e
+
+    def _ranges(self, raw: dict, field: str, *, optional: bool = False, host: bool = False) -> tuple[Range, ...]:
+        if optional and field not in raw:
+            return ()
+        items = raw[field]
+        if not isinstance(items, list):
+            self.fail(field, f"expected an array of [buffer, offset, length], got {_type_name(items)}")
+        return tuple(self._range(r, f"{field}[{k}]", host=host) for k, r in enumerate(items))
+
+    def _copies(self, items: Any) -> tuple[Transfer, ...]:
+        if not isinstance(items, list):
+            self.fail("copies", f"expected an array of {{\"src\", \"dst\"}} objects, got {_type_name(items)}")
+        if not items:
+            self.fail("copies", "a copy_batch needs at least one copy")
+        out = []
+        for k, c in enumerate(items):
+            where = f"copies[{k}]"
+            if not isinstance(c, dict):
+                self.fail(where, f"expected {{\"src\": range, \"dst\": range}}, got {_type_name(c)}")
+            for key in ("src", "dst"):
+                if key not in c:
+                    self.fail(f"{where}.{key}", "missing")
+            extra = sorted(set(c) - {"src", "dst"})
+            if extra:
+                self.fail(f"{where}.{extra[0]}", "unknown field")
+            src, dst = self._range(c["src"], f"{where}.src"), self._range(c["dst"], f"{where}.dst")
+            self._same_length(src, dst, f"{where}.dst")
+            out.append(Transfer(src, dst))
+        return tuple(out)
+
+    def _same_length(self, src: Range, dst: Range, field: str) -> None:
+        if src.length != dst.length:
+            self.fail(field, f"a copy moves one size: dst has {dst.length} bytes, src {src.length}")
+
+    def _range(self, r: Any, field: str, *, host: bool = False) -> Range:
+        if not isinstance(r, list) or len(r) != 3:
+            self.fail(field, f"expected a range [buffer, offset, length], got {_show(r)}")
+        name, offset, length = r
+        if not isinstance(name, str):
+            self.fail(field, f"a range starts with a buffer name, got {_show(name)}")
+        buf = self.buffers.get(name)
+        if buf is None:
+            self.fail(field, f"unknown buffer '{name}'")
+        if not _is_int(offset) or offset < 0:
+            self.fail(field, f"offset must be an integer >= 0, got {_show(offset)}")
+        if not _is_int(length) or length <= 0:
+            self.fail(field, f"length must be an integer > 0, got {_show(length)}")
+        if offset + length > buf.nbytes:
+            self.fail(field, f"range {_show(r)} ends at byte {offset + length}, past the end of "
+                             f"buffer '{name}' ({buf.nbytes} bytes)")
+        if host and not buf.is_host:
+            self.fail(field, f"host access to device memory: buffer '{name}' is {buf.space}; "
+                             "the host may touch only host buffers")
+        return Range(name, offset, length)
+
+
+# --------------------------------------------------------------------------------------------
+# Building traces in code
+
+
+RangeLike = Union[Range, Sequence]
+
+
+def _rj(r: RangeLike) -> list:
+    # numpy integers and the like become plain ints; anything else is left for validation to name
+    out = list(r)
+    for k in (1, 2):
+        if k < len(out) and not isinstance(out[k], bool):
+            try:
+                out[k] = operator.index(out[k])
+            except TypeError:
+                pass
+    return out
+
+
+class TraceBuilder:
+    """Build a trace in code; each op method returns the index of the op it added.
+
+    Example::
+
+        b = TraceBuilder()
+        b.buffer("gpu", "device", 8192)
+        b.buffer("cpu", "host_pinned", 8192)
+        b.stream("compute")
+        b.stream("offload")
+        b.kernel("compute", "write_kv", writes=[("gpu", 0, 4096)])          # op 0
+        b.wait_stream("offload", on="compute")                               # op 1
+        b.copy_batch("offload", "STREAM", [(("gpu", 0, 4096), ("cpu", 0, 4096))])  # op 2
+        trace = b.build()
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, dict] = {}
+        self._streams: list[str] = []
+        self._ops: list[dict] = []
+
+    # declarations
+    def buffer(self, name: str, space: str, nbytes: int) -> str:
+        self._buffers[name] = {"space": space, "bytes": nbytes}
+        return name
+
+    def stream(self, name: str) -> str:
+        self._streams.append(name)
+        return name
+
+    # ops
+    def _add(self, op: dict, name: str | None) -> int:
+        if name is not None:
+            op["name"] = name
+        self._ops.append(op)
+        return len(self._ops) - 1
+
+    def kernel(self, stream: str, name: str | None = None, reads: Iterable[RangeLike] = (),
+               writes: Iterable[RangeLike] = ()) -> int:
+        return self._add({"op": "kernel", "stream": stream, "reads": [_rj(r) for r in reads],
+                          "writes": [_rj(r) for r in writes]}, name)
+
+    def copy(self, stream: str, src: RangeLike, dst: RangeLike, name: str | None = None) -> int:
+        return self._add({"op": "copy", "stream": stream, "src": _rj(src), "dst": _rj(dst)}, name)
+
+    def copy_batch(self, stream: str, order: str, copies: Iterable, name: str | None = None) -> int:
+        """``copies``: (src, dst) pairs, :class:`Transfer` objects or ``{"src", "dst"}`` dicts."""
+        out = []
+        for c in copies:
+            if isinstance(c, Mapping):
+                src, dst = c["src"], c["dst"]
+            elif isinstance(c, Transfer):
+                src, dst = c.src, c.dst
+            else:
+                src, dst = c
+            out.append({"src": _rj(src), "dst": _rj(dst)})
+        return self._add({"op": "copy_batch", "stream": stream, "order": order, "copies": out}, name)
+
+    def record(self, event: str, stream: str, name: str | None = None) -> int:
+        return self._add({"op": "record", "event": event, "stream": stream}, name)
+
+    def wait_event(self, stream: str, event: str, name: str | None = None) -> int:
+        return self._add({"op": "wait_event", "stream": stream, "event": event}, name)
+
+    def wait_stream(self, stream: str, on: str, name: str | None = None) -> int:
+        return self._add({"op": "wait_stream", "stream": stream, "on": on}, name)
+
+    def sync_event(self, event: str, name: str | None = None) -> int:
+        return self._add({"op": "sync_event", "event": event}, name)
+
+    def query_event(self, event: str, result: bool, name: str | None = None) -> int:
+        return self._add({"op": "query_event", "event": event, "result": result}, name)
+
+    def sync_stream(self, stream: str, name: str | None = None) -> int:
+        return self._add({"op": "sync_stream", "stream": stream}, name)
+
+    def sync_device(self, name: str | None = None) -> int:
+        return self._add({"op": "sync_device"}, name)
+
+    def host_write(self, ranges: Iterable[RangeLike], name: str | None = None) -> int:
+        return self._add({"op": "host_write", "ranges": [_rj(r) for r in ranges]}, name)
+
+    def host_read(self, ranges: Iterable[RangeLike], name: str | None = None) -> int:
+        return self._add({"op": "host_read", "ranges": [_rj(r) for r in ranges]}, name)
+
+    def to_json(self) -> dict:
+        return {"version": VERSION, "buffers": {k: dict(v) for k, v in self._buffers.items()},
+                "streams": list(self._streams), "ops": [dict(op) for op in self._ops]}
+
+    def build(self) -> Trace:
+        """Validate (raising :class:`TraceError`) and return the trace."""
+        return Trace.from_json(self.to_json())
+
+    def __len__(self) -> int:
+        return len(self._ops)
