@@ -36,9 +36,10 @@ from kvverify.scenarios.program import (
     validate,
 )
 
-D2H, H2D = "D2H", "H2D"
-DIRECTIONS = (D2H, H2D)
-VERB = {D2H: "store", H2D: "load"}
+# Directions as kvverify.report spells them: a store copies GPU -> host (D2H), a load back (H2D).
+STORE, LOAD = "store", "load"
+DIRECTIONS = (STORE, LOAD)
+COPY_KIND = {STORE: "D2H", LOAD: "H2D"}
 COMPUTE = "compute"
 
 
@@ -115,7 +116,7 @@ class _Builder:
 
 
 def _copy(direction: str, gpu: Blocks, host: Blocks) -> Copy:
-    return Copy(gpu, host) if direction == D2H else Copy(host, gpu)
+    return Copy(gpu, host) if direction == STORE else Copy(host, gpu)
 
 
 # -- H1 and P1: the store's source read against the compute writer ---------------------------
@@ -250,7 +251,7 @@ def _read_after_load(wait: bool) -> Callable[[str, Params], Program]:
 def _overlapping_batch(split: bool) -> Callable[[str, Params], Program]:
     def build(direction: str, p: Params) -> Program:
         b, ends, dsts = _Builder(), [], []
-        src_pool, dst_pool = (GPU, HOST) if direction == D2H else (HOST, GPU)
+        src_pool, dst_pool = (GPU, HOST) if direction == STORE else (HOST, GPU)
         for t in range(p.transfers):
             first, second = b.blocks(src_pool, p.blocks_per_transfer), b.blocks(src_pool, p.blocks_per_transfer)
             dst = b.blocks(dst_pool, p.blocks_per_transfer)
@@ -289,25 +290,25 @@ def _pair(hazard: str, directions: tuple[str, ...], broken: str, fixed: str, fac
 SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
-        Scenario("H1-broken", "H1", "broken", (D2H,), "store with no cross-stream order to the writer",
+        Scenario("H1-broken", "H1", "broken", (STORE,), "store with no cross-stream order to the writer",
                  _store_after_write("none")),
-        Scenario("H1-fixed", "H1", "fixed", (D2H,), "store after the host waited for the writer's event",
+        Scenario("H1-fixed", "H1", "fixed", (STORE,), "store after the host waited for the writer's event",
                  _store_after_write("host")),
-        *_pair("H2", (H2D,), "load into a block compute still writes and reads",
+        *_pair("H2", (LOAD,), "load into a block compute still writes and reads",
                "load after wait_stream(compute)", _load_into_busy_block),
-        *_pair("H3", (H2D,), "staging block rewritten while its load is pending",
+        *_pair("H3", (LOAD,), "staging block rewritten while its load is pending",
                "staging block rewritten after the previous load's end event", _staging_reuse),
-        *_pair("H4", (D2H,), "host reads the store's destination before completion",
+        *_pair("H4", (STORE,), "host reads the store's destination before completion",
                "host reads the destination after synchronizing the end event", _host_reads_store),
-        *_pair("H5", (H2D,), "reload ordered after its store by a device event only",
+        *_pair("H5", (LOAD,), "reload ordered after its store by a device event only",
                "reload after the host saw the store complete", _store_then_reload),
-        *_pair("H6", (H2D,), "compute reads a loaded block without waiting for the load",
+        *_pair("H6", (LOAD,), "compute reads a loaded block without waiting for the load",
                "compute waits for the load's end event", _read_after_load),
-        *_pair("H7", (D2H, H2D), "two copies of one batch write the same block",
+        *_pair("H7", (STORE, LOAD), "two copies of one batch write the same block",
                "the two copies in consecutive batches", _overlapping_batch),
-        Scenario("P1", "P1", "production", (D2H,), "store behind wait_stream(compute)",
+        Scenario("P1", "P1", "production", (STORE,), "store behind wait_stream(compute)",
                  _store_after_write("barrier")),
-        Scenario("P2", "P2", "production", (H2D,), "load from a quiescent host block", _quiescent_load),
+        Scenario("P2", "P2", "production", (LOAD,), "load from a quiescent host block", _quiescent_load),
     ]
 }
 

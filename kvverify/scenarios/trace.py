@@ -14,7 +14,6 @@ part of the user's program, so they are left out; ``Read`` and ``HostRead`` are 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kvverify.scenarios.program import (
@@ -52,8 +51,7 @@ def _ranges(blocks: Blocks, slots: int, page_bytes: int, tensors: int) -> list[l
     return [[buf, (t * slots + start) * page_bytes, n * page_bytes] for t in range(tensors) for start, n in runs]
 
 
-def to_trace(program: Program, order: str, host_memory: str, page_bytes: int, tensors: int,
-             name: str = "") -> dict[str, Any]:
+def to_trace(program: Program, order: str, host_memory: str, page_bytes: int, tensors: int) -> dict[str, Any]:
     """The trace (a JSON-ready dict, format version 1) of ``program`` with every swap in
     ``order`` and the host pool of kind ``host_memory`` (pinned, registered, pageable)."""
     if host_memory not in HOST_SPACE:
@@ -116,8 +114,6 @@ def to_trace(program: Program, order: str, host_memory: str, page_bytes: int, te
         "streams": list(program.streams),
         "ops": setup + ops,
     }
-    if name:
-        doc["name"] = name
     return doc
 
 
@@ -126,8 +122,4 @@ def contract(doc: dict[str, Any]):
     (``.verdict`` is "SAFE" or "RACY", ``.races`` the witnesses)."""
     from kvverify.trace import Trace, check
 
-    try:
-        trace = Trace.from_json(doc)
-    except (TypeError, AttributeError):  # from_json may want the text rather than the dict
-        trace = Trace.from_json(json.dumps(doc))
-    return check(trace)
+    return check(Trace.from_json(doc))
