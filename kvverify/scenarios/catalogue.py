@@ -122,26 +122,29 @@ def _copy(direction: str, gpu: Blocks, host: Blocks) -> Copy:
 # -- H1 and P1: the store's source read against the compute writer ---------------------------
 
 
-def _store_after_write(sync: str) -> Callable[[str, Params], Program]:
-    """Compute writes generation 2 of a block set, then it is stored.
+def _written_by_compute(b: _Builder, gpu: Blocks, t: int) -> list[Step]:
+    """Compute writes generation 2 of ``gpu`` (what a store exists to move); return the
+    barrier an engine puts before the store: transfer ``t``'s stream waits on compute."""
+    b.add(Write(COMPUTE, gpu, 2))
+    return [WaitStream(f"xfer{t}", COMPUTE)]
 
-    ``sync``: "none" (no cross-stream order at all), "barrier" (the offload stream waits on
-    compute, as engines do), "host" (the host waits for the writer's event before the call).
-    """
+
+def _store_after_write(barrier: bool, busy: bool = False) -> Callable[[str, Params], Program]:
+    """Compute writes generation 2 of a block set, then it is stored, behind the barrier or
+    not; ``busy``: compute also goes on writing other blocks while the stores are in flight."""
 
     def build(direction: str, p: Params) -> Program:
-        b, ends, pairs = _Builder(), [], []
+        b, ends, checks = _Builder(), [], []
         for t in range(p.transfers):
             g, h = b.blocks(GPU, p.blocks_per_transfer), b.blocks(HOST, p.blocks_per_transfer)
-            b.add(Write(COMPUTE, g, 2))
-            before: list[Step] = []
-            if sync == "barrier":
-                before = [WaitStream(f"xfer{t}", COMPUTE)]
-            elif sync == "host":
-                b.add(Record(f"written{t}", COMPUTE), SyncEvent(f"written{t}"))
-            ends.append(b.transfer(t, [[_copy(direction, g, h)]], before))
-            pairs.append(h)
-        b.add(Poll(tuple(ends)), *(Expect(h, 2) for h in pairs))
+            before = _written_by_compute(b, g, t)
+            ends.append(b.transfer(t, [[_copy(direction, g, h)]], before if barrier else []))
+            checks.append(Expect(h, 2))
+            if busy:
+                other = b.blocks(GPU, p.blocks_per_transfer)
+                b.add(Write(COMPUTE, other, 3))
+                checks.append(Expect(other, 3))
+        b.add(Poll(tuple(ends)), *checks)
         return b.program()
 
     return build
@@ -193,13 +196,11 @@ def _host_reads_store(wait: bool) -> Callable[[str, Params], Program]:
     def build(direction: str, p: Params) -> Program:
         b, ends = _Builder(), []
         for t in range(p.transfers):
-            # The source is the setup content: complete before any call, so only the
-            # destination side is in question.
             g, h = b.blocks(GPU, p.blocks_per_transfer), b.blocks(HOST, p.blocks_per_transfer)
-            ends.append(b.transfer(t, [[_copy(direction, g, h)]]))
+            ends.append(b.transfer(t, [[_copy(direction, g, h)]], _written_by_compute(b, g, t)))
             if wait:
                 b.add(SyncEvent(ends[-1]))
-            b.add(HostRead(h, 1))
+            b.add(HostRead(h, 2))
         b.add(Poll(tuple(ends)))
         return b.program()
 
@@ -255,10 +256,16 @@ def _overlapping_batch(split: bool) -> Callable[[str, Params], Program]:
         for t in range(p.transfers):
             first, second = b.blocks(src_pool, p.blocks_per_transfer), b.blocks(src_pool, p.blocks_per_transfer)
             dst = b.blocks(dst_pool, p.blocks_per_transfer)
+            # A store moves what compute wrote (behind the engine's barrier); a load's host
+            # sources are quiescent.
+            before, gen = [], 1
+            if direction == STORE:
+                _written_by_compute(b, first, t)
+                before, gen = _written_by_compute(b, second, t), 2
             copies = [Copy(first, dst), Copy(second, dst)]  # the second is meant to win
-            ends.append(b.transfer(t, [[c] for c in copies] if split else [copies]))
-            dsts.append(dst)
-        b.add(Poll(tuple(ends)), *(Expect(d, 1) for d in dsts))
+            ends.append(b.transfer(t, [[c] for c in copies] if split else [copies], before))
+            dsts.append((dst, gen))
+        b.add(Poll(tuple(ends)), *(Expect(d, gen) for d, gen in dsts))
         return b.program()
 
     return build
@@ -291,9 +298,9 @@ SCENARIOS: dict[str, Scenario] = {
     s.name: s
     for s in [
         Scenario("H1-broken", "H1", "broken", (STORE,), "store with no cross-stream order to the writer",
-                 _store_after_write("none")),
-        Scenario("H1-fixed", "H1", "fixed", (STORE,), "store after the host waited for the writer's event",
-                 _store_after_write("host")),
+                 _store_after_write(barrier=False)),
+        Scenario("H1-fixed", "H1", "fixed", (STORE,), "store behind wait_stream(compute)",
+                 _store_after_write(barrier=True)),
         *_pair("H2", (LOAD,), "load into a block compute still writes and reads",
                "load after wait_stream(compute)", _load_into_busy_block),
         *_pair("H3", (LOAD,), "staging block rewritten while its load is pending",
@@ -306,8 +313,9 @@ SCENARIOS: dict[str, Scenario] = {
                "compute waits for the load's end event", _read_after_load),
         *_pair("H7", (STORE, LOAD), "two copies of one batch write the same block",
                "the two copies in consecutive batches", _overlapping_batch),
-        Scenario("P1", "P1", "production", (STORE,), "store behind wait_stream(compute)",
-                 _store_after_write("barrier")),
+        Scenario("P1", "P1", "production", (STORE,),
+                 "store behind wait_stream(compute) while compute writes the next blocks",
+                 _store_after_write(barrier=True, busy=True)),
         Scenario("P2", "P2", "production", (LOAD,), "load from a quiescent host block", _quiescent_load),
     ]
 }
