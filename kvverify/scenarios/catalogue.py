@@ -330,9 +330,9 @@ def get(name: str) -> Scenario:
 
 def select(spec: str | Sequence[str] | None) -> list[Scenario]:
     """Scenarios by name or hazard (``H3`` means both forms); ``None``/``all`` means every one."""
-    if spec is None or spec == "all":
+    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec or ["all"]) if s.strip()]
+    if "all" in names:
         return list(SCENARIOS.values())
-    names = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
     chosen: list[Scenario] = []
     for n in names:
         matches = [s for s in SCENARIOS.values() if n in (s.name, s.hazard)]
