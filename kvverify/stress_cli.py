@@ -111,16 +111,18 @@ def _layouts(args, c):
 
 
 def _gpu_unavailable() -> str | None:
-    """Why the observed columns cannot run here, or None."""
+    """Why the observed columns cannot run here (short: it is printed in one line), or None."""
     from kvverify import _extension
 
-    reason = _extension.load_error()
-    if reason is None:
+    try:
         import torch
-
-        if not torch.cuda.is_available():
-            reason = "no CUDA device is visible (torch.cuda.is_available() is False)"
-    return reason
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "no CUDA device is visible"
+    if _extension.load_error() is not None:
+        return "the CUDA extension kvverify._C is not built (pip install --no-build-isolation --no-deps -e .)"
+    return None
 
 
 def _platform(gpu: bool):
