@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from collections.abc import Callable
 
@@ -59,7 +60,9 @@ def plan(campaign: Campaign, layout: KVLayout, params: Params | None = None) -> 
 # -- sizing -------------------------------------------------------------------------------
 
 
-def pool_sizes(programs: list[Program], layout: KVLayout, pageable: bool):
+def pool_sizes(programs: list[Program], layout: KVLayout, staged: bool):
+    """Pools for ``programs``; ``staged``: host blocks go through the device staging area
+    (pageable memory, or ``--data random``)."""
     from kvverify.executors.pools import PoolSizes
 
     tensors = layout.num_tensors
@@ -72,7 +75,7 @@ def pool_sizes(programs: list[Program], layout: KVLayout, pageable: bool):
         gpu_slots=max(p.gpu_slots for p in programs),
         host_slots=max(p.host_slots for p in programs),
         snapshot_pages=max(sum(len(c.src) for s in p.swaps() for c in s.copies) for p in programs) * tensors,
-        staging_pages=max(host_check_pages(p) for p in programs) if pageable else 0,
+        staging_pages=max(host_check_pages(p) for p in programs) if staged else 0,
     )
 
 
@@ -84,7 +87,7 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
     while n >= 1:
         params = Params(n, campaign.transfers)
         programs = [s.program(d, params) for s in select(list(campaign.scenarios)) for d in s.directions]
-        sizes = pool_sizes(programs, layout, "pageable" in campaign.host_memory)
+        sizes = pool_sizes(programs, layout, "pageable" in campaign.host_memory or campaign.data == "random")
         dev, host = sizes.device_bytes(layout), sizes.host_bytes(layout)
         if dev <= campaign.gpu_mem and host <= campaign.host_mem:
             note = None if n == campaign.blocks_per_transfer else (
@@ -110,6 +113,11 @@ def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) 
 
 
 # -- execution ------------------------------------------------------------------------------
+
+
+# A cell label here makes trial 0 of that cell fail in its verify phase: how tests check that
+# a failing cell fails the run, the run goes on, and NVTX ranges stay balanced.
+FAIL_CELL_ENV = "KVVERIFY_STRESS_FAIL_CELL"
 
 
 @dataclasses.dataclass
@@ -138,13 +146,14 @@ def execute(
         writer_delay_ns=campaign.writer_delay_us * 1000,
         reader_ns=campaign.reader_us * 1000,
         hold_timeout_s=campaign.hold_timeout_s,
+        data=campaign.data,
     )
     outcomes: dict[Cell, CellOutcome] = {}
     for host_kind in campaign.host_memory:
         mine = [pc for pc in planned if pc.cell.host_memory == host_kind]
         if not mine:
             continue
-        sizes = pool_sizes([pc.program for pc in mine], layout, host_kind == "pageable")
+        sizes = pool_sizes([pc.program for pc in mine], layout, host_kind == "pageable" or campaign.data == "random")
         pools = Pools(layout, host_kind, sizes, device)
         try:
             runners = {name: executors.make(name, pools, settings) for name in campaign.executors}
@@ -170,9 +179,10 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
             trials = trials_for(campaign, prepared.checked_pages * executor.page_bytes, pc.cell.executor)
             counts = [0, 0, 0, 0]
             corrupted = checked = 0
+            fault = os.environ.get(FAIL_CELL_ENV) == pc.cell.label
             for trial in range(trials):
                 with annotate.trial_range(trial):
-                    result = executor.run_trial(prepared, pc.cell.order, trial)
+                    result = executor.run_trial(prepared, pc.cell.order, trial, inject_fault=fault and trial == 0)
                 counts = [a + int(b) for a, b in zip(counts, result.counts)]
                 corrupted += result.corrupted
                 checked += result.checked_bytes

@@ -79,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--json", metavar="PATH", help="write the report as JSON (kvverify/schemas/stress-report-v1.json)")
     a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
     a("--dump-traces", metavar="DIR", help="write each cell's trace, for `kvverify check`")
+    a("--no-gpu", action="store_true", help="contract verdicts only, even where a CUDA device is present")
     annotate.add_cli_option(parser)
 
 
@@ -201,7 +202,7 @@ def _run_one(args, c, layout, console, err, several: bool) -> int:
         err.print(f"kvverify stress: {note}", markup=False, highlight=False)
     if args.dump_traces:
         _dump_traces(planned, Path(args.dump_traces))
-    reason = _gpu_unavailable()
+    reason = "--no-gpu was given" if args.no_gpu else _gpu_unavailable()
     outcomes: dict = {}
     with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
         if reason is None:

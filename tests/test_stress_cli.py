@@ -144,7 +144,7 @@ def test_fit_params_shrinks_blocks_to_the_memory_caps():
 
 def test_pool_sizes_cover_every_program():
     programs = [s.program(d, Params(4, 3)) for s in SCENARIOS.values() for d in s.directions]
-    sizes = runner.pool_sizes(programs, TINY, pageable=True)
+    sizes = runner.pool_sizes(programs, TINY, staged=True)
     assert sizes.gpu_slots == max(p.gpu_slots for p in programs)
     assert sizes.staging_pages >= sizes.host_slots * TINY.num_tensors
-    assert runner.pool_sizes(programs, TINY, pageable=False).staging_pages == 0
+    assert runner.pool_sizes(programs, TINY, staged=False).staging_pages == 0

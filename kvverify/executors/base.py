@@ -38,6 +38,7 @@ from kvverify.scenarios.program import (
     WaitEvent,
     WaitStream,
     Write,
+    SETUP_GENERATION,
     reference_contents,
 )
 
@@ -55,6 +56,7 @@ class Settings:
     writer_delay_ns: int = 1_000_000
     reader_ns: int = 1_000_000
     hold_timeout_s: float = 30.0
+    data: str = "pattern"  # or "random" (see executors.contents)
 
 
 @dataclasses.dataclass
@@ -83,9 +85,12 @@ class SwapData:
 
 
 @dataclasses.dataclass
-class CheckData:
+class BlockData:
+    """Blocks of a step and the content they get (writes) or should hold (checks)."""
+
     blocks: PreparedBlocks
-    ids: object  # expected page ids (cuda int64)
+    ids: object  # pattern ids of the pages (cuda int64)
+    cids: np.ndarray  # content id per block
     generation: int  # relative
 
 
@@ -93,8 +98,8 @@ class CheckData:
 class Prepared:
     program: Program
     steps: list[tuple[object, object]]
-    setup_gpu: tuple[PreparedBlocks, object] | None
-    setup_host: tuple[PreparedBlocks, object] | None
+    setup_gpu: BlockData | None
+    setup_host: BlockData | None
     checked_pages: int
     copied_pages: int
 
@@ -112,6 +117,9 @@ class Executor:
         self.host_stream = torch.cuda.Stream(device=pools.device)  # the host's own writes and reads
         self._epoch = 0
         self.schedule = self.name
+        from kvverify.executors import contents
+
+        self.contents = contents.make(settings.data, pools, settings.seed)
 
     # -- preparation (once per cell) -------------------------------------------------------
 
@@ -121,32 +129,32 @@ class Executor:
         steps: list[tuple[object, object]] = []
         checked = copied = snapshot = 0
 
-        def check(blocks: Blocks, i: int, generation: int) -> CheckData:
-            nonlocal checked
-            cids = np.array([states[i][(blocks.pool, s)][0] for s in blocks.slots])
-            prepared = pools.prepare(blocks)
-            checked += prepared.pages * (2 if isinstance(program.steps[i], Read) else 1)
-            return CheckData(prepared, pools.page_ids(cids), generation)
+        def data(blocks: Blocks, i: int, generation: int) -> BlockData:
+            # A write puts its own content there; a check expects what the reference model says.
+            state = states[i + 1] if isinstance(program.steps[i], (Write, HostWrite)) else states[i]
+            cids = np.array([state[(blocks.pool, s)][0] for s in blocks.slots], dtype=np.int64)
+            return BlockData(pools.prepare(blocks), pools.page_ids(cids), cids, generation)
 
         for i, step in enumerate(program.steps):
             if isinstance(step, (Write, HostWrite)):
-                steps.append((step, (pools.prepare(step.blocks), pools.write_ids(step.blocks, program.gpu_slots))))
+                steps.append((step, data(step.blocks, i, step.generation)))
             elif isinstance(step, (Read, HostRead, Expect)):
-                steps.append((step, check(step.blocks, i, step.generation)))
+                steps.append((step, data(step.blocks, i, step.generation)))
+                checked += len(step.blocks) * pools.tensors * (2 if isinstance(step, Read) else 1)
             elif isinstance(step, Swap):
-                data = self._swap_data(step, program, snapshot)
-                snapshot += len(data.src)
-                copied += len(data.src)
-                steps.append((step, data))
+                swap = self._swap_data(step, program, snapshot)
+                snapshot += len(swap.src)
+                copied += len(swap.src)
+                steps.append((step, swap))
             else:
                 steps.append((step, None))
-        setup_gpu = setup_host = None
-        if program.gpu_slots:
-            b = Blocks(GPU, tuple(range(program.gpu_slots)))
-            setup_gpu = (pools.prepare(b), pools.write_ids(b, program.gpu_slots))
-        if program.host_slots:
-            b = Blocks(HOST, tuple(range(program.host_slots)))
-            setup_host = (pools.prepare(b), pools.write_ids(b, program.gpu_slots))
+        setup: dict[str, BlockData | None] = {GPU: None, HOST: None}
+        for pool, n in ((GPU, program.gpu_slots), (HOST, program.host_slots)):
+            if n:
+                cids = np.array([states[0][(pool, s)][0] for s in range(n)], dtype=np.int64)
+                setup[pool] = BlockData(pools.prepare(Blocks(pool, tuple(range(n)))), pools.page_ids(cids), cids,
+                                        SETUP_GENERATION)
+        setup_gpu, setup_host = setup[GPU], setup[HOST]
         return Prepared(program, steps, setup_gpu, setup_host, checked, copied)
 
     def _swap_data(self, step: Swap, program: Program, snapshot_first_page: int) -> SwapData:
@@ -163,11 +171,14 @@ class Executor:
 
     # -- one trial -------------------------------------------------------------------------
 
-    def run_trial(self, prepared: Prepared, order: str, trial: int) -> TrialResult:
+    def run_trial(self, prepared: Prepared, order: str, trial: int, inject_fault: bool = False) -> TrialResult:
+        """One trial; ``inject_fault`` raises a HarnessError inside the verify phase (tests
+        of the runner's error path and of balanced NVTX ranges)."""
         torch = self.torch
         self._epoch += 1
         base = self._epoch * GEN_STRIDE
         self._begin_trial(trial)
+        self.contents.begin_trial()
         self._events: dict[str, object] = {}
         pending: list[object] = []
         try:
@@ -185,6 +196,8 @@ class Executor:
                         on = compute if step.blocks.pool == GPU else self.host_stream
                         pending.append(self._verify(data, base, on))
                 torch.cuda.synchronize()
+                if inject_fault:
+                    raise HarnessError("injected fault (KVVERIFY_STRESS_FAIL_CELL)")
                 states = torch.cat([p.to(torch.int64) for p in pending]) if pending else torch.zeros(0, dtype=torch.int64)
                 counts = torch.bincount(states, minlength=4)[:4].cpu().numpy().astype(np.int64)
         finally:
@@ -193,14 +206,12 @@ class Executor:
                            prepared.copied_pages * self.page_bytes, self.schedule)
 
     def _setup(self, prepared: Prepared, base: int) -> None:
-        from kvverify import kernels
-
         if prepared.setup_gpu:
-            blocks, ids = prepared.setup_gpu
+            d = prepared.setup_gpu
             with self.torch.cuda.stream(self._stream(prepared.program.streams[0])):
-                kernels.write_blocks(blocks.ptrs_cuda, self.page_bytes, ids, base + 1, self.settings.seed, 0)
+                self.contents.write_device(d.blocks, d.ids, d.cids, base + d.generation, 0)
         if prepared.setup_host:
-            self._host_write(*prepared.setup_host, base + 1)
+            self._host_write(prepared.setup_host, base)
         self.torch.cuda.synchronize()
 
     def _step(self, step, data, order: str, base: int, pending: list) -> None:
@@ -208,10 +219,9 @@ class Executor:
 
         torch = self.torch
         if isinstance(step, Write):
-            blocks, ids = data
             with torch.cuda.stream(self._stream(step.stream)):
                 spin = self.settings.writer_delay_ns if step.spin else 0
-                kernels.write_blocks(blocks.ptrs_cuda, self.page_bytes, ids, base + step.generation, self.settings.seed, spin)
+                self.contents.write_device(data.blocks, data.ids, data.cids, base + step.generation, spin)
         elif isinstance(step, Read):
             s = self._stream(step.stream)
             pending.append(self._verify(data, base, s))  # what the reader sees when it starts ...
@@ -238,49 +248,26 @@ class Executor:
         elif isinstance(step, Poll):
             self._host_wait([self._events[e] for e in step.events if e in self._events], "polling end events")
         elif isinstance(step, HostWrite):
-            self._host_write(*data, base + step.generation)
+            self._host_write(data, base)
         elif isinstance(step, HostRead):
             pending.append(self._verify(data, base, self.host_stream))
             self._own_wait(self.host_stream, "host read")
         else:  # pragma: no cover
             raise TypeError(f"no execution for step {step!r}")
 
-    # -- host memory access, the verify kernel --------------------------------------------
+    # -- host writes, checks ------------------------------------------------------------------
 
-    def _pageable(self, blocks: PreparedBlocks) -> bool:
-        return blocks.blocks.pool == HOST and self.pools.host_kind == "pageable"
-
-    def _host_write(self, blocks: PreparedBlocks, ids, generation: int) -> None:
-        """The host writes ``blocks`` now and continues once the bytes are in place."""
-        from kvverify import kernels
-
-        torch = self.torch
-        with torch.cuda.stream(self.host_stream):
-            if not self._pageable(blocks):  # pinned / registered: written through UVA
-                kernels.write_blocks(blocks.ptrs_cuda, self.page_bytes, ids, generation, self.settings.seed, 0)
-            else:
-                staging = self.pools.staging_ptrs(blocks.pages)
-                kernels.write_blocks(staging, self.page_bytes, ids, generation, self.settings.seed, 0)
-                data = self.pools.staging[: blocks.pages].cpu().numpy().view(np.uint64)  # waits for the stream
-                view = self.pools.host_pages()
-                view[:, blocks.slots, :] = data.reshape(self.pools.tensors, len(blocks.slots), -1)
+    def _host_write(self, data: BlockData, base: int) -> None:
+        """The host writes ``data.blocks`` now and continues once the bytes are in place."""
+        with self.torch.cuda.stream(self.host_stream):
+            self.contents.write_host(data.blocks, data.ids, data.cids, base + data.generation)
         self._own_wait(self.host_stream, "host write")
 
-    def _verify(self, check: CheckData, base: int, stream):
-        """Launch the verify kernel on ``stream``; return its per-page states (int8, device)."""
-        from kvverify import kernels
-
-        torch = self.torch
-        blocks = check.blocks
-        with torch.cuda.stream(stream):
-            ptrs = blocks.ptrs_cuda
-            if self._pageable(blocks):
-                # The host's read of pageable memory, now; the GPU classifies the copy.
-                pages = self.pools.host_pages()[:, blocks.slots, :].reshape(blocks.pages, -1)
-                self.pools.staging[: blocks.pages].copy_(torch.from_numpy(pages.view(np.uint8)))
-                ptrs = self.pools.staging_ptrs(blocks.pages)
-            states, _ = kernels.verify_blocks(ptrs, self.page_bytes, check.ids, base + check.generation, self.settings.seed)
-        return states
+    def _verify(self, data: BlockData, base: int, stream):
+        """Check ``data.blocks`` on ``stream`` (a host block: the host reads it now); return the
+        per-page states (int8, on the device, valid once the stream gets there)."""
+        with self.torch.cuda.stream(stream):
+            return self.contents.verify(data.blocks, data.ids, data.cids, base + data.generation)
 
     # -- streams and host waits -----------------------------------------------------------
 

@@ -5,9 +5,9 @@
 - host pool: the same shape in exact-size host memory of the cell's kind
   (``kvverify.host_memory``: cudaHostAlloc, cudaHostRegister or plain pages).
 - snapshot area (device): where the adversarial executor copies sources at API-call time.
-- staging area (device, pageable runs only): pageable host blocks are written and checked
-  through it, because the GPU cannot reach pageable memory and a numpy pass over a GiB is
-  slower than the copies it would check.
+- staging area (device; pageable or ``--data random`` runs only): host blocks the GPU
+  cannot reach in place are written and checked through it (a numpy pass over a GiB would
+  be slower than the copies it checks).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 from kvverify.geometry import KVLayout
 from kvverify.host_memory import allocate_host
-from kvverify.scenarios.program import GPU, Blocks, content_id
+from kvverify.scenarios.program import GPU, Blocks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +73,7 @@ class Pools:
             "host": [self.host.ptr + t * sizes.host_slots * pb for t in range(self.tensors)],
         }
 
-    def prepare(self, blocks: Blocks, ids_for: dict[int, int] | None = None) -> PreparedBlocks:
+    def prepare(self, blocks: Blocks) -> PreparedBlocks:
         """Page addresses of ``blocks`` in this pool layout."""
         import torch
 
@@ -91,10 +91,6 @@ class Pools:
         t = np.arange(self.tensors, dtype=np.int64)[:, None]
         ids = (np.asarray(content_ids, dtype=np.int64)[None, :] * self.tensors + t).reshape(-1)
         return torch.from_numpy(ids).to(self.device)
-
-    def write_ids(self, blocks: Blocks, gpu_slots: int):
-        """Pattern ids a writer puts into ``blocks`` (its own content ids)."""
-        return self.page_ids(np.array([content_id(blocks.pool, s, gpu_slots) for s in blocks.slots]))
 
     def host_pages(self) -> np.ndarray:
         """The host pool as uint64 ``(tensors, host_slots, page_words)`` (pageable access)."""
