@@ -132,15 +132,17 @@ def execute(
     layout: KVLayout,
     params: Params,
     on_cell_done: Callable[[PlannedCell, CellOutcome], None] = lambda pc, o: None,
+    device=None,
 ) -> dict[Cell, CellOutcome]:
-    """Run every planned cell on the current CUDA device. A cell whose run fails (a refused
-    copy, a hang) gets an outcome with ``error`` and no observation; the run goes on."""
+    """Run every planned cell on ``device`` (default: the current CUDA device). A cell whose
+    run fails (a refused copy, a hang) gets an outcome with ``error`` and no observation;
+    the run goes on."""
     import torch
 
     from kvverify import executors
     from kvverify.executors.pools import Pools
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
     settings = executors.Settings(
         seed=campaign.seed,
         writer_delay_ns=campaign.writer_delay_us * 1000,

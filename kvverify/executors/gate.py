@@ -21,29 +21,31 @@ class StreamGate:
     def __init__(self, device, fallback_ns: int = 20_000_000) -> None:
         import torch
 
+        self.device = device
         self.fallback_ns = fallback_ns
         self._open: list[int] = []
         self._next = 0
         try:
             from cuda.bindings import driver
 
+            if torch.device(device).type != "cuda":  # tests' stand-in device: nothing to hold
+                raise ImportError
             self._driver = driver
             self._geq = driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ.value
             self.mechanism = "cuStreamWaitValue32 on a host flag, released at the host's next wait"
         except ImportError:
             self._driver = None
-            self.mechanism = f"spin kernel of {fallback_ns / 1e6:.0f} ms (cuda-python missing: timing-based)"
-        self._flags = torch.zeros(MAX_HOLDS, dtype=torch.int32, pin_memory=True)
-        self._view = self._flags.numpy()
+            self.mechanism = f"spin kernel of {fallback_ns / 1e6:.0f} ms (no cuda-python or no CUDA device: timing-based)"
+        if self._driver is not None:  # flag words the device polls: pinned, so mapped for the GPU
+            self._flags = torch.zeros(MAX_HOLDS, dtype=torch.int32, pin_memory=True)
+            self._view = self._flags.numpy()
 
     def hold(self, stream) -> None:
         """Make later work on ``stream`` wait until ``release_all``."""
         if self._driver is None:
             from kvverify import kernels
-            import torch
 
-            with torch.cuda.stream(stream):
-                kernels.spin(self.fallback_ns)
+            kernels.spin(self.fallback_ns, stream=stream)
             return
         if self._next >= MAX_HOLDS:
             raise RuntimeError(f"more than {MAX_HOLDS} stream holds in one trial; raise MAX_HOLDS")
