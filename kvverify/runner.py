@@ -124,6 +124,7 @@ FAIL_CELL_ENV = "KVVERIFY_STRESS_FAIL_CELL"
 class CellOutcome:
     observation: Observation | None
     error: str | None = None
+    phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # summed over trials
 
 
 def execute(
@@ -181,6 +182,7 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
             trials = trials_for(campaign, prepared.checked_pages * executor.page_bytes, pc.cell.executor)
             counts = [0, 0, 0, 0]
             corrupted = checked = 0
+            phase_s: dict[str, float] = {}
             fault = os.environ.get(FAIL_CELL_ENV) == pc.cell.label
             for trial in range(trials):
                 with annotate.trial_range(trial):
@@ -188,6 +190,8 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
                 counts = [a + int(b) for a, b in zip(counts, result.counts)]
                 corrupted += result.corrupted
                 checked += result.checked_bytes
+                for name, seconds in result.phase_s.items():
+                    phase_s[name] = phase_s.get(name, 0.0) + seconds
         except (HarnessError, RuntimeError, ValueError) as exc:
             return CellOutcome(None, f"{pc.cell.label}: {type(exc).__name__}: {exc}")
     window: dict[str, int | float | str] = {
@@ -210,4 +214,4 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
         elapsed_s=time.perf_counter() - start,
         window=window,
     )
-    return CellOutcome(observation)
+    return CellOutcome(observation, None, phase_s)

@@ -217,6 +217,8 @@ def _run_one(args, c, layout, console, err, several: bool) -> int:
         layout=layout.describe(), not_run_reason=reason,
     )
     report.render_table(console)
+    if outcomes:
+        console.print(_throughput_line(outcomes), markup=False, highlight=False)
     for e in errors:
         err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False)
     if args.json:
@@ -224,6 +226,21 @@ def _run_one(args, c, layout, console, err, several: bool) -> int:
     if args.junit:
         report.write_junit(_output_path(args.junit, layout.geometry.name, several))
     return max(report.exit_status(), 1 if errors else 0)
+
+
+def _throughput_line(outcomes) -> str:
+    """Bytes checked, GB/s, and wall time of checking against the phase that runs the copies."""
+    observed = [o for o in outcomes.values() if o.observation is not None]
+    checked = sum(o.observation.bytes_checked for o in observed)
+    elapsed = sum(o.observation.elapsed_s for o in observed)
+    phases = {name: sum(o.phase_s.get(name, 0.0) for o in observed) for name in ("write", "swap", "verify")}
+    rate = checked / elapsed / 1e9 if elapsed else 0.0
+    return (
+        f"Checked {checked / 2**30:.1f} GiB in {elapsed:.1f} s ({rate:.2f} GB/s over {len(observed)} cells); "
+        f"wall time per phase: write {phases['write']:.1f} s, swap {phases['swap']:.1f} s, "
+        f"verify {phases['verify']:.1f} s (checking {'within' if phases['verify'] <= phases['swap'] else 'OVER'} "
+        "the time of the swaps it checks)"
+    )
 
 
 def _execute_with_progress(planned, c, layout, params, console):

@@ -65,6 +65,7 @@ class TrialResult:
     checked_bytes: int
     copied_bytes: int
     schedule: str  # "native", or the adversarial schedule used
+    phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # wall time of write / swap / verify
 
     @property
     def corrupted(self) -> bool:
@@ -181,14 +182,23 @@ class Executor:
         self.contents.begin_trial()
         self._events: dict[str, object] = {}
         pending: list[object] = []
+        clock = [time.perf_counter()]
+
+        def lap() -> float:
+            clock.append(time.perf_counter())
+            return clock[-1] - clock[-2]
+
+        phase_s: dict[str, float] = {}
         try:
             with annotate.phase_range("write"):
                 self._setup(prepared, base)
+            phase_s["write"] = lap()
             with annotate.phase_range("swap"):
                 for step, data in prepared.steps:
                     if not isinstance(step, Expect):
                         self._step(step, data, order, base, pending)
                 self._drain()
+            phase_s["swap"] = lap()
             with annotate.phase_range("verify"):
                 compute = self._stream(prepared.program.streams[0])
                 for step, data in prepared.steps:
@@ -200,10 +210,11 @@ class Executor:
                     raise HarnessError("injected fault (KVVERIFY_STRESS_FAIL_CELL)")
                 states = torch.cat([p.to(torch.int64) for p in pending]) if pending else torch.zeros(0, dtype=torch.int64)
                 counts = torch.bincount(states, minlength=4)[:4].cpu().numpy().astype(np.int64)
+            phase_s["verify"] = lap()
         finally:
             self._end_trial()
         return TrialResult(counts, prepared.checked_pages * self.page_bytes,
-                           prepared.copied_pages * self.page_bytes, self.schedule)
+                           prepared.copied_pages * self.page_bytes, self.schedule, phase_s)
 
     def _setup(self, prepared: Prepared, base: int) -> None:
         if prepared.setup_gpu:

@@ -112,17 +112,27 @@ def _rows(pools: Pools, data):
     return torch.arange(data.shape[0], dtype=torch.int64, device=pools.device) * pools.page_bytes + data.data_ptr()
 
 
+def _host_view(pools: Pools):
+    # torch's CPU gather / scatter run on every core; numpy's fancy indexing on one.
+    import torch
+
+    return torch.from_numpy(pools.host_pages().view(np.int64))
+
+
 def _to_host(pools: Pools, blocks: PreparedBlocks, data: np.ndarray) -> None:
     """The host writes ``data`` (pages, tensor-major) into the host pages of ``blocks``."""
-    pools.host_pages()[:, blocks.slots, :] = data.view(np.uint64).reshape(pools.tensors, len(blocks.slots), -1)
+    import torch
+
+    pages = torch.from_numpy(data.view(np.int64).reshape(pools.tensors, len(blocks.slots), -1))
+    _host_view(pools).index_copy_(1, torch.from_numpy(blocks.slots), pages)
 
 
 def _from_host(pools: Pools, blocks: PreparedBlocks):
     """The host reads the host pages of ``blocks`` now; return staging page addresses holding them."""
     import torch
 
-    pages = pools.host_pages()[:, blocks.slots, :].reshape(blocks.pages, -1)
-    pools.staging[: blocks.pages].copy_(torch.from_numpy(pages.view(np.uint8)))
+    pages = _host_view(pools).index_select(1, torch.from_numpy(blocks.slots)).reshape(blocks.pages, -1)
+    pools.staging[: blocks.pages].copy_(pages.view(torch.uint8))
     return pools.staging_ptrs(blocks.pages)
 
 
