@@ -73,3 +73,36 @@ def test_injected_fault_fails_one_cell_and_the_run_goes_on(fake_device, monkeypa
     outcomes = runner.execute(planned, c, TINY, PARAMS, device=fake_device)
     assert "injected" in outcomes[planned[0].cell].error
     assert outcomes[planned[0].cell].observation is None
+
+
+def test_stress_cli_with_observations_on_the_stand_in_device(fake_device, monkeypatch, tmp_path, capsys):
+    """The CLI's GPU path end to end (progress, table, throughput line, JSON, JUnit, exit
+    status) with observations from the stand-in device."""
+    import functools
+    import json
+
+    from kvverify import cli, stress_cli
+    from kvverify.report import Platform, load_schema
+
+    monkeypatch.setattr(stress_cli, "_gpu_unavailable", lambda: None)
+    monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
+    monkeypatch.setattr(runner, "execute", functools.partial(runner.execute, device=fake_device))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                  "hidden_size": 32, "torch_dtype": "bfloat16"}))
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('trials = 3\nmax_trials = 3\nmin_checked = "1KiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
+                        'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["H7-broken", "P2"]\n')
+    out = tmp_path / "r.json"
+    status = cli.main(["stress", "--campaign", str(campaign), "--model-config", str(config), "--json", str(out),
+                       "--junit", str(tmp_path / "r.xml"), "--no-nvtx"])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert "Checked " in printed and "wall time per phase" in printed
+    doc = json.loads(out.read_text())
+    verdicts = {(c["scenario"], c["executor"]): c["verdict"] for c in doc["cells"]}
+    assert verdicts[("H7-broken", "adversarial")] == "CONFIRMED_RACE"
+    assert verdicts[("H7-broken", "native")] == "NO_RACE_OBSERVED"  # the serial device never reorders
+    assert verdicts[("P2", "native")] == verdicts[("P2", "adversarial")] == "SAFE_CONFIRMED"
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(doc, load_schema())

@@ -89,6 +89,26 @@ class AdversarialExecutor(Executor):
             data.extra["rounds"] = out
         return data.extra["rounds"]
 
+    def _snapshot(self, data: SwapData) -> None:
+        """Read every source of the batch now, into the snapshot area, and wait for it: a
+        device source by a copy on a stream that waits on nothing, a host source by the
+        host itself (a memcpy at call time)."""
+        from kvverify import ops
+
+        torch = self.torch
+        with torch.cuda.stream(self.snap_stream):
+            if data.src_pool == "host":
+                from kvverify.executors.contents import _host_view
+
+                view = _host_view(self.pools)
+                pages = torch.cat([view.index_select(1, torch.tensor(c.src.slots, dtype=torch.int64))
+                                   .reshape(-1, view.shape[2]) for c in data.step.copies])
+                first = data.snapshot_first_page
+                self.pools.snapshot[first:first + len(pages)].copy_(pages.view(torch.uint8))
+            else:
+                ops.swap_blocks_batch(data.cpu[0], data.extra["snapshot"], data.cpu[2], "STREAM")
+        self._own_wait(self.snap_stream, "source snapshot")
+
     def _swap(self, stream, data: SwapData, order: str) -> None:
         from kvverify import ops
 
@@ -105,9 +125,7 @@ class AdversarialExecutor(Executor):
             # nothing it depends on may stay held.
             self._before_host_wait()
         if read_at_call:
-            with torch.cuda.stream(self.snap_stream):
-                ops.swap_blocks_batch(data.cpu[0], data.extra["snapshot"], data.cpu[2], "STREAM")
-            self._own_wait(self.snap_stream, "source snapshot")
+            self._snapshot(data)
         if hold:
             self.gate.hold(stream)
         with torch.cuda.stream(stream):
