@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import sys
 from pathlib import Path
 
 from kvverify import annotate
