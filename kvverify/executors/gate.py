@@ -14,6 +14,8 @@ held stream can never hang the process.
 
 from __future__ import annotations
 
+import sys
+
 MAX_HOLDS = 4096
 
 
@@ -57,7 +59,14 @@ class StreamGate:
             d.CUstream(stream.cuda_stream), d.CUdeviceptr(self._flags.data_ptr() + 4 * i), 1, self._geq
         )
         if err != d.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuStreamWaitValue32 failed: {err}; the adversarial hold is unavailable here")
+            # Stream memory operations refused (an old driver, a platform without them): fall
+            # back to the timed hold for the rest of the run, and say so in the report.
+            self._driver = None
+            self.mechanism = (f"spin kernel of {self.fallback_ns / 1e6:.0f} ms (cuStreamWaitValue32 failed: {err}; "
+                              "timing-based)")
+            print(f"kvverify: {self.mechanism}", file=sys.stderr)
+            self.hold(stream)
+            return
         self._open.append(i)
 
     @property
