@@ -44,7 +44,7 @@ class PatternContents:
             return
         staging = self.pools.staging_ptrs(blocks.pages)
         kernels.write_blocks(staging, self.pools.page_bytes, ids, generation, self.seed, 0)
-        _to_host(self.pools, blocks, self.pools.staging[: blocks.pages].cpu().numpy())  # waits for the stream
+        _to_host(self.pools, blocks, self.pools.staging[: blocks.pages])
 
     def verify(self, blocks: PreparedBlocks, ids, cids, generation: int):
         from kvverify import kernels
@@ -94,7 +94,7 @@ class RandomContents:
 
         data = self._random(blocks.pages)
         self._remember(kernels.checksum_blocks(_rows(self.pools, data), self.pools.page_bytes), cids, generation)
-        _to_host(self.pools, blocks, data.cpu().numpy())  # the host writes the bytes itself
+        _to_host(self.pools, blocks, data)  # the host writes the bytes itself
 
     def verify(self, blocks: PreparedBlocks, ids, cids, generation: int):
         from kvverify import kernels
@@ -119,11 +119,22 @@ def _host_view(pools: Pools):
     return torch.from_numpy(pools.host_pages().view(np.int64))
 
 
-def _to_host(pools: Pools, blocks: PreparedBlocks, data: np.ndarray) -> None:
-    """The host writes ``data`` (pages, tensor-major) into the host pages of ``blocks``."""
+def _bounce(pools: Pools, blocks: PreparedBlocks):
+    """The pinned bounce rows for ``blocks``: as bytes (pages, page_bytes) and as int64 words
+    (tensors, blocks, words)."""
     import torch
 
-    pages = torch.from_numpy(data.view(np.int64).reshape(pools.tensors, len(blocks.slots), -1))
+    bounce = pools.bounce[: blocks.pages]
+    return bounce, bounce.view(torch.int64).view(pools.tensors, len(blocks.slots), -1)
+
+
+def _to_host(pools: Pools, blocks: PreparedBlocks, device_pages) -> None:
+    """The host writes ``device_pages`` ((pages, page_bytes) uint8 on the device, tensor-major)
+    into the host pages of ``blocks``, once the current stream has produced them."""
+    import torch
+
+    bounce, pages = _bounce(pools, blocks)
+    bounce.copy_(device_pages)  # waits for the current stream, then the DMA
     _host_view(pools).index_copy_(1, torch.from_numpy(blocks.slots), pages)
 
 
@@ -131,8 +142,9 @@ def _from_host(pools: Pools, blocks: PreparedBlocks):
     """The host reads the host pages of ``blocks`` now; return staging page addresses holding them."""
     import torch
 
-    pages = _host_view(pools).index_select(1, torch.from_numpy(blocks.slots)).reshape(blocks.pages, -1)
-    pools.staging[: blocks.pages].copy_(pages.view(torch.uint8))
+    bounce, pages = _bounce(pools, blocks)
+    torch.index_select(_host_view(pools), 1, torch.from_numpy(blocks.slots), out=pages)
+    pools.staging[: blocks.pages].copy_(bounce)
     return pools.staging_ptrs(blocks.pages)
 
 

@@ -32,7 +32,8 @@ class PoolSizes:
         return (self.gpu_slots * layout.num_tensors + self.snapshot_pages + self.staging_pages) * layout.page_bytes
 
     def host_bytes(self, layout: KVLayout) -> int:
-        return self.host_slots * layout.num_tensors * layout.page_bytes
+        """The host pool and, where there is a staging area, its pinned bounce buffer."""
+        return (self.host_slots * layout.num_tensors + self.staging_pages) * layout.page_bytes
 
 
 @dataclasses.dataclass
@@ -58,13 +59,19 @@ class Pools:
         self.layout, self.host_kind, self.sizes, self.device = layout, host_kind, sizes, device
         self.page_bytes, self.tensors = layout.page_bytes, layout.num_tensors
         self.gpu = None
-        self.host = None
+        self.host = self._bounce_host = None
         try:
             pb = self.page_bytes
             self.gpu = torch.empty(sizes.gpu_slots * self.tensors * pb, dtype=torch.uint8, device=device)
             self.snapshot = torch.empty((max(1, sizes.snapshot_pages), pb), dtype=torch.uint8, device=device)
             self.staging = torch.empty((max(1, sizes.staging_pages), pb), dtype=torch.uint8, device=device)
             self.host = allocate_host(host_kind, sizes.host_bytes(layout))
+            if sizes.staging_pages:
+                # Pinned bounce buffer between the staging area and host pages the GPU cannot
+                # reach: DMA at full speed, no page faults, exact size.
+                kind = "pinned" if torch.device(device).type == "cuda" else "pageable"
+                self._bounce_host = allocate_host(kind, sizes.staging_pages * pb)
+                self.bounce = torch.from_numpy(self._bounce_host.numpy(np.uint8)).view(sizes.staging_pages, pb)
         except BaseException:
             self.close()
             raise
@@ -108,7 +115,8 @@ class Pools:
         return torch.arange(pages, dtype=torch.int64, device=self.device) * self.page_bytes + base
 
     def close(self) -> None:
-        if self.host is not None:
-            self.host.free()
-            self.host = None
-        self.gpu = self.snapshot = self.staging = None
+        self.gpu = self.snapshot = self.staging = self.bounce = None
+        for buf in (self.host, self._bounce_host):
+            if buf is not None:
+                buf.free()
+        self.host = self._bounce_host = None
