@@ -65,7 +65,7 @@ class Pools:
             self.gpu = torch.empty(sizes.gpu_slots * self.tensors * pb, dtype=torch.uint8, device=device)
             self.snapshot = torch.empty((max(1, sizes.snapshot_pages), pb), dtype=torch.uint8, device=device)
             self.staging = torch.empty((max(1, sizes.staging_pages), pb), dtype=torch.uint8, device=device)
-            self.host = allocate_host(host_kind, sizes.host_bytes(layout))
+            self.host = allocate_host(host_kind, sizes.host_slots * self.tensors * pb)
             if sizes.staging_pages:
                 # Pinned bounce buffer between the staging area and host pages the GPU cannot
                 # reach: DMA at full speed, no page faults, exact size.
