@@ -106,3 +106,27 @@ def test_stress_cli_with_observations_on_the_stand_in_device(fake_device, monkey
     assert verdicts[("P2", "native")] == verdicts[("P2", "adversarial")] == "SAFE_CONFIRMED"
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.validate(doc, load_schema())
+
+
+def test_ctrl_c_frees_every_pool(fake_device, monkeypatch):
+    """A KeyboardInterrupt in the middle of a trial propagates, and host memory (pool and bounce
+    buffer) is freed on the way out."""
+    from kvverify.executors import native, pools
+
+    made = []
+    real = pools.allocate_host
+
+    def tracking(kind, nbytes):
+        made.append(real(kind, nbytes))
+        return made[-1]
+
+    def interrupted(self, stream, data, order):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pools, "allocate_host", tracking)
+    monkeypatch.setattr(native.NativeExecutor, "_swap", interrupted)
+    c = _campaign(scenarios=("P2",), executors=("native",), data="random")
+    planned = runner.plan(c, TINY, PARAMS)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute(planned, c, TINY, PARAMS, device=fake_device)
+    assert len(made) == 2 and not any(buf._live for buf in made)
