@@ -4,10 +4,14 @@ Every trial follows one of three schedules (trial index mod 3), each a schedule 
 permits, so a SAFE cell must show no corruption under any of them and a RACY one shows it
 under at least one:
 
-- ``early``: sources read at the earliest moment: at API-call time for ``ANY`` and
-  ``DURING_API_CALL`` (a snapshot on an independent stream, no dependency on the copy
-  stream's pending work; the host waits for it, as the call would), in stream order on an
-  otherwise idle stream for ``STREAM``; destinations written as soon as stream order allows.
+- ``early``: every copy as early as possible against the compute around it. Sources read at
+  API-call time for ``ANY`` and ``DURING_API_CALL`` (a snapshot on a stream that waits on
+  nothing, or by the host for a host source; the host waits for it, as the call would), in
+  stream order for ``STREAM``; destinations written as soon as stream order allows; and the
+  compute streams (those that run writers and readers) held until the host next waits, so
+  a copy not ordered after a writer reads before it, and a load not ordered against compute
+  lands before compute touches the block (H1, H2, and stores under ``ANY``), on any GPU and
+  whatever the copy sizes.
 - ``mixed``: sources read as in ``early``, destinations held as late as stream order
   allows: the copy stream waits on a host flag (``StreamGate``) until the host next waits
   for the device. Shows a host block reloaded while its store is pending (H5) and a
@@ -60,6 +64,14 @@ class AdversarialExecutor(Executor):
 
     def _before_host_wait(self) -> None:
         self.gate.release_all()
+
+    def _after_setup(self, prepared) -> None:
+        if self.schedule == "early":
+            from kvverify.scenarios.program import Read, Write
+
+            kernel_streams = {s.stream for s in prepared.program.steps if isinstance(s, (Write, Read))}
+            for name in sorted(kernel_streams):
+                self.gate.hold(self._stream(name))
 
     def _rounds(self, data: SwapData):
         """(src, snapshot, dst, sizes) CPU tensors per round, computed once per cell."""
@@ -120,13 +132,13 @@ class AdversarialExecutor(Executor):
         read_at_call = may_read_early and (self.schedule != "late" or order == "DURING_API_CALL" or src_pageable)
         hold = self.schedule != "early" and not dst_pageable
         rounds = self._rounds(data)
-        if dst_pageable:
-            # The call returns with the copy complete: the host waits inside it, so
-            # nothing it depends on may stay held.
-            self._before_host_wait()
         if read_at_call:
             self._snapshot(data)
-        if hold:
+        if dst_pageable:
+            # The call returns with the copy complete: the host waits inside it, so nothing
+            # the copy may depend on can stay held.
+            self._before_host_wait()
+        elif hold:
             self.gate.hold(stream)
         with torch.cuda.stream(stream):
             for src, snap, dst, sizes in rounds:

@@ -193,6 +193,7 @@ class Executor:
             with annotate.phase_range("write"):
                 self._setup(prepared, base)
             phase_s["write"] = lap()
+            self._after_setup(prepared)
             with annotate.phase_range("swap"):
                 for step, data in prepared.steps:
                     if not isinstance(step, Expect):
@@ -317,6 +318,9 @@ class Executor:
     # -- executor hooks ---------------------------------------------------------------------
 
     def _begin_trial(self, trial: int) -> None:
+        pass
+
+    def _after_setup(self, prepared: Prepared) -> None:
         pass
 
     def _end_trial(self) -> None:
