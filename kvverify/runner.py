@@ -87,7 +87,8 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
     while n >= 1:
         params = Params(n, campaign.transfers)
         programs = [s.program(d, params) for s in select(list(campaign.scenarios)) for d in s.directions]
-        sizes = pool_sizes(programs, layout, "pageable" in campaign.host_memory or campaign.data == "random")
+        staged = bool({"pageable", "registered"} & set(campaign.host_memory)) or campaign.data == "random"
+        sizes = pool_sizes(programs, layout, staged)
         dev, host = sizes.device_bytes(layout), sizes.host_bytes(layout)
         if dev <= campaign.gpu_mem and host <= campaign.host_mem:
             note = None if n == campaign.blocks_per_transfer else (
@@ -156,7 +157,9 @@ def execute(
         mine = [pc for pc in planned if pc.cell.host_memory == host_kind]
         if not mine:
             continue
-        sizes = pool_sizes([pc.program for pc in mine], layout, host_kind == "pageable" or campaign.data == "random")
+        # Registered memory gets a staging area too, used where kernels cannot reach it in place.
+        staged = host_kind in ("pageable", "registered") or campaign.data == "random"
+        sizes = pool_sizes([pc.program for pc in mine], layout, staged)
         pools = Pools(layout, host_kind, sizes, device)
         try:
             runners = {name: executors.make(name, pools, settings) for name in campaign.executors}

@@ -2,8 +2,8 @@
 
 - ``pattern`` (default): the generation pattern of ``kvverify.pattern`` written by the
   writer kernel; the verify kernel tells OK / STALE / TORN / GARBAGE per page. Pinned and
-  registered host pages are written and checked in place through UVA; pageable ones go
-  through the device staging area.
+  (mapped) registered host pages are written and checked in place through UVA; pageable
+  ones go through the device staging area and a pinned bounce buffer.
 - ``random``: random bytes; a per-page checksum of the source is taken on the writer's
   stream right after it wrote, and a check compares the page's checksum with the one of
   the content it should hold: OK, or GARBAGE on a mismatch (a checksum cannot tell a stale
@@ -26,7 +26,7 @@ OK, GARBAGE = 0, 3
 class PatternContents:
     def __init__(self, pools: Pools, seed: int) -> None:
         self.pools, self.seed = pools, seed
-        self.pageable = pools.host_kind == "pageable"
+        self.staged = not pools.host_in_place  # host pages kernels cannot reach at their address
 
     def begin_trial(self) -> None:
         pass
@@ -39,7 +39,7 @@ class PatternContents:
     def write_host(self, blocks: PreparedBlocks, ids, cids, generation: int) -> None:
         from kvverify import kernels
 
-        if not self.pageable:  # pinned / registered: written in place through UVA
+        if not self.staged:  # pinned / mapped registered memory: written in place through UVA
             kernels.write_blocks(blocks.ptrs_cuda, self.pools.page_bytes, ids, generation, self.seed, 0)
             return
         staging = self.pools.staging_ptrs(blocks.pages)
@@ -50,7 +50,7 @@ class PatternContents:
         from kvverify import kernels
 
         ptrs = blocks.ptrs_cuda
-        if self.pageable and blocks.blocks.pool == "host":
+        if self.staged and blocks.blocks.pool == "host":
             ptrs = _from_host(self.pools, blocks)
         states, _ = kernels.verify_blocks(ptrs, self.pools.page_bytes, ids, generation, self.seed)
         return states

@@ -5,9 +5,10 @@
 - host pool: the same shape in exact-size host memory of the cell's kind
   (``kvverify.host_memory``: cudaHostAlloc, cudaHostRegister or plain pages).
 - snapshot area (device): where the adversarial executor copies sources at API-call time.
-- staging area (device; pageable or ``--data random`` runs only): host blocks the GPU
-  cannot reach in place are written and checked through it (a numpy pass over a GiB would
-  be slower than the copies it checks).
+- staging area (device) and its pinned bounce buffer, where host blocks are not reachable
+  by kernels in place (pageable memory, registered memory the device cannot address at the
+  host pointer) or ``--data random`` runs: host blocks are written and checked through it
+  (a numpy pass over a GiB would be slower than the copies it checks).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class Pools:
         except BaseException:
             self.close()
             raise
+        self.host_in_place = host_kind == "pinned" or (
+            host_kind == "registered" and torch.device(device).type == "cuda" and _kernels_reach(self.host.ptr)
+        )
         self._bases = {
             GPU: [self.gpu.data_ptr() + t * sizes.gpu_slots * pb for t in range(self.tensors)],
             "host": [self.host.ptr + t * sizes.host_slots * pb for t in range(self.tensors)],
@@ -120,3 +124,16 @@ class Pools:
             if buf is not None:
                 buf.free()
         self.host = self._bounce_host = None
+
+
+def _kernels_reach(ptr: int) -> bool:
+    """Whether kernels can use the host address ``ptr`` itself (UVA mapping of registered
+    memory: cudaDevAttrCanUseHostPointerForRegisteredMem and a mapped registration). Where it
+    cannot be asked, answer False: the staging path is slower but always right."""
+    try:
+        from cuda.bindings import driver as d
+
+        err, value = d.cuPointerGetAttribute(d.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_POINTER, ptr)
+        return err == d.CUresult.CUDA_SUCCESS and int(value) == ptr
+    except Exception:
+        return False
