@@ -148,3 +148,9 @@ def test_pool_sizes_cover_every_program():
     assert sizes.gpu_slots == max(p.gpu_slots for p in programs)
     assert sizes.staging_pages >= sizes.host_slots * TINY.num_tensors
     assert runner.pool_sizes(programs, TINY, staged=False).staging_pages == 0
+
+
+def test_no_gpu_flag_gives_contract_verdicts_only():
+    p = stress("--no-gpu", "--scenarios", "P2", "--orders", "ANY")
+    assert p.returncode == 0, p.stderr
+    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
