@@ -14,7 +14,7 @@ has 1 run range, C cell ranges, C x T trial ranges and 3 x C x T phase ranges. G
 time ``kvverify stress`` itself, with and without ``--no-nvtx``).
 
     python benchmarks/bench_nvtx_overhead.py
-    python benchmarks/bench_nvtx_overhead.py --cells 84 --trials 1 --run-seconds 12.5
+    python benchmarks/bench_nvtx_overhead.py --cells 306 --trials 3 --run-seconds 90
     python benchmarks/bench_nvtx_overhead.py --smoke-cmd "kvverify stress --campaign smoke --trials 1"
 """
 
@@ -129,10 +129,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=200_000, help="ranges per timing round (default 200000)")
-    p.add_argument("--cells", type=int, default=84, help="cells in the smoke run (default 84)")
-    p.add_argument("--trials", type=int, default=1, help="trials per cell (default 1)")
+    # Defaults: stress/smoke.toml on the stress branch: 17 (scenario, direction) pairs x 3 orders
+    # x 3 host memory kinds x 2 executors = 306 cells, 3 trials each, "under 90 s on one H200".
+    p.add_argument("--cells", type=int, default=306, help="cells in the smoke run (default 306)")
+    p.add_argument("--trials", type=int, default=3, help="trials per cell (default 3)")
     p.add_argument("--run-seconds", type=float, default=None,
-                   help="wall time of a smoke run without annotation (default: from --smoke-cmd, else 10)")
+                   help="wall time of a smoke run without annotation (default: from --smoke-cmd, else 90)")
     p.add_argument("--smoke-cmd", help="time this command with and without --no-nvtx")
     p.add_argument("--repeats", type=int, default=5, help="--smoke-cmd repeats (default 5)")
     p.add_argument("--json", help="also write the figures to this JSON file")
@@ -157,7 +159,7 @@ def main(argv=None) -> int:
     measured = None
     if args.smoke_cmd:
         measured = time_smoke(args.smoke_cmd, args.repeats)
-    run_seconds = args.run_seconds or (measured[1] if measured else 10.0)
+    run_seconds = args.run_seconds or (measured[1] if measured else 90.0)
     total_ranges = sum(counts.values())
     print(f"\nsmoke run: {args.cells} cells x {args.trials} trials -> {total_ranges} ranges "
           f"({counts['trial']} trials, {counts['phase']} phases), run time {run_seconds:.3f} s")

@@ -27,6 +27,20 @@ def best_seconds(fn, repeat: int) -> float:
     return best
 
 
+WIDTHS = (10, 17, 20, 14)
+
+
+def measure(blocks: np.ndarray, ids: np.ndarray, repeat: int) -> tuple[float, ...]:
+    """Best seconds of fill, classify (all OK), classify (all STALE), checksum over ``blocks``."""
+    t_fill = best_seconds(lambda: pattern.fill_blocks(blocks, ids, 5, 1234), repeat)
+    states, _ = pattern.classify_blocks(blocks, ids, 5, 1234)
+    assert (states == pattern.BlockState.OK).all()
+    t_ok = best_seconds(lambda: pattern.classify_blocks(blocks, ids, 5, 1234), repeat)
+    t_stale = best_seconds(lambda: pattern.classify_blocks(blocks, ids, 6, 1234), repeat)
+    t_sum = best_seconds(lambda: pattern.checksum_blocks_reference(blocks), repeat)
+    return t_fill, t_ok, t_stale, t_sum
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mb", type=int, default=256, help="total bytes of blocks, in MiB")
@@ -45,16 +59,9 @@ def main() -> None:
         ids = np.arange(n, dtype=np.int64) * 7 + 3
         for tile in args.tile_words:
             pattern.TILE_WORDS = tile
-            t_fill = best_seconds(lambda: pattern.fill_blocks(blocks, ids, 5, 1234), args.repeat)
-            states, _ = pattern.classify_blocks(blocks, ids, 5, 1234)
-            assert (states == pattern.BlockState.OK).all()
-            t_ok = best_seconds(lambda: pattern.classify_blocks(blocks, ids, 5, 1234), args.repeat)
-            t_stale = best_seconds(lambda: pattern.classify_blocks(blocks, ids, 6, 1234), args.repeat)
-            t_sum = best_seconds(lambda: pattern.checksum_blocks_reference(blocks), args.repeat)
-            mbps = lambda t: total / t / 1e6  # noqa: E731
-            print(f"{block_bytes:>11} {tile:>10} {mbps(t_fill):>10.0f} {mbps(t_ok):>17.0f} "
-                  f"{mbps(t_stale):>20.0f} {mbps(t_sum):>14.0f}", flush=True)
-        del blocks
+            row = measure(blocks, ids, args.repeat)
+            print(f"{block_bytes:>11} {tile:>10} " + " ".join(f"{total / t / 1e6:>{w}.0f}" for t, w in zip(row, WIDTHS, strict=True)),
+                  flush=True)
 
 
 if __name__ == "__main__":

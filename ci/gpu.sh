@@ -44,6 +44,7 @@ if has_command bench; then
   step bench python3 -m kvverify bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png"
 fi
 step swap-bandwidth python3 benchmarks/bench_swap.py
+step kernel-bandwidth python3 benchmarks/bench_kernels.py
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "ci/gpu.sh: failed steps: ${failed[*]}" | tee -a "$LOG"

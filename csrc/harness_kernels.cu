@@ -1,36 +1,17 @@
 // Harness kernels: stamp, read, verify and checksum blocks at raw addresses, and hold a stream.
-//
-// Ops (torch.ops.kvverify.*; Python wrappers with full docs in kvverify/kernels.py):
-//   write_blocks(Tensor block_ptrs, int block_bytes, Tensor block_ids, int generation, int seed, int spin_ns) -> ()
-//   read_blocks(Tensor block_ptrs, int block_bytes, int duration_ns) -> ()
-//   verify_blocks(Tensor block_ptrs, int block_bytes, Tensor block_ids, int expected_generation, int seed)
-//       -> (Tensor states, Tensor generations)
-//   checksum_blocks(Tensor block_ptrs, int block_bytes) -> Tensor
-//   spin(int duration_ns) -> ()
+// The ops that check arguments and launch these live in csrc/harness_ops.cpp.
 //
 // Block pointers are raw byte addresses in an int64 CUDA tensor; each may point into device
 // memory or into pinned / registered host memory (UVA: the host address is valid on the device).
-// Every op launches on the current CUDA stream of block_ptrs' device and never synchronises.
 // The pattern itself (h32, poison, checksum) lives in pattern.cuh, mirrored from kvverify/pattern.py.
 //
-// Only the CUDA runtime API is used: the extension never links libcuda. The current stream comes
-// from c10/cuda/CUDAStream.h (at::cuda::getCurrentCUDAStream is the same function re-exported by
-// ATen/cuda/CUDAContext.h, which would also pull in cuBLAS/cuSPARSE headers that a minimal
-// toolkit, like the CI image's, lacks).
+// Only the CUDA runtime API is used: the extension never links libcuda.
 
 #include <cuda_runtime.h>
 
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
-#include <torch/library.h>
-
-#include <algorithm>
 #include <cstdint>
-#include <tuple>
 
+#include "harness_kernels.h"
 #include "pattern.cuh"
 
 namespace {
@@ -39,8 +20,6 @@ using namespace kvverify::pattern;
 
 constexpr int kThreads = 256;  // threads per CTA, every kernel but spin
 constexpr int kWarps = kThreads / 32;
-// Guard against unit mistakes (nanoseconds, not microseconds): no hold may exceed a minute.
-constexpr int64_t kMaxHoldNs = 60LL * 1000 * 1000 * 1000;
 
 // ------------------------------------------------------------------------------------------
 // Device helpers
@@ -295,154 +274,41 @@ __global__ void __launch_bounds__(kThreads) checksum_blocks_kernel(const int64_t
 
 __global__ void spin_kernel(uint64_t duration_ns) { hold_for(duration_ns); }
 
-// ------------------------------------------------------------------------------------------
-// Host side: argument checks (each names its argument) and launches
-// ------------------------------------------------------------------------------------------
-
-void check_address_tensor(const at::Tensor& t, const char* name) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, name, " must be an int64 tensor, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.is_cuda(), name,
-                    " must be a CUDA tensor (kvverify.kernels moves host arrays to the device), got device ",
-                    t.device());
-  TORCH_CHECK_VALUE(t.dim() == 1, name, " must be 1-D (one entry per block), got shape ", t.sizes());
-}
-
-void check_ids(const at::Tensor& block_ids, const at::Tensor& block_ptrs) {
-  check_address_tensor(block_ids, "block_ids");
-  TORCH_CHECK_VALUE(block_ids.device() == block_ptrs.device(), "block_ids must be on block_ptrs' device ",
-                    block_ptrs.device(), ", got ", block_ids.device());
-  TORCH_CHECK_VALUE(block_ids.numel() == block_ptrs.numel(), "block_ids must have one id per block: ",
-                    block_ptrs.numel(), " block_ptrs but ", block_ids.numel(), " block_ids");
-}
-
-uint32_t check_block_bytes(int64_t block_bytes) {
-  TORCH_CHECK_VALUE(block_bytes > 0 && block_bytes % 8 == 0,
-                    "block_bytes must be a positive multiple of 8 (whole 8-byte words), got ", block_bytes);
-  TORCH_CHECK_VALUE(block_bytes / 8 <= 0xFFFFFFFFLL, "block_bytes must be at most 8 * (2**32 - 1) (32-bit word index), got ",
-                    block_bytes);
-  return static_cast<uint32_t>(block_bytes / 8);
-}
-
-uint32_t check_generation(int64_t generation, const char* name) {
-  TORCH_CHECK_VALUE(generation >= 0 && generation < static_cast<int64_t>(kPoisonGeneration), name,
-                    " must lie in [0, 2**32 - 2] (2**32 - 1 is reserved for poison), got ", generation);
-  return static_cast<uint32_t>(generation);
-}
-
-uint64_t check_hold(int64_t ns, const char* name) {
-  TORCH_CHECK_VALUE(ns >= 0 && ns <= kMaxHoldNs, name, " must lie in [0, ", kMaxHoldNs,
-                    "] nanoseconds (at most a minute), got ", ns);
-  return static_cast<uint64_t>(ns);
-}
-
-int64_t check_grid(const at::Tensor& block_ptrs) {
-  const int64_t n = block_ptrs.numel();
-  TORCH_CHECK_VALUE(n <= 0x7FFFFFFFLL, "block_ptrs may hold at most 2**31 - 1 blocks (one CTA each), got ", n);
-  return n;
-}
-
-// Grid of the grid-stride kernels (write, read): `per_sm` CTAs per SM at most. With a spin or a
-// read duration it is 1: all CTAs are resident at once (so the hold covers the whole grid), and
-// each SM keeps most of its room for kernels on other streams (an executor's copy or snapshot must
-// still run while a writer spins or a reader reads). A plain write uses 4 for store throughput.
-int grid_for(int64_t n, int per_sm) {
-  int device = 0, sms = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return static_cast<int>(std::min<int64_t>(n, static_cast<int64_t>(sms) * per_sm));
-}
-
-void write_blocks(const at::Tensor& block_ptrs, int64_t block_bytes, const at::Tensor& block_ids, int64_t generation,
-                  int64_t seed, int64_t spin_ns) {
-  check_address_tensor(block_ptrs, "block_ptrs");
-  check_ids(block_ids, block_ptrs);
-  const uint32_t n_words = check_block_bytes(block_bytes);
-  const uint32_t g = check_generation(generation, "generation");
-  const uint64_t spin = check_hold(spin_ns, "spin_ns");
-  const int64_t n = block_ptrs.numel();
-  if (n == 0) return;
-  const c10::cuda::CUDAGuard guard(block_ptrs.device());
-  const auto ptrs = block_ptrs.contiguous();
-  const auto ids = block_ids.contiguous();
-  write_blocks_kernel<<<grid_for(n, spin != 0 ? 1 : 4), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      ptrs.data_ptr<int64_t>(), ids.data_ptr<int64_t>(), n, n_words, g, static_cast<uint64_t>(seed), spin);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-void read_blocks(const at::Tensor& block_ptrs, int64_t block_bytes, int64_t duration_ns) {
-  check_address_tensor(block_ptrs, "block_ptrs");
-  const uint32_t n_words = check_block_bytes(block_bytes);
-  const uint64_t duration = check_hold(duration_ns, "duration_ns");
-  const int64_t n = block_ptrs.numel();
-  if (n == 0) return;
-  const c10::cuda::CUDAGuard guard(block_ptrs.device());
-  const auto ptrs = block_ptrs.contiguous();
-  read_blocks_kernel<<<grid_for(n, 1), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      ptrs.data_ptr<int64_t>(), n, n_words, duration);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-std::tuple<at::Tensor, at::Tensor> verify_blocks(const at::Tensor& block_ptrs, int64_t block_bytes,
-                                                 const at::Tensor& block_ids, int64_t expected_generation,
-                                                 int64_t seed) {
-  check_address_tensor(block_ptrs, "block_ptrs");
-  check_ids(block_ids, block_ptrs);
-  const uint32_t n_words = check_block_bytes(block_bytes);
-  const uint32_t expected = check_generation(expected_generation, "expected_generation");
-  const int64_t n = check_grid(block_ptrs);
-  const c10::cuda::CUDAGuard guard(block_ptrs.device());
-  auto states = at::empty({n}, block_ptrs.options().dtype(at::kChar));
-  auto generations = at::empty({n}, block_ptrs.options().dtype(at::kLong));
-  if (n == 0) return {states, generations};
-  const auto ptrs = block_ptrs.contiguous();
-  const auto ids = block_ids.contiguous();
-  verify_blocks_kernel<<<static_cast<unsigned>(n), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      ptrs.data_ptr<int64_t>(), ids.data_ptr<int64_t>(), n_words, expected, static_cast<uint64_t>(seed),
-      states.data_ptr<int8_t>(), generations.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {states, generations};
-}
-
-at::Tensor checksum_blocks(const at::Tensor& block_ptrs, int64_t block_bytes) {
-  check_address_tensor(block_ptrs, "block_ptrs");
-  const uint32_t n_words = check_block_bytes(block_bytes);
-  const int64_t n = check_grid(block_ptrs);
-  const c10::cuda::CUDAGuard guard(block_ptrs.device());
-  auto out = at::empty({n}, block_ptrs.options().dtype(at::kLong));
-  if (n == 0) return out;
-  const auto ptrs = block_ptrs.contiguous();
-  checksum_blocks_kernel<<<static_cast<unsigned>(n), kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      ptrs.data_ptr<int64_t>(), n_words, out.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
-}
-
-// Holds the current stream of the current device.
-void spin(int64_t duration_ns) {
-  const uint64_t duration = check_hold(duration_ns, "duration_ns");
-  spin_kernel<<<1, 1, 0, c10::cuda::getCurrentCUDAStream()>>>(duration);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(kvverify, m) {
-  m.def("write_blocks(Tensor block_ptrs, int block_bytes, Tensor block_ids, int generation, int seed, int spin_ns) -> ()");
-  m.def("read_blocks(Tensor block_ptrs, int block_bytes, int duration_ns) -> ()");
-  m.def(
-      "verify_blocks(Tensor block_ptrs, int block_bytes, Tensor block_ids, int expected_generation, int seed)"
-      " -> (Tensor states, Tensor generations)");
-  m.def("checksum_blocks(Tensor block_ptrs, int block_bytes) -> Tensor");
-  m.def("spin(int duration_ns) -> ()");
+namespace kvverify::launch {
+
+// Launchers for csrc/harness_ops.cpp, which checks arguments and owns the tensors: keeping the
+// throwing, tensor-handling host code out of nvcc's translation units (extension-cpp's layout).
+// Each returns the launch's error, left for the caller to check.
+
+cudaError_t write_blocks(const int64_t* ptrs, const int64_t* ids, int64_t n, uint32_t n_words, uint32_t generation,
+                         uint64_t seed, uint64_t spin_ns, int grid, cudaStream_t stream) {
+  write_blocks_kernel<<<grid, kThreads, 0, stream>>>(ptrs, ids, n, n_words, generation, seed, spin_ns);
+  return cudaGetLastError();
 }
 
-TORCH_LIBRARY_IMPL(kvverify, CUDA, m) {
-  m.impl("write_blocks", &write_blocks);
-  m.impl("read_blocks", &read_blocks);
-  m.impl("verify_blocks", &verify_blocks);
-  m.impl("checksum_blocks", &checksum_blocks);
+cudaError_t read_blocks(const int64_t* ptrs, int64_t n, uint32_t n_words, uint64_t duration_ns, int grid,
+                        cudaStream_t stream) {
+  read_blocks_kernel<<<grid, kThreads, 0, stream>>>(ptrs, n, n_words, duration_ns);
+  return cudaGetLastError();
 }
 
-// spin takes no tensor, so the dispatcher has no device key to route on: a CUDA-key kernel
-// would never be found. CompositeExplicitAutograd is the slot used for tensor-less calls.
-TORCH_LIBRARY_IMPL(kvverify, CompositeExplicitAutograd, m) { m.impl("spin", &spin); }
+cudaError_t verify_blocks(const int64_t* ptrs, const int64_t* ids, int64_t n, uint32_t n_words, uint32_t expected,
+                          uint64_t seed, int8_t* states, int64_t* generations, cudaStream_t stream) {
+  verify_blocks_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(ptrs, ids, n_words, expected, seed, states,
+                                                                          generations);
+  return cudaGetLastError();
+}
+
+cudaError_t checksum_blocks(const int64_t* ptrs, int64_t n, uint32_t n_words, int64_t* out, cudaStream_t stream) {
+  checksum_blocks_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(ptrs, n_words, out);
+  return cudaGetLastError();
+}
+
+cudaError_t spin(uint64_t duration_ns, cudaStream_t stream) {
+  spin_kernel<<<1, 1, 0, stream>>>(duration_ns);
+  return cudaGetLastError();
+}
+
+}  // namespace kvverify::launch

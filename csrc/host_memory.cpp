@@ -6,18 +6,20 @@
 #include <cuda_runtime.h>
 #include <torch/library.h>
 
+#include "message.h"
+
 namespace kvverify {
 namespace {
 
 void* as_ptr(int64_t address, const char* arg) {
-  TORCH_CHECK_VALUE(address != 0, arg, " is a null pointer");
+  TORCH_CHECK_VALUE(address != 0, kvverify::cat(arg, " is a null pointer"));
   return reinterpret_cast<void*>(address);
 }
 
 // cudaHostAlloc (CUDA Runtime API, Memory Management): page-locked, and under UVA mapped into
 // the device address space at the same address, so kernels can verify it in place.
 int64_t host_alloc(int64_t nbytes) {
-  TORCH_CHECK_VALUE(nbytes > 0, "nbytes must be > 0, got ", nbytes);
+  TORCH_CHECK_VALUE(nbytes > 0, kvverify::cat("nbytes must be > 0, got ", nbytes));
   void* ptr = nullptr;
   C10_CUDA_CHECK(cudaHostAlloc(&ptr, static_cast<size_t>(nbytes), cudaHostAllocPortable));
   return reinterpret_cast<int64_t>(ptr);
@@ -28,7 +30,7 @@ void host_free(int64_t ptr) { C10_CUDA_CHECK(cudaFreeHost(as_ptr(ptr, "ptr"))); 
 // cudaHostRegister pins memory the caller allocated (page-aligned, whole pages, for the
 // best DMA path); cudaHostRegisterPortable makes it pinned for every context.
 void host_register(int64_t ptr, int64_t nbytes) {
-  TORCH_CHECK_VALUE(nbytes > 0, "nbytes must be > 0, got ", nbytes);
+  TORCH_CHECK_VALUE(nbytes > 0, kvverify::cat("nbytes must be > 0, got ", nbytes));
   C10_CUDA_CHECK(cudaHostRegister(as_ptr(ptr, "ptr"), static_cast<size_t>(nbytes), cudaHostRegisterPortable));
 }
 

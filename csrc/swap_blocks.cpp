@@ -13,6 +13,8 @@
 #include <cudaTypedefs.h>
 #include <torch/library.h>
 
+#include "message.h"
+
 #include <mutex>
 #include <string>
 #include <vector>
@@ -76,9 +78,9 @@ std::string driver_error_name(CUresult result) {
 }
 
 void check_index_tensor(const at::Tensor& t, const char* arg) {
-  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, arg, " must be an int64 tensor, got ", t.scalar_type());
-  TORCH_CHECK_VALUE(t.dim() == 1, arg, " must be 1-D, got ", t.dim(), " dimensions");
-  TORCH_CHECK_VALUE(t.device().is_cpu(), arg, " must be on the CPU (it is read by the host), got ", t.device());
+  TORCH_CHECK_TYPE(t.scalar_type() == at::kLong, kvverify::cat(arg, " must be an int64 tensor, got ", t.scalar_type()));
+  TORCH_CHECK_VALUE(t.dim() == 1, kvverify::cat(arg, " must be 1-D, got ", t.dim(), " dimensions"));
+  TORCH_CHECK_VALUE(t.device().is_cpu(), kvverify::cat(arg, " must be on the CPU (it is read by the host), got ", t.device()));
 }
 
 // Validates every argument before anything is issued, so a rejected call changes nothing.
@@ -88,9 +90,8 @@ int64_t validate(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const a
   check_index_tensor(dst_ptrs, "dst_ptrs");
   check_index_tensor(sizes, "sizes");
   const int64_t n = src_ptrs.numel();
-  TORCH_CHECK_VALUE(dst_ptrs.numel() == n && sizes.numel() == n,
-                    "src_ptrs, dst_ptrs and sizes must have the same length, got ", n, ", ", dst_ptrs.numel(),
-                    " and ", sizes.numel());
+  TORCH_CHECK_VALUE(dst_ptrs.numel() == n && sizes.numel() == n, kvverify::cat("src_ptrs, dst_ptrs and sizes must have the same length, got ", n, ", ", dst_ptrs.numel(),
+                    " and ", sizes.numel()));
   if (n == 0) return 0;
   const auto src = src_ptrs.contiguous();
   const auto dst = dst_ptrs.contiguous();
@@ -99,11 +100,11 @@ int64_t validate(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const a
   const int64_t* d = dst.data_ptr<int64_t>();
   const int64_t* z = len.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(z[i] > 0, "sizes[", i, "] must be > 0 bytes, got ", z[i]);
-    TORCH_CHECK_VALUE(s[i] != 0, "src_ptrs[", i, "] is a null pointer");
-    TORCH_CHECK_VALUE(d[i] != 0, "dst_ptrs[", i, "] is a null pointer");
+    TORCH_CHECK_VALUE(z[i] > 0, kvverify::cat("sizes[", i, "] must be > 0 bytes, got ", z[i]));
+    TORCH_CHECK_VALUE(s[i] != 0, kvverify::cat("src_ptrs[", i, "] is a null pointer"));
+    TORCH_CHECK_VALUE(d[i] != 0, kvverify::cat("dst_ptrs[", i, "] is a null pointer"));
   }
-  TORCH_CHECK_VALUE(c10::cuda::device_count() > 0, "swap_blocks_batch needs a CUDA device, and none is visible");
+  TORCH_CHECK_VALUE(c10::cuda::device_count() > 0, kvverify::cat("swap_blocks_batch needs a CUDA device, and none is visible"));
   return n;
 }
 
@@ -143,8 +144,8 @@ void copy_loop(const int64_t* s, const int64_t* d, const int64_t* z, int64_t n, 
                                       static_cast<size_t>(z[i]), cudaMemcpyDefault, stream);
     if (err != cudaSuccess) {
       cudaGetLastError();  // not sticky: leave the runtime usable for the next call
-      TORCH_CHECK(false, "cudaMemcpyAsync failed for copy ", i, " of ", n, ": ", cudaGetErrorName(err), " (",
-                  cudaGetErrorString(err), ")");
+      TORCH_CHECK(false, kvverify::cat("cudaMemcpyAsync failed for copy ", i, " of ", n, ": ", cudaGetErrorName(err), " (",
+                  cudaGetErrorString(err), ")"));
     }
   }
 }
@@ -172,8 +173,8 @@ void copy_batch(const int64_t* s, const int64_t* d, const int64_t* z, int64_t n,
     if (result != CUDA_SUCCESS) {
       std::string where = fail_index != SIZE_MAX ? " at copy " + std::to_string(fail_index) + " of " + std::to_string(n)
                                                  : " (the driver does not report which copy failed)";
-      TORCH_CHECK(false, "cuMemcpyBatchAsync failed", where, ": ", driver_error_name(result),
-                  " (srcAccessOrder=", order, ")");
+      TORCH_CHECK(false, kvverify::cat("cuMemcpyBatchAsync failed", where, ": ", driver_error_name(result),
+                  " (srcAccessOrder=", order, ")"));
     }
   });
 }
@@ -192,8 +193,7 @@ Pointers contiguous(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, cons
 void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes,
                        int64_t src_access_order) {
   TORCH_CHECK_VALUE(src_access_order >= CU_MEMCPY_SRC_ACCESS_ORDER_STREAM &&
-                        src_access_order <= CU_MEMCPY_SRC_ACCESS_ORDER_ANY,
-                    "src_access_order must be 1 (STREAM), 2 (DURING_API_CALL) or 3 (ANY), got ", src_access_order);
+                        src_access_order <= CU_MEMCPY_SRC_ACCESS_ORDER_ANY, kvverify::cat("src_access_order must be 1 (STREAM), 2 (DURING_API_CALL) or 3 (ANY), got ", src_access_order));
   const int64_t n = validate(src_ptrs, dst_ptrs, sizes);
   if (n == 0) return;
   const Pointers p = contiguous(src_ptrs, dst_ptrs, sizes);

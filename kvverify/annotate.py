@@ -179,14 +179,20 @@ class _On:
     """Annotation on, a tool attached: real NVTX push/pop with pre-registered strings."""
 
     def __init__(self, nvtx_module) -> None:
-        from nvtx._lib import lib as _lib  # push_range(attributes, handle), pop_range(handle)
-
         self.reason = "on"
         self.active = True
         self._domain = nvtx_module.get_domain(DOMAIN)
         self._handle = self._domain.handle
-        self._push = _lib.push_range
-        self._pop = _lib.pop_range
+        try:
+            # The module-level functions the nvtx package's own `annotate` uses: one C call
+            # each, no keyword handling. Private, so fall back to the public Domain methods.
+            from nvtx._lib.lib import pop_range, push_range
+
+            self._push, self._pop = push_range, pop_range
+        except ImportError:
+            domain = self._domain
+            self._push = lambda attributes, _handle: domain.push_range(attributes)
+            self._pop = lambda _handle: domain.pop_range()
         self._local = threading.local()
         # Fixed category ids: "store" -> 1, "load" -> 2, registered before any range.
         self._category_ids = {name: self._domain.get_category_id(name) for name in CATEGORIES}

@@ -23,6 +23,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.stress_cli",
         "run every hazard scenario on the GPU under each source access order and check every block",
     ),
+    "probe": (
+        "kvverify.probe",
+        "measure, per direction, order and host memory, whether a batch copy blocks the host and when it reads its source",
+    ),
+    "bench": (
+        "kvverify.bench",
+        "measure swap_blocks_batch bandwidth per direction, order and page size against a contiguous copy and a per-copy loop",
+    ),
 }
 
 DESCRIPTION = """\

@@ -35,7 +35,7 @@ from kvverify import _extension
 if TYPE_CHECKING:  # torch is imported lazily: the package imports without it
     import torch
 
-__all__ = ["write_blocks", "read_blocks", "verify_blocks", "checksum_blocks", "spin", "ops"]
+__all__ = ["checksum_blocks", "ops", "read_blocks", "spin", "verify_blocks", "write_blocks"]
 
 _M64 = (1 << 64) - 1
 
@@ -87,7 +87,7 @@ def _seed(seed: Any) -> int:
     return s - (1 << 64) if s >= 1 << 63 else s
 
 
-def _host_int64(value: Any, name: str) -> "torch.Tensor":
+def _host_int64(value: Any, name: str) -> torch.Tensor:
     """A 1-D int64 CPU tensor from a CPU tensor, numpy array or sequence of ints."""
     import torch
 
@@ -109,7 +109,7 @@ def _host_int64(value: Any, name: str) -> "torch.Tensor":
     return t.contiguous()
 
 
-def _check_addresses(host: "torch.Tensor", name: str) -> None:
+def _check_addresses(host: torch.Tensor, name: str) -> None:
     a = host.numpy()
     bad = np.flatnonzero((a == 0) | (a % 8 != 0))
     if bad.size:
@@ -120,7 +120,7 @@ def _check_addresses(host: "torch.Tensor", name: str) -> None:
         )
 
 
-def _target_device(block_ptrs: Any, stream: "torch.cuda.Stream | None") -> "torch.device":
+def _target_device(block_ptrs: Any, stream: torch.cuda.Stream | None) -> torch.device:
     import torch
 
     if isinstance(block_ptrs, torch.Tensor) and block_ptrs.is_cuda:
@@ -132,7 +132,7 @@ def _target_device(block_ptrs: Any, stream: "torch.cuda.Stream | None") -> "torc
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _on_device(value: Any, name: str, device: "torch.device", *, addresses: bool) -> "torch.Tensor":
+def _on_device(value: Any, name: str, device: torch.device, *, addresses: bool) -> torch.Tensor:
     """``value`` as a 1-D int64 tensor on ``device``, staged without synchronising (see module doc)."""
     import torch
 
@@ -147,12 +147,14 @@ def _on_device(value: Any, name: str, device: "torch.device", *, addresses: bool
     host = _host_int64(value, name)
     if addresses:
         _check_addresses(host, name)
+    if host.numel() == 0:
+        return torch.empty(0, dtype=torch.int64, device=device)
     # Pinned + non_blocking: an asynchronous copy queued on the current stream, ordered before
     # the kernel; torch's pinned-memory cache keeps the staging buffer alive until it completes.
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def _stream_context(stream: "torch.cuda.Stream | None"):
+def _stream_context(stream: torch.cuda.Stream | None):
     import torch
 
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
@@ -165,7 +167,7 @@ PtrsLike = Any  # torch.Tensor (int64, 1-D, CUDA or CPU) | np.ndarray (integers)
 
 
 def write_blocks(block_ptrs: PtrsLike, block_bytes: int, block_ids: PtrsLike, generation: int, seed: int,
-                 spin_ns: int = 0, *, stream: "torch.cuda.Stream | None" = None) -> None:
+                 spin_ns: int = 0, *, stream: torch.cuda.Stream | None = None) -> None:
     """Stamp the pattern of ``generation`` into each block (``kvverify.pattern.fill_blocks`` on the GPU).
 
     block_ptrs: (n,) int64 byte addresses, non-null, 8-byte aligned.
@@ -188,7 +190,7 @@ def write_blocks(block_ptrs: PtrsLike, block_bytes: int, block_ids: PtrsLike, ge
 
 
 def read_blocks(block_ptrs: PtrsLike, block_bytes: int, duration_ns: int, *,
-                stream: "torch.cuda.Stream | None" = None) -> None:
+                stream: torch.cuda.Stream | None = None) -> None:
     """Keep reading the blocks (volatile 16-byte loads) until ``duration_ns`` has passed.
 
     The reader of WAR scenarios: each thread scans its share of the blocks at least once and
@@ -205,7 +207,7 @@ def read_blocks(block_ptrs: PtrsLike, block_bytes: int, duration_ns: int, *,
 
 
 def verify_blocks(block_ptrs: PtrsLike, block_bytes: int, block_ids: PtrsLike, expected_generation: int,
-                  seed: int, *, stream: "torch.cuda.Stream | None" = None) -> "tuple[torch.Tensor, torch.Tensor]":
+                  seed: int, *, stream: torch.cuda.Stream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Classify each block on the GPU exactly as ``kvverify.pattern.classify_blocks`` does.
 
     Returns ``(states, generations)``: (n,) int8 ``BlockState`` codes and (n,) int64 generations
@@ -224,7 +226,7 @@ def verify_blocks(block_ptrs: PtrsLike, block_bytes: int, block_ids: PtrsLike, e
 
 
 def checksum_blocks(block_ptrs: PtrsLike, block_bytes: int, *,
-                    stream: "torch.cuda.Stream | None" = None) -> "torch.Tensor":
+                    stream: torch.cuda.Stream | None = None) -> torch.Tensor:
     """Per-block 64-bit checksum of arbitrary bytes (``--data random``): (n,) int64 on the device.
 
     Bit for bit ``kvverify.pattern.checksum_blocks_reference``: the sum mod 2**64 over words i of
@@ -239,7 +241,7 @@ def checksum_blocks(block_ptrs: PtrsLike, block_bytes: int, *,
         return o.checksum_blocks(ptrs, block_bytes)
 
 
-def spin(duration_ns: int, *, stream: "torch.cuda.Stream | None" = None) -> None:
+def spin(duration_ns: int, *, stream: torch.cuda.Stream | None = None) -> None:
     """Hold the stream: a one-thread kernel that returns ``duration_ns`` nanoseconds (device clock,
     0 ..= 60e9) after it starts. Work queued behind it waits, so copies can be queued without
     launch gaps and race windows stay open for a known time. Raises ValueError naming duration_ns.

@@ -142,6 +142,7 @@ def swap_blocks_batch(
     is_src_access_order_any: bool | None = None,
     use_batch_api: bool = True,
     backend: str = "extension",
+    check_pointers: bool = True,
 ) -> None:
     """Copy ``sizes[i]`` bytes from ``src_ptrs[i]`` to ``dst_ptrs[i]`` for every ``i``, asynchronously,
     on the current torch CUDA stream of the current device.
@@ -159,6 +160,13 @@ def swap_blocks_batch(
             always stream-ordered whatever order was asked: the order is then a no-op.
         backend: ``"extension"`` (``kvverify._C``) or ``"cuda-python"``
             (``cuda.bindings.driver.cuMemcpyBatchAsync``, an independent implementation).
+        check_pointers: look every address up first (``cuPointerGetAttributes``; a host read
+            probe for addresses CUDA does not know) and reject, with a ``ValueError`` naming the
+            copy, a device copy running past its allocation or an address that is neither CUDA
+            memory nor mapped host memory. The driver treats such an address as pageable host
+            memory and the process dies with SIGSEGV (seen on H200, driver 580; docs/op.md).
+            Costs a lookup per address; ``False`` skips it. Direct ``torch.ops`` callers never get
+            it, nor does the cuda-python backend where the extension is not built.
 
     An empty batch is a no-op. On torch's default stream (the legacy NULL stream, which
     ``cuMemcpyBatchAsync`` refuses) the batch runs on a side stream joined to the current
@@ -176,6 +184,8 @@ def swap_blocks_batch(
     if backend == "extension":
         kv = _extension.ops()
         src, dst, size = (_as_index_tensor(v, n) for v, n in ((src_ptrs, "src_ptrs"), (dst_ptrs, "dst_ptrs"), (sizes, "sizes")))
+        if check_pointers and validate_batch(src, dst, size) > 0:
+            kv.check_pointers(src, dst, size)
         if use_batch_api:
             kv.swap_blocks_batch(src, dst, size, int(order))
         else:
@@ -186,6 +196,8 @@ def swap_blocks_batch(
     src, dst, size = (_as_index_tensor(v, n) for v, n in ((src_ptrs, "src_ptrs"), (dst_ptrs, "dst_ptrs"), (sizes, "sizes")))
     if validate_batch(src, dst, size) == 0:
         return
+    if check_pointers and _extension.load_error() is None:  # the check lives in the extension
+        _extension.ops().check_pointers(src, dst, size)
     from kvverify import _cuda_python
 
     _cuda_python.swap_blocks_batch(src.tolist(), dst.tolist(), size.tolist(), order)

@@ -48,18 +48,18 @@ import sys
 import numpy as np
 
 __all__ = [
-    "BlockState",
+    "MAX_GENERATION",
     "POISON_GENERATION",
     "POISON_WORD",
-    "MAX_GENERATION",
-    "h32",
+    "BlockState",
     "block_keys",
-    "pattern_words",
-    "fill_blocks",
-    "poison_blocks",
-    "classify_blocks",
-    "mix64",
     "checksum_blocks_reference",
+    "classify_blocks",
+    "fill_blocks",
+    "h32",
+    "mix64",
+    "pattern_words",
+    "poison_blocks",
 ]
 
 
@@ -344,15 +344,23 @@ def classify_blocks(blocks: np.ndarray, block_ids, expected_generation: int, see
 # --------------------------------------------------------------------------------------------
 
 
+def _mix64_(z: np.ndarray, tmp: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser of a uint64 array, in place (``tmp``: scratch of the same shape)."""
+    np.right_shift(z, np.uint64(30), out=tmp)
+    np.bitwise_xor(z, tmp, out=z)
+    np.multiply(z, np.uint64(MIX64_MUL1), out=z)
+    np.right_shift(z, np.uint64(27), out=tmp)
+    np.bitwise_xor(z, tmp, out=z)
+    np.multiply(z, np.uint64(MIX64_MUL2), out=z)
+    np.right_shift(z, np.uint64(31), out=tmp)
+    np.bitwise_xor(z, tmp, out=z)
+    return z
+
+
 def mix64(x) -> np.ndarray:
     """splitmix64's finaliser (a bijection on uint64) of a uint64 array."""
     z = np.array(x, dtype=np.uint64, copy=True)
-    z ^= z >> np.uint64(30)
-    z *= np.uint64(MIX64_MUL1)
-    z ^= z >> np.uint64(27)
-    z *= np.uint64(MIX64_MUL2)
-    z ^= z >> np.uint64(31)
-    return z
+    return _mix64_(z, np.empty_like(z))
 
 
 def checksum_blocks_reference(blocks: np.ndarray) -> np.ndarray:
@@ -367,8 +375,13 @@ def checksum_blocks_reference(blocks: np.ndarray) -> np.ndarray:
     _check_blocks(blocks, writable=False)
     n, words = blocks.shape
     total = np.zeros(n, dtype=np.uint64)
+    z = tmp = None
     for r, c in _tiles(n, words):
+        shape = (r.stop - r.start, c.stop - c.start)
+        if z is None or z.shape != shape:
+            z, tmp = np.empty(shape, np.uint64), np.empty(shape, np.uint64)
         idx = np.arange(c.start, c.stop, dtype=np.uint64) * np.uint64(CHECKSUM_INDEX_MUL)
-        terms = mix64(blocks[r, c] ^ idx[None, :])
-        total[r] += terms.sum(axis=1, dtype=np.uint64)  # uint64 sums wrap mod 2**64, as on the GPU
+        np.bitwise_xor(blocks[r, c], idx[None, :], out=z)
+        _mix64_(z, tmp)
+        total[r] += z.sum(axis=1, dtype=np.uint64)  # uint64 sums wrap mod 2**64, as on the GPU
     return total.view(np.int64)

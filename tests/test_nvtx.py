@@ -372,7 +372,8 @@ STRESS_GPU_ARGS = ["stress", "--campaign", "smoke", "--trials", "1"]
 # (an injected harness fault): the cell fails, the run goes on, the exit status is non-zero.
 FAIL_CELL_ENV = "KVVERIFY_STRESS_FAIL_CELL"
 
-CELL_LABEL = re.compile(r"^H[1-7]\b.*/(D2H|H2D)/(STREAM|DURING_API_CALL|ANY)/[^/]+/(native|adversarial)$")
+# scenario (H1-broken, H7-fixed, P1, ...) / direction / order / host memory / executor
+CELL_LABEL = re.compile(r"^[HP]\d[^/]*/(D2H|H2D)/(STREAM|DURING_API_CALL|ANY)/[^/]+/(native|adversarial)$")
 
 
 def _stress_reason() -> str | None:

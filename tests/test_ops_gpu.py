@@ -188,3 +188,59 @@ def test_context_is_usable_after_a_driver_error_cuda_python():
         with pytest.raises(RuntimeError, match="CUDA_ERROR_INVALID_VALUE"):
             _cuda_python.swap_blocks_batch([a.data_ptr()], [b.data_ptr()], [64], 0)
     assert _valid_copy_works()
+
+
+def _freed_device_address():
+    """An address of device memory given back to the driver (not just to torch's cache)."""
+    t = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    address = t.data_ptr()
+    del t
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return address
+
+
+UNMAPPED_HOST = 0x7E0000001000  # far from the heap, stacks and CUDA's reservations on x86-64 Linux
+
+
+@pytest.mark.parametrize("backend", ops.BACKENDS)
+@pytest.mark.parametrize(
+    "case", ["freed-device-src", "freed-device-dst", "unmapped-host-src", "unmapped-host-dst", "pinned-overrun", "device-overrun"]
+)
+def test_unresolvable_pointers_are_rejected_before_the_driver(case, backend):
+    """Without the check these copies kill the process with SIGSEGV (docs/op.md); with it they
+    raise ValueError naming the copy, and the context goes on working."""
+    cudart = pytest.importorskip("cuda.bindings.runtime")
+    dev = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
+    with allocate_host("pinned", 1 << 20) as pinned:
+        exact = None
+        if case in ("freed-device-src", "freed-device-dst"):
+            bad = _freed_device_address()
+            src, dst, size = (bad, pinned.ptr, 4096) if case.endswith("src") else (pinned.ptr, bad, 4096)
+            arg = "src_ptrs[0]" if case.endswith("src") else "dst_ptrs[0]"
+        elif case.startswith("unmapped"):
+            src, dst, size = (UNMAPPED_HOST, dev.data_ptr(), 4096) if case.endswith("src") else (dev.data_ptr(), UNMAPPED_HOST, 4096)
+            arg = "src_ptrs[0]" if case.endswith("src") else "dst_ptrs[0]"
+        elif case == "pinned-overrun":
+            src, dst, size, arg = pinned.ptr, dev.data_ptr(), 2 << 20, "src_ptrs[0]"
+        else:
+            err, exact = cudart.cudaMalloc(1 << 20)  # exact size: torch's segments are larger
+            assert err == cudart.cudaError_t.cudaSuccess
+            src, dst, size, arg = int(exact), dev.data_ptr(), 2 << 20, "src_ptrs[0]"
+        try:
+            with torch.cuda.stream(torch.cuda.Stream()):
+                with pytest.raises(ValueError, match=arg.replace("[", r"\[").replace("]", r"\]")):
+                    ops.swap_blocks_batch([src], [dst], [size], SrcAccessOrder.ANY, backend=backend)
+        finally:
+            if exact is not None:
+                cudart.cudaFree(exact)
+    assert _valid_copy_works()
+
+
+def test_valid_pointers_pass_the_check_for_every_memory_kind():
+    dev = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+    for kind in HOST_MEMORY_KINDS:
+        with allocate_host(kind, 1 << 20) as host:
+            torch.ops.kvverify.check_pointers(
+                torch.tensor([host.ptr, dev.data_ptr()]), torch.tensor([dev.data_ptr(), host.ptr]), torch.tensor([1 << 20, 1 << 20])
+            )

@@ -25,10 +25,17 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from typing import Iterable
 
-from kvverify.trace.model import (CopyBatch, QueryEvent, Range, Record, SyncEvent, SyncStream, Trace,
-                                  WaitEvent, WaitStream)
+from kvverify.trace.model import (
+    CopyBatch,
+    QueryEvent,
+    Range,
+    Record,
+    SyncEvent,
+    Trace,
+    WaitEvent,
+    WaitStream,
+)
 from kvverify.trace.report import Race, Report
 from kvverify.trace.rules import HOST, Access, Ordering, analyze, covers
 
@@ -61,7 +68,7 @@ class _Lane:
     """What one stream did to one buffer: per cell, the latest position that read / wrote it,
     and the history of (position, first cell, end cell, access) in position order."""
 
-    __slots__ = ("wk", "rk", "whist", "rhist", "last_w", "last_r")
+    __slots__ = ("last_r", "last_w", "rhist", "rk", "whist", "wk")
 
     def __init__(self, ncells: int):
         self.wk = [0] * ncells
@@ -333,57 +340,66 @@ def _waited(trace: Trace, w: int) -> str:
     return f"event '{op.event}'"
 
 
-def _between(indices: list[int], i: int, j: int) -> Iterable[int]:
+def _between(indices: list[int], i: int, j: int) -> list[int]:
     lo, hi = bisect.bisect_right(indices, i), bisect.bisect_left(indices, j)
     return indices[lo:hi]
 
 
 def _first_wait_covering(order: Ordering, tb: int, i: int, j: int, ta: int, ka: int) -> int | None:
-    for w in _between(order.waits.get(tb, []), i, j):
-        if covers(order.ops[w].stream, ta, ka):
-            return w
+    """The wait on stream ``tb`` (between ops i and j) after which the stream follows op i.
+    A stream's clock only grows, so "covers" is monotone along its waits: bisect."""
+    ws = _between(order.waits.get(tb, []), i, j)
+    lo, hi = 0, len(ws)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if covers(order.ops[ws[mid]].stream, ta, ka):
+            hi = mid
+        else:
+            lo = mid + 1
+    return ws[lo] if lo < len(ws) else None
+
+
+def _capture_note(order: Ordering, x: int, event: str, verb: str, i: int, ta: int) -> str | None:
+    """Rule 3: a wait / sync on an event that was never recorded, or whose latest record on op
+    i's stream came before op i, orders nothing useful; say so. Other events are not mentioned."""
+    r = order.ops[x].capture
+    if r is None:
+        return f"op {x} {verb} event '{event}', which was never recorded before it and so orders nothing (rule 3)"
+    if r < i and order.ops[r].timeline == ta:
+        return (f"op {x} {verb} event '{event}' as recorded at op {r}, before op {i} was issued "
+                f"(a record captures only earlier work, rule 3)")
     return None
 
 
 def _wait_notes(order: Ordering, tb: int, i: int, j: int, ta: int, ka: int) -> str:
-    """Rule 3 notes: waits on stream ``tb`` between ops i and j that did not order op i."""
+    """Rule 3 notes on the waits of stream ``tb`` between ops i and j."""
     trace = order.trace
     notes = []
-    for w in list(_between(order.waits.get(tb, []), i, j))[-2:]:
+    for w in _between(order.waits.get(tb, []), i, j)[-64:]:
         op = trace.ops[w]
         if isinstance(op, WaitEvent):
-            r = order.ops[w].capture
-            if r is None:
-                notes.append(f"op {w} waits on event '{op.event}', which was never recorded before it "
-                             f"and so orders nothing (rule 3)")
-            else:
-                notes.append(f"op {w} waits on event '{op.event}' as recorded at op {r}, which does "
-                             f"not include op {i} (rule 3)")
-        elif isinstance(op, WaitStream):
-            notes.append(f"op {w} waits for '{op.on}', not for '{order.name(ta)}'")
-    return "".join("; " + n for n in notes)
+            note = _capture_note(order, w, op.event, "waits on", i, ta)
+            if note:
+                notes.append(note)
+    return "".join("; " + n for n in notes[-2:])
 
 
 def _host_notes(order: Ordering, i: int, j: int, ta: int, ka: int) -> str:
-    """Rule 3 / 4 notes: host synchronizations between ops i and j that did not cover op i."""
+    """Rule 3 / 4 notes on the host synchronizations between ops i and j."""
     trace = order.trace
     notes = []
-    for x in list(_between(order.syncs, i, j))[-2:]:
+    for x in _between(order.syncs, i, j)[-64:]:
         op = trace.ops[x]
         if isinstance(op, (SyncEvent, QueryEvent)):
-            r = order.ops[x].capture
             verb = "syncs" if isinstance(op, SyncEvent) else "queries"
-            if r is None:
-                notes.append(f"op {x} {verb} event '{op.event}', which was never recorded before it "
-                             f"and so orders nothing (rule 3)")
-            elif isinstance(op, QueryEvent) and not op.result:
-                notes.append(f"op {x} queried event '{op.event}' and saw it not complete")
-            else:
-                notes.append(f"op {x} {verb} event '{op.event}' as recorded at op {r}, which does not "
-                             f"include op {i}")
-        elif isinstance(op, SyncStream):
-            notes.append(f"op {x} synchronizes '{op.stream}', not '{order.name(ta)}'")
-    return "".join("; " + n for n in notes)
+            note = _capture_note(order, x, op.event, verb, i, ta)
+            r = order.ops[x].capture
+            if (note is None and isinstance(op, QueryEvent) and not op.result and r is not None
+                    and covers(order.ops[r].stream, ta, ka)):
+                note = f"op {x} queried event '{op.event}', which covers op {i}, and saw it not complete"
+            if note:
+                notes.append(note)
+    return "".join("; " + n for n in notes[-2:])
 
 
 def _event_after(trace: Trace, order: Ordering, i: int, j: int, ta: int, ka: int):
@@ -401,4 +417,4 @@ def _event_after(trace: Trace, order: Ordering, i: int, j: int, ta: int, ka: int
     return None
 
 
-__all__ = ["check", "DEFAULT_MAX_RACES"]
+__all__ = ["DEFAULT_MAX_RACES", "check"]

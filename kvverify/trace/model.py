@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import operator
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterable, Mapping, NamedTuple, Sequence, Union
+from typing import Any, ClassVar, NamedTuple
 
 VERSION = 1
 SPACES = ("device", "host_pinned", "host_registered", "host_pageable")
@@ -58,7 +59,7 @@ class Range(NamedTuple):
     def end(self) -> int:
         return self.offset + self.length
 
-    def overlap(self, other: "Range") -> "Range | None":
+    def overlap(self, other: Range) -> Range | None:
         """The bytes both ranges cover, or None."""
         if self.buffer != other.buffer:
             return None
@@ -210,8 +211,8 @@ class HostRead:
     name: str | None = None
 
 
-Op = Union[Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent,
-           SyncStream, SyncDevice, HostWrite, HostRead]
+Op = (Kernel | Copy | CopyBatch | Record | WaitEvent | WaitStream | SyncEvent | QueryEvent
+      | SyncStream | SyncDevice | HostWrite | HostRead)
 OP_TYPES: dict[str, type] = {
     cls.kind: cls
     for cls in (Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent,
@@ -277,7 +278,7 @@ class Trace:
     version: int = VERSION
 
     @classmethod
-    def from_json(cls, doc: Any) -> "Trace":
+    def from_json(cls, doc: Any) -> Trace:
         """Parse and validate a trace from JSON text (str / bytes) or an already-decoded object.
 
         Raises :class:`TraceError` (a ValueError) naming the op index and field of the first
@@ -539,7 +540,7 @@ class _Parser:
 # Building traces in code
 
 
-RangeLike = Union[Range, Sequence]
+RangeLike = Range | Sequence
 
 
 def _rj(r: RangeLike) -> list:

@@ -72,7 +72,7 @@ class Report:
             out["truncated"] = True
         return out
 
-    def render(self, trace: "Trace | None" = None, source: str | None = None) -> str:
+    def render(self, trace: Trace | None = None, source: str | None = None) -> str:
         """A human report: the verdict, then each race with both ops, bytes, kind, why and fix."""
         where = f" in {source}" if source else ""
         if trace is not None:

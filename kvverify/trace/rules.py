@@ -28,8 +28,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvverify.trace.model import (Copy, CopyBatch, HostRead, HostWrite, Kernel, QueryEvent, Record,
-                                  SyncDevice, SyncEvent, SyncStream, Trace, WaitEvent, WaitStream)
+from kvverify.trace.model import (
+    Copy,
+    CopyBatch,
+    HostRead,
+    HostWrite,
+    Kernel,
+    QueryEvent,
+    Record,
+    SyncDevice,
+    SyncEvent,
+    SyncStream,
+    Trace,
+    WaitEvent,
+    WaitStream,
+)
 
 HOST = 0
 """Timeline index of the host thread; stream ``trace.streams[n]`` is timeline ``n + 1``."""

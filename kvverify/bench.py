@@ -1,0 +1,777 @@
+"""``kvverify bench``: bandwidth of ``swap_blocks_batch`` per direction, source access order and page size.
+
+Method (docs/bench.md has the long form):
+
+* **Pool and pages.** One host pool (``--host-memory``, pinned by default) and one device pool of
+  ``--pool-bytes`` each (default 2 GiB: more than 4x the L2 of any current GPU and more than
+  1 GiB). A point is (direction, page size). Each batch call copies ``pages/call`` pages whose
+  source and destination slots are drawn at random, without replacement, from the pool's
+  page-aligned slots; a repetition ("rep") is ``calls/rep`` such calls, each with its own draw
+  (at least 256 MiB per rep by default), and the same draws serve every method of the point.
+* **Methods.** The three orders through ``cuMemcpyBatchAsync`` (``STREAM``, ``DURING_API_CALL``,
+  ``ANY``); ``loop``: the same copies as one ``cudaMemcpyAsync`` each (``use_batch_api=False``);
+  ``ceiling``: one contiguous ``cudaMemcpyAsync`` of the rep's bytes between the same two pools.
+* **Event-timed bandwidth.** A spin kernel holds the copy stream; the start event is recorded
+  behind it, the rep's calls are queued, the stop event follows. If the spin is still running once
+  everything is queued (the start event has not completed: "hold covered"), the events enclose
+  the copies alone, without launch or call gaps. The hold is sized from the measured queueing time
+  (twice it plus 1 ms); a method whose calls wait for the held work (no hold can cover them) is
+  marked and then run behind a 1 ms hold, so its event time includes its call gaps.
+* **End-to-end bandwidth.** The same rep without a hold: host clock from before the first call to
+  the completion of a stop event recorded after the last.
+* **Paired ANY / STREAM.** Within a point the reps of all methods are interleaved round by round;
+  ANY and STREAM run next to each other in every round, alternating which goes first. The ratio
+  ANY / STREAM of each round's pair gives the median ratio and its confidence interval
+  (``kvverify.stats.paired_ratio_ci``).
+* **Repeatability.** After all points, STREAM is measured again at every point as an independent
+  series (new random draws, new hold sizing); the relative difference of the two medians is
+  reported, and checked against 3% for pages of 256 KiB and up.
+
+GB/s is 1e9 bytes per second throughout. Bytes per rep count each byte once (read or written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kvverify import _measure
+from kvverify.probe import DIRECTIONS, HOST_KINDS, ORDERS, parse_directions, parse_orders, _positive_float, _positive_int
+from kvverify.sizes import format_size, size_arg, size_list_arg
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+DEFAULT_PAGE_SIZES = [4 * KiB * 2**i for i in range(10)]  # 4 KiB ... 2 MiB
+QUICK_PAGE_SIZES = [16 * KiB, 64 * KiB, 256 * KiB, 2 * MiB]
+DEFAULT_REPS, QUICK_REPS = 10, 8
+QUICK_MAX_SECONDS = 120.0
+MIN_REP_BYTES = 256 * MiB  # calls/rep defaults to the fewest calls that move this much
+REPEAT_CHECK_MIN_PAGE = 256 * KiB
+REPEAT_TOLERANCE = 0.03
+BASELINES = ("loop", "ceiling")
+WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
+
+
+class PlanError(ValueError):
+    """The options name an impossible or unknown benchmark (reported as one line, exit status 2)."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers")
+    return values
+
+
+def _confidence(text: str) -> float:
+    value = _positive_float(text)
+    if not value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a confidence is between 0 and 1, e.g. 0.95")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
+    g = parser.add_argument_group("what to measure")
+    g.add_argument("--quick", action="store_true",
+                   help=f"page sizes {','.join(format_size(p).replace(' ', '') for p in QUICK_PAGE_SIZES)}, "
+                        f"{QUICK_REPS} reps, stop starting points after {QUICK_MAX_SECONDS:g} s (options given explicitly win)")
+    g.add_argument("--page-sizes", type=size_list_arg, metavar="LIST",
+                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB in powers of two)")
+    g.add_argument("--model", metavar="PRESET",
+                   help="take page sizes and pages per call from a model preset of kvverify.geometry (e.g. llama-3.1-8b)")
+    g.add_argument("--block-tokens", type=_int_list, default=[16, 32, 64], metavar="LIST",
+                   help="with --model: tokens per KV block (GPU page), one page size each (default 16,32,64)")
+    g.add_argument("--blocks-per-transfer", type=_positive_int, default=16,
+                   help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
+                        "layout's tensors (default 16)")
+    g.add_argument("--directions", type=parse_directions, default=list(DIRECTIONS), help="h2d,d2h (default both)")
+    g.add_argument("--orders", type=parse_orders, default=list(ORDERS), help="STREAM,DURING_API_CALL,ANY (default all)")
+    g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
+    g.add_argument("--host-memory", choices=HOST_KINDS, default="pinned", help="host pool kind (default pinned)")
+    g = parser.add_argument_group("how much")
+    g.add_argument("--reps", type=_positive_int, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
+    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
+                   help="bytes per batch call without --model; pages/call = call bytes / page size (default 64MiB)")
+    g.add_argument("--calls-per-rep", type=_positive_int,
+                   help="batch calls per rep (default: the fewest that move at least 256 MiB)")
+    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, help="bytes of each pool, host and device (default 2GiB)")
+    g.add_argument("--confidence", type=_confidence, default=0.95, help="confidence of the ANY/STREAM interval (default 0.95)")
+    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (the repeatability check)")
+    g.add_argument("--max-seconds", type=_positive_float,
+                   help=f"start no new point after this many seconds; the report says it was cut short (--quick: {QUICK_MAX_SECONDS:g})")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random page draws (default 0)")
+    g = parser.add_argument_group("output")
+    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform as JSON (- for stdout)")
+    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib: pip install 'kvverify[plot]')")
+    g.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    from kvverify import annotate
+
+    annotate.add_cli_option(g)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Point:
+    """One benchmark point: a direction and a page geometry. Sizes in bytes."""
+
+    direction: str
+    page_bytes: int
+    pages_per_call: int
+    calls_per_rep: int
+    label: str
+
+    @property
+    def call_bytes(self) -> int:
+        return self.page_bytes * self.pages_per_call
+
+    @property
+    def rep_bytes(self) -> int:
+        return self.call_bytes * self.calls_per_rep
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the options that ``--quick`` changes; an option given explicitly wins. Returns ``args``."""
+    if args.page_sizes is None:
+        args.page_sizes = list(QUICK_PAGE_SIZES if args.quick else DEFAULT_PAGE_SIZES)
+    if args.reps is None:
+        args.reps = QUICK_REPS if args.quick else DEFAULT_REPS
+    if args.max_seconds is None and args.quick:
+        args.max_seconds = QUICK_MAX_SECONDS
+    return args
+
+
+def methods_for(args: argparse.Namespace, batch_api: bool = True) -> list[str]:
+    """Methods measured at every point: the selected orders (when the batch API exists), loop, ceiling."""
+    methods = list(args.orders) if batch_api else []
+    if not args.no_loop:
+        methods.append("loop")
+    methods.append("ceiling")
+    return methods
+
+
+def _model_shapes(args: argparse.Namespace) -> list[tuple[int, int, str]]:
+    try:
+        from kvverify import geometry
+    except ImportError as exc:
+        raise PlanError(f"--model needs kvverify.geometry ({exc})") from None
+    try:
+        preset = geometry.preset(args.model)
+    except ValueError as exc:
+        raise PlanError(f"--model: {exc}") from None
+    shapes = []
+    for tokens in args.block_tokens:
+        try:
+            layout = geometry.KVLayout(geometry=preset, block_size=tokens)
+        except ValueError as exc:
+            raise PlanError(f"--model {preset.name} --block-tokens {tokens}: {exc}") from None
+        page = int(layout.page_bytes)
+        pages = int(layout.num_tensors) * args.blocks_per_transfer
+        shapes.append((page, pages, f"{preset.name} {tokens} tok"))
+    return shapes
+
+
+def plan_points(args: argparse.Namespace) -> list[Point]:
+    """The points to measure, page sizes outermost (so a run cut short still covers both directions).
+
+    Raises ``PlanError`` when a call's pages do not fit the pool or a rep exceeds it.
+    """
+    if args.model:
+        shapes = _model_shapes(args)
+    else:
+        shapes = []
+        for page in args.page_sizes:
+            if page > args.call_bytes:
+                raise PlanError(f"page size {format_size(page)} is larger than --call-bytes {format_size(args.call_bytes)}")
+            shapes.append((page, args.call_bytes // page, format_size(page)))
+    points = []
+    for page, pages, label in shapes:
+        slots = args.pool_bytes // page
+        if pages > slots:
+            raise PlanError(
+                f"{label}: {pages} pages per call of {format_size(page)} do not fit a pool of {format_size(args.pool_bytes)} "
+                "(raise --pool-bytes or lower --call-bytes / --blocks-per-transfer)"
+            )
+        call_bytes = page * pages
+        calls = args.calls_per_rep or max(1, math.ceil(MIN_REP_BYTES / call_bytes))
+        if call_bytes * calls > args.pool_bytes:
+            if args.calls_per_rep:
+                raise PlanError(f"{label}: a rep of {calls} calls moves more than the pool of {format_size(args.pool_bytes)}")
+            calls = max(1, args.pool_bytes // call_bytes)
+        for direction in args.directions:
+            points.append(Point(direction, page, pages, calls, label))
+    return points
+
+
+def round_order(round_index: int, methods: list[str]) -> list[str]:
+    """Methods in the order of one round: ANY and STREAM first, adjacent, alternating which leads."""
+    pair = [m for m in ("ANY", "STREAM") if m in methods]
+    if len(pair) == 2 and round_index % 2 == 1:
+        pair.reverse()
+    return pair + [m for m in methods if m not in pair]
+
+
+# --------------------------------------------------------------------------- measurement core
+
+
+class HoldController:
+    """Sizes the stream hold (nanoseconds) so that it outlasts the queueing of one rep.
+
+    After a covered rep the hold becomes ``2 x queue time + 1 ms``. After an uncovered one it grows
+    to at least ``4 x queue time + 2 ms``; three uncovered reps in a row, or the cap, mean the calls
+    wait for the held work (no hold can cover them): the method is ``blocking`` and runs behind the
+    minimum hold from then on.
+    """
+
+    MIN_NS = 1_000_000
+    MAX_NS = 500_000_000
+    INITIAL_NS = 5_000_000
+    BLOCKING_AFTER = 3
+
+    def __init__(self) -> None:
+        self.hold_ns = self.INITIAL_NS
+        self.uncovered_in_a_row = 0
+        self.blocking = False
+
+    def update(self, queue_s: float, covered: bool) -> None:
+        if self.blocking:
+            return
+        queue_ns = queue_s * 1e9
+        if covered:
+            self.uncovered_in_a_row = 0
+            self.hold_ns = int(min(self.MAX_NS, max(self.MIN_NS, 2 * queue_ns + 1_000_000)))
+            return
+        self.uncovered_in_a_row += 1
+        if self.uncovered_in_a_row >= self.BLOCKING_AFTER or self.hold_ns >= self.MAX_NS:
+            self.blocking = True
+            self.hold_ns = self.MIN_NS
+            return
+        self.hold_ns = int(min(self.MAX_NS, max(4 * queue_ns, 2 * self.hold_ns) + 2_000_000))
+
+
+@dataclass
+class Rep:
+    """One rep of one method: ``copy_s`` event-timed seconds behind the hold, ``queue_s`` host seconds to
+    queue the calls, ``covered`` whether the hold outlasted the queueing, ``hold_s`` the hold used,
+    ``e2e_s`` end-to-end seconds of the same rep without a hold."""
+
+    copy_s: float
+    queue_s: float
+    covered: bool
+    hold_s: float
+    e2e_s: float
+
+
+@dataclass
+class Series:
+    """The counted reps of one method at one point; ``error``: why the method stopped early (its op raised)."""
+
+    reps: list[Rep] = field(default_factory=list)
+    blocking: bool = False
+    error: str | None = None
+
+
+def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate) -> Rep:
+    hold_ns = hold.hold_ns
+    with annotate.phase_range("swap"):  # held: spin, start event, the calls, stop event, wait
+        copy_s, queue_s, covered = backend.held(issue, hold_ns)
+    hold.update(queue_s, covered)
+    with annotate.phase_range("swap"):  # end-to-end: the calls on an idle stream, wait
+        e2e_s = backend.end_to_end(issue)
+    return Rep(copy_s, queue_s, covered, hold_ns / 1e9, e2e_s)
+
+
+def measure_point(backend, point: Point, methods: list[str], reps: int, seed: int, annotate) -> dict[str, Series]:
+    """Measure ``methods`` at ``point``: one warm-up rep each (sizes the hold, not counted), then
+    ``reps`` interleaved rounds (``round_order``). A method whose op raises is dropped from the
+    point's remaining rounds with the error kept (``backend.recover()`` then re-synchronizes; a
+    sticky CUDA error raises there and ends the run)."""
+    calls = backend.prepare(point, seed)
+    issuers = {m: backend.issuer(m, point, calls) for m in methods}
+    holds = {m: HoldController() for m in methods}
+    out = {m: Series() for m in methods}
+
+    def attempt(m: str) -> Rep | None:
+        try:
+            return _one_rep(backend, issuers[m], holds[m], annotate)
+        except Exception as exc:  # noqa: BLE001  (the op's own errors: unsupported memory, invalid value, ...)
+            out[m].error = " ".join(str(exc).split())[:300] or type(exc).__name__
+            backend.recover()
+            return None
+
+    with annotate.trial_range(WARMUP_TRIAL):
+        for m in methods:
+            attempt(m)
+    for i in range(reps):
+        with annotate.trial_range(i):
+            for m in round_order(i, methods):
+                if out[m].error is None:
+                    rep = attempt(m)
+                    if rep is not None:
+                        out[m].reps.append(rep)
+    for m in methods:
+        out[m].blocking = holds[m].blocking
+    return out
+
+
+def summarize_series(point: Point, series: Series) -> dict[str, Any]:
+    """GB/s summaries (event-timed and end-to-end) of one method at one point, with every sample."""
+    bw = [_measure.gbps(point.rep_bytes, r.copy_s) for r in series.reps]
+    e2e = [_measure.gbps(point.rep_bytes, r.e2e_s) for r in series.reps]
+    return {
+        "gbps": _measure.summary(bw),
+        "e2e_gbps": _measure.summary(e2e),
+        "hold_covered": sum(1 for r in series.reps if r.covered),
+        "blocking": series.blocking,
+        "error": series.error,
+        "queue_s": _measure.summary(r.queue_s for r in series.reps),
+        "hold_s": _measure.summary(r.hold_s for r in series.reps),
+        "samples_gbps": bw,
+        "samples_e2e_gbps": e2e,
+    }
+
+
+def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | None, confidence: float) -> dict[str, Any]:
+    """Everything reported for one point: per-method summaries, fraction of the ceiling, the paired
+    ANY/STREAM ratios (event-timed and end-to-end) and the repeatability of STREAM."""
+    methods = {m: summarize_series(point, s) for m, s in measured.items()}
+    ceiling = methods.get("ceiling", {}).get("gbps", {}).get("median", float("nan"))
+    for m in methods.values():
+        m["of_ceiling"] = m["gbps"]["median"] / ceiling if ceiling and ceiling == ceiling else float("nan")
+    result: dict[str, Any] = {
+        "direction": point.direction,
+        "label": point.label,
+        "page_bytes": point.page_bytes,
+        "pages_per_call": point.pages_per_call,
+        "calls_per_rep": point.calls_per_rep,
+        "bytes_per_rep": point.rep_bytes,
+        # event-timed bytes of one method (its counted reps); the end-to-end reps and the warm-up move as much again
+        "bytes_timed_per_method": point.rep_bytes * len(next(iter(measured.values())).reps) if measured else 0,
+        "methods": methods,
+        "any_over_stream": None,
+        "any_over_stream_e2e": None,
+        "repeat": None,
+    }
+    if "ANY" in methods and "STREAM" in methods:
+        a, s = methods["ANY"], methods["STREAM"]
+        n = min(len(a["samples_gbps"]), len(s["samples_gbps"]))  # round i of one pairs with round i of the other
+        if n >= 1:
+            result["any_over_stream"] = _measure.ratio_ci(a["samples_gbps"][:n], s["samples_gbps"][:n], confidence)
+            result["any_over_stream_e2e"] = _measure.ratio_ci(a["samples_e2e_gbps"][:n], s["samples_e2e_gbps"][:n], confidence)
+    if repeat is not None and repeat.reps and "STREAM" in methods:
+        second = summarize_series(point, repeat)
+        first_median = methods["STREAM"]["gbps"]["median"]
+        delta = abs(second["gbps"]["median"] - first_median) / first_median if first_median else float("nan")
+        checked = point.page_bytes >= REPEAT_CHECK_MIN_PAGE
+        result["repeat"] = {
+            "method": "STREAM",
+            "first_gbps": first_median,
+            "second_gbps": second["gbps"]["median"],
+            "rel_delta": delta,
+            "checked": checked,
+            "within_tolerance": (delta <= REPEAT_TOLERANCE) if checked and delta == delta else None,
+            "tolerance": REPEAT_TOLERANCE,
+            "second_series": second,
+        }
+    return result
+
+
+def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annotate, progress=None) -> dict[str, Any]:
+    """Measure every planned point on ``backend``, then the repeat series; return the report document.
+
+    ``backend`` provides ``prepare(point, seed)``, ``issuer(method, point, calls)``,
+    ``held(issue, hold_ns) -> (copy_s, queue_s, covered)`` and ``end_to_end(issue) -> seconds``.
+    """
+    resolve(args)
+    points = plan_points(args)
+    batch_api = platform.get("batch_api_available") is not False
+    methods = methods_for(args, batch_api)
+    started = time.perf_counter()
+    elapsed = lambda: time.perf_counter() - started  # noqa: E731
+    measured: list[tuple[Point, dict[str, Series]]] = []
+    truncated = False
+    with annotate.run_range("kvverify bench"):
+        for index, point in enumerate(points):
+            if args.max_seconds is not None and elapsed() > args.max_seconds:
+                truncated = True
+                break
+            with annotate.cell_range(f"bench {point.direction} {point.label}", point.direction):
+                series = measure_point(backend, point, methods, args.reps, args.seed * 1_000_003 + index, annotate)
+            measured.append((point, series))
+            if progress is not None:
+                progress(_progress_line(point, series, elapsed()))
+        repeats: dict[int, Series] = {}
+        if not args.no_repeat and "STREAM" in methods:
+            for index, (point, _) in enumerate(measured):
+                if args.max_seconds is not None and elapsed() > args.max_seconds:
+                    truncated = True
+                    break
+                with annotate.cell_range(f"bench repeat {point.direction} {point.label}", point.direction):
+                    repeats[index] = measure_point(
+                        backend, point, ["STREAM"], args.reps, args.seed * 1_000_003 + 500_000 + index, annotate
+                    )["STREAM"]
+                if progress is not None:
+                    progress("repeat " + _progress_line(point, {"STREAM": repeats[index]}, elapsed()))
+    results = [summarize_point(p, s, repeats.get(i), args.confidence) for i, (p, s) in enumerate(measured)]
+    return {
+        "kind": "kvverify-bench",
+        "version": 1,
+        "platform": platform,
+        "config": {
+            "host_memory": args.host_memory,
+            "directions": list(args.directions),
+            "methods": methods,
+            "page_sizes": [p.page_bytes for p in points if p.direction == points[0].direction] if points else [],
+            "model": args.model,
+            "block_tokens": list(args.block_tokens) if args.model else None,
+            "blocks_per_transfer": args.blocks_per_transfer if args.model else None,
+            "reps": args.reps,
+            "warmup_reps": 1,
+            "pool_bytes": args.pool_bytes,
+            "call_bytes": None if args.model else args.call_bytes,
+            "confidence": args.confidence,
+            "repeat": not args.no_repeat,
+            "max_seconds": args.max_seconds,
+            "seed": args.seed,
+            "quick": bool(args.quick),
+            "units": "GB/s = 1e9 bytes/s; times in seconds; sizes in bytes",
+        },
+        "ceiling_gbps": _ceilings(results),
+        "points": results,
+        "points_planned": len(points),
+        "truncated": truncated,
+        "elapsed_s": elapsed(),
+    }
+
+
+def _ceilings(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Per direction: the median over points of the ceiling's median GB/s (the plot's horizontal line)."""
+    out = {}
+    for direction in DIRECTIONS:
+        values = [r["methods"]["ceiling"]["gbps"]["median"] for r in results if r["direction"] == direction and "ceiling" in r["methods"]]
+        if values:
+            out[direction] = _measure.summary(values)["median"]
+    return out
+
+
+def _progress_line(point: Point, series: dict[str, Series], elapsed_s: float) -> str:
+    parts = []
+    for m, s in series.items():
+        med = _measure.summary(_measure.gbps(point.rep_bytes, r.copy_s) for r in s.reps)["median"]
+        parts.append(f"{m} {med:.1f}")
+    return f"{point.direction} {point.label} ({point.pages_per_call} pages/call): " + ", ".join(parts) + f" GB/s [{elapsed_s:.1f} s]"
+
+
+# --------------------------------------------------------------------------- output
+
+
+def _cell(method: dict[str, Any] | None, key: str = "gbps") -> str:
+    if method is None:
+        return "—"
+    if method.get("error") and method[key]["n"] == 0:
+        return "error"
+    med = method[key]["median"]
+    if med is None or med != med:
+        return "—"
+    text = f"{med:.1f}"
+    if key == "gbps" and method["hold_covered"] < method[key]["n"]:
+        text += "*"
+    return text
+
+
+def _ratio_text(r: dict[str, Any] | None) -> str:
+    if not r:
+        return "—"
+    if r["low"] is None:
+        return f"{r['median']:.3f} (n={r['n']}: no CI)"
+    return f"{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]"
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None or x != x else f"{100 * x:.1f}%"
+
+
+def render_tables(document: dict[str, Any], console) -> None:
+    """Print the platform line, the event-timed table and the end-to-end table."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from kvverify import platform_info
+
+    cfg = document["config"]
+    orders = [m for m in cfg["methods"] if m in ORDERS]
+    baselines = [m for m in cfg["methods"] if m == "loop"]
+    platform_info.render(document["platform"], console)
+    ci = f"{100 * cfg['confidence']:g}%"
+    t = Table(
+        title=f"kvverify bench — GB/s (1e9 B/s), event-timed behind a stream hold, {cfg['host_memory']} host memory",
+        caption=(
+            f"median of {cfg['reps']} reps per cell; * some reps' calls outlasted the hold (call gaps included). "
+            f"spread = (max−min)/median of the STREAM reps; repeat Δ = |2nd − 1st| / 1st of two STREAM series "
+            f"(checked against {100 * REPEAT_TOLERANCE:g}% from {format_size(REPEAT_CHECK_MIN_PAGE)})."
+            + (" Cut short by --max-seconds." if document["truncated"] else "")
+        ),
+    )
+    for name in ["dir", "page", "pages/call", "ceiling", *orders, *baselines, f"ANY/STREAM [{ci} CI]", "STREAM spread", "repeat Δ"]:
+        t.add_column(escape(name), justify="left" if name in ("dir", "page") else "right")
+    for p in document["points"]:
+        m = p["methods"]
+        rep = p["repeat"]
+        rep_text = "—" if rep is None else _pct(rep["rel_delta"]) + ("" if rep["within_tolerance"] in (None, True) else " !")
+        row = (
+            p["direction"], p["label"], str(p["pages_per_call"]), _cell(m.get("ceiling")),
+            *[_cell(m.get(o)) for o in orders], *[_cell(m.get(b)) for b in baselines],
+            _ratio_text(p["any_over_stream"]),
+            _pct(m["STREAM"]["gbps"]["rel_spread"]) if "STREAM" in m else "—",
+            rep_text,
+        )
+        t.add_row(*(escape(x) for x in row))
+    console.print(t)
+    for p in document["points"]:
+        for name, m in p["methods"].items():
+            if m.get("error"):
+                console.print(escape(f"{p['direction']} {p['label']} {name}: stopped after {m['gbps']['n']} reps: {m['error']}"))
+    e = Table(title="end-to-end GB/s (host clock from before the first call to the completion of the last copy, no hold)")
+    for name in ["dir", "page", "ceiling", *orders, *baselines, f"ANY/STREAM [{ci} CI]"]:
+        e.add_column(escape(name), justify="left" if name in ("dir", "page") else "right")
+    for p in document["points"]:
+        m = p["methods"]
+        row = (
+            p["direction"], p["label"], _cell(m.get("ceiling"), "e2e_gbps"),
+            *[_cell(m.get(o), "e2e_gbps") for o in orders], *[_cell(m.get(b), "e2e_gbps") for b in baselines],
+            _ratio_text(p["any_over_stream_e2e"]),
+        )
+        e.add_row(*(escape(x) for x in row))
+    console.print(e)
+
+
+def plot(document: dict[str, Any], path: str) -> None:
+    """Write a PNG: event-timed GB/s against page size (log2 axis), one line per order and direction
+    (the loop baseline dotted), each direction's ceiling as a horizontal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"STREAM": "tab:blue", "DURING_API_CALL": "tab:green", "ANY": "tab:orange", "loop": "tab:gray"}
+    styles = {"h2d": "-", "d2h": "--"}
+    markers = {"h2d": "o", "d2h": "s"}
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=120)
+    top = 0.0
+    all_pages: set[int] = set()
+    for direction in DIRECTIONS:
+        points = sorted((p for p in document["points"] if p["direction"] == direction), key=lambda p: p["page_bytes"])
+        if not points:
+            continue
+        for method in document["config"]["methods"]:
+            if method == "ceiling":
+                continue
+            xs, ys = [], []
+            for p in points:
+                m = p["methods"].get(method)
+                if m is not None and m["gbps"]["median"] == m["gbps"]["median"]:
+                    xs.append(p["page_bytes"])
+                    ys.append(m["gbps"]["median"])
+                    top = max(top, ys[-1])
+            if xs:
+                all_pages.update(xs)
+                ax.plot(xs, ys, linestyle=styles[direction] if method != "loop" else ":", marker=markers[direction],
+                        color=colors.get(method, "black"), label=f"{direction.upper()} {method}", markersize=4)
+        ceiling = document["ceiling_gbps"].get(direction)
+        if ceiling is not None and ceiling == ceiling:
+            top = max(top, ceiling)
+            ax.axhline(ceiling, color="black", linestyle=styles[direction], linewidth=1, alpha=0.6,
+                       label=f"{direction.upper()} ceiling (one contiguous copy) {ceiling:.1f} GB/s")
+    ax.set_xscale("log", base=2)
+    if all_pages:
+        ticks = sorted(all_pages)
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([format_size(t) for t in ticks], rotation=45, ha="right")
+    ax.set_xlabel("page size")
+    ax.set_ylabel("GB/s (1e9 bytes/s), event-timed")
+    ax.set_ylim(0, top * 1.1 if top > 0 else 1)
+    ax.grid(True, which="major", alpha=0.3)
+    plat = document["platform"]
+    ax.set_title(
+        f"swap_blocks_batch bandwidth — {plat.get('gpu_name', 'unknown')}, {document['config']['host_memory']} host memory",
+        fontsize=10,
+    )
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+# --------------------------------------------------------------------------- the device side
+
+
+class CudaBench:
+    """Pools, stream and events for bench reps on one CUDA device."""
+
+    def __init__(self, device_index: int, host_kind: str, pool_bytes: int):
+        import numpy as np
+        import torch
+
+        from kvverify import host_memory, kernels, ops
+
+        self.np, self.torch, self.ops, self.kernels = np, torch, ops, kernels
+        torch.cuda.set_device(device_index)
+        self.pool_bytes = pool_bytes
+        self.host = host_memory.allocate_host(host_kind, pool_bytes)
+        # Touch every host page now, so that no first-touch fault lands inside a timed rep.
+        self.host.numpy(np.uint8)[:pool_bytes].fill(0x5A)
+        self.dev = torch.empty(pool_bytes, dtype=torch.uint8, device=f"cuda:{device_index}")
+        self.dev.fill_(0xA5)
+        self.stream = torch.cuda.Stream()
+        self.start = torch.cuda.Event(enable_timing=True)
+        self.stop = torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+
+    def close(self) -> None:
+        self.torch.cuda.synchronize()
+        self.host.free()
+
+    def recover(self) -> None:
+        """After an op raised: wait for the stream (a sticky CUDA error raises here and ends the run)."""
+        self.torch.cuda.synchronize()
+
+    def _bases(self, direction: str) -> tuple[int, int]:
+        host, dev = int(self.host.ptr), int(self.dev.data_ptr())
+        return (host, dev) if direction == "h2d" else (dev, host)
+
+    def prepare(self, point: Point, seed: int):
+        """``calls_per_rep`` call-sets of (src_ptrs, dst_ptrs, sizes) int64 CPU tensors at random page slots.
+
+        Each call-set goes once through the op with its pointer check on (an address the driver
+        cannot resolve raises a ValueError instead of crashing the process); the timed calls skip it.
+        """
+        np, torch = self.np, self.torch
+        rng = np.random.default_rng(seed)
+        slots = self.pool_bytes // point.page_bytes
+        src_base, dst_base = self._bases(point.direction)
+        sizes = torch.full((point.pages_per_call,), point.page_bytes, dtype=torch.int64)
+        calls = []
+        for _ in range(point.calls_per_rep):
+            src = rng.choice(slots, size=point.pages_per_call, replace=False).astype(np.int64) * point.page_bytes + src_base
+            dst = rng.choice(slots, size=point.pages_per_call, replace=False).astype(np.int64) * point.page_bytes + dst_base
+            calls.append((torch.from_numpy(src), torch.from_numpy(dst), sizes))
+        for src, dst, n in calls:
+            self.ops.swap_blocks_batch(src, dst, n, self.ops.SrcAccessOrder.STREAM, check_pointers=True)
+        torch.cuda.synchronize()
+        return calls
+
+    def issuer(self, method: str, point: Point, calls) -> Callable[[], None]:
+        ops, torch = self.ops, self.torch
+        stream_order = ops.SrcAccessOrder.STREAM
+        if method == "ceiling":
+            src_base, dst_base = self._bases(point.direction)
+            one = (
+                torch.tensor([src_base], dtype=torch.int64),
+                torch.tensor([dst_base], dtype=torch.int64),
+                torch.tensor([point.rep_bytes], dtype=torch.int64),
+            )
+            ops.swap_blocks_batch(*one, stream_order, use_batch_api=False, check_pointers=True)  # checked once
+            torch.cuda.synchronize()
+            return lambda: ops.swap_blocks_batch(*one, stream_order, use_batch_api=False, check_pointers=False)
+        if method == "loop":
+            def loop() -> None:
+                for src, dst, sizes in calls:
+                    ops.swap_blocks_batch(src, dst, sizes, stream_order, use_batch_api=False, check_pointers=False)
+            return loop
+        order = ops.SrcAccessOrder[method]
+
+        def batch() -> None:
+            for src, dst, sizes in calls:
+                ops.swap_blocks_batch(src, dst, sizes, order, use_batch_api=True, check_pointers=False)
+        return batch
+
+    def held(self, issue: Callable[[], None], hold_ns: int) -> tuple[float, float, bool]:
+        """Spin, start event, the rep's calls, stop event, all on the copy stream; returns
+        (event seconds between start and stop, host seconds spent queueing, hold covered)."""
+        torch, s = self.torch, self.stream
+        with torch.cuda.stream(s):
+            self.kernels.spin(int(hold_ns))
+            self.start.record(s)
+            t0 = time.perf_counter()
+            issue()
+            self.stop.record(s)
+            queue_s = time.perf_counter() - t0
+            covered = not self.start.query()
+        self.stop.synchronize()
+        return self.start.elapsed_time(self.stop) / 1e3, queue_s, covered
+
+    def end_to_end(self, issue: Callable[[], None]) -> float:
+        """Host seconds from before the first call to the completion of a stop event after the last (idle stream, no hold)."""
+        torch, s = self.torch, self.stream
+        s.synchronize()
+        with torch.cuda.stream(s):
+            t0 = time.perf_counter()
+            issue()
+            self.stop.record(s)
+        self.stop.synchronize()
+        return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run(args: argparse.Namespace) -> int:
+    resolve(args)
+    try:
+        points = plan_points(args)
+    except PlanError as exc:
+        print(f"kvverify bench: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("kvverify bench: --plot needs matplotlib (pip install 'kvverify[plot]')", file=sys.stderr)
+            return 2
+    reason = _measure.gpu_refusal()
+    if reason is not None:
+        return _measure.refuse("bench", reason)
+
+    from kvverify import platform_info
+
+    annotate = _measure.load_annotate(args)
+    platform = platform_info.collect(args.device)
+    out = _measure.console(stderr=args.json == "-")
+
+    def progress(line: str) -> None:
+        print(f"[bench] {line}", file=sys.stderr, flush=True)
+
+    from kvverify import stats
+
+    if args.reps < stats.min_pairs(args.confidence):
+        progress(f"warning: {args.reps} reps give no {args.confidence:.0%} interval for ANY/STREAM "
+                 f"(it needs {stats.min_pairs(args.confidence)} pairs)")
+    l2 = platform.get("l2_cache_bytes")
+    if isinstance(l2, int) and args.pool_bytes < 4 * l2:
+        progress(f"warning: the pool ({format_size(args.pool_bytes)}) is less than 4x the L2 ({format_size(l2)})")
+    methods = methods_for(args, platform.get("batch_api_available") is not False)
+    if platform.get("batch_api_available") is False:
+        progress("the batch API (cuMemcpyBatchAsync) is absent: only loop and ceiling are measured")
+    progress(f"{len(points)} points x {len(methods)} methods x ({args.reps} reps + 1 warm-up), each rep held and end-to-end"
+             + ("" if args.no_repeat else ", then a second STREAM series per point"))
+    backend = CudaBench(args.device, args.host_memory, args.pool_bytes)
+    try:
+        document = run_bench(args, backend, platform, annotate, progress)
+    finally:
+        backend.close()
+    render_tables(document, out)
+    if args.json:
+        _measure.write_json(args.json, document)
+    if args.plot:
+        plot(document, args.plot)
+        progress(f"plot written to {args.plot}")
+    return 0
