@@ -1,6 +1,7 @@
 """Campaign files (``stress/*.toml``): what ``kvverify stress`` runs.
 
-A campaign is one flat TOML table; every key is optional and falls back to ``DEFAULTS``.
+A campaign is one flat TOML table; every key is optional and falls back to the
+``Campaign`` field's default.
 Command-line options override it (``Campaign.override``). Errors name the file and the
 key, and say what would be accepted.
 """
@@ -8,11 +9,11 @@ key, and say what would be accepted.
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
+from kvverify import sizes
 from kvverify.host_memory import HOST_MEMORY_KINDS
 
 ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
@@ -20,27 +21,18 @@ EXECUTORS = ("native", "adversarial")
 DATA_MODES = ("pattern", "random")
 CAMPAIGN_DIR = Path(__file__).resolve().parent.parent / "stress"
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
-_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
 
 class CampaignError(ValueError):
     """A campaign file or option is invalid; the message names where and what."""
 
 
-def parse_size(text: str | int) -> int:
-    """``"8GiB"``, ``"512 MiB"``, ``"1.5GB"`` or a byte count -> bytes (a positive int)."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        m = _SIZE.match(str(text))
-        if not m:
-            raise ValueError(f"{text!r} is not a size; write e.g. 8GiB, 512MiB or a byte count")
-        value = int(float(m.group(1)) * _UNITS[(m.group(2) or "B").upper()])
-    if value <= 0:
-        raise ValueError(f"size {text!r} must be positive")
-    return value
+def parse_size(value: str | int) -> int:
+    """A TOML size: a byte count (integer) or text for ``kvverify.sizes.parse_size`` (``"8GiB"``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value <= 0:
+            raise ValueError(f"size {value} must be positive")
+        return value
+    return sizes.parse_size(value)
 
 
 @dataclasses.dataclass(frozen=True)

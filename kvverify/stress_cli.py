@@ -17,16 +17,10 @@ import signal
 from pathlib import Path
 
 from kvverify import annotate
-from kvverify.campaign import DATA_MODES, EXECUTORS, ORDERS, CampaignError, parse_size
+from kvverify.campaign import DATA_MODES, EXECUTORS, ORDERS, CampaignError
+from kvverify.sizes import size_arg
 
 HOST_KINDS = ("pinned", "registered", "pageable")
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _choices(allowed: tuple[str, ...]):
@@ -65,8 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--tp", type=_positive, help="tensor-parallel ranks (KV heads per rank)")
     a("--trials", type=_positive, help="at least this many trials per cell")
     a("--seed", type=int, help="block pattern seed")
-    a("--gpu-mem", type=_size, metavar="SIZE", help="cap on device memory, e.g. 8GiB")
-    a("--host-mem", type=_size, metavar="SIZE", help="cap on host memory, e.g. 6GiB")
+    a("--gpu-mem", type=size_arg, metavar="SIZE", help="cap on device memory, e.g. 8GiB")
+    a("--host-mem", type=size_arg, metavar="SIZE", help="cap on host memory, e.g. 6GiB")
     a("--host-memory", type=_choices(HOST_KINDS), metavar="KINDS", help="comma list of pinned,registered,pageable")
     a("--orders", type=_choices(ORDERS), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY")
     a("--scenarios", type=_names, metavar="NAMES", help="comma list of scenarios (H1-broken, P2) or hazards (H3)")
@@ -126,7 +120,15 @@ def _gpu_unavailable() -> str | None:
 
 
 def _platform(gpu: bool):
+    """The report's Platform, from ``kvverify.platform_info`` (fields it cannot read: None)."""
+    from kvverify import platform_info
     from kvverify.report import Platform
+
+    info = platform_info.collect() if gpu else {}
+
+    def field(key: str) -> str | None:
+        value = info.get(key, platform_info.UNKNOWN)
+        return None if value == platform_info.UNKNOWN else str(value)
 
     if not gpu:
         try:
@@ -135,17 +137,8 @@ def _platform(gpu: bool):
             return Platform(cuda=torch.version.cuda, torch=torch.__version__)
         except ImportError:
             return Platform()
-    import torch
-
-    driver = None
-    try:
-        from cuda.bindings import driver as cu
-
-        err, version = cu.cuDriverGetVersion()
-        driver = f"{version // 1000}.{version % 1000 // 10}"
-    except Exception:  # cuda-python missing: the report says unknown
-        pass
-    return Platform(gpu=torch.cuda.get_device_name(), driver=driver, cuda=torch.version.cuda, torch=torch.__version__)
+    return Platform(gpu=field("gpu_name"), driver=field("driver_version"), cuda=field("cuda_runtime_version"),
+                    torch=field("torch_version"))
 
 
 def _output_path(path: str | None, model: str, several: bool) -> str | None:

@@ -81,18 +81,15 @@ def test_command_line_overrides_are_validated():
         c.override(transfers=99)
 
 
-@pytest.mark.parametrize(
-    "text, value",
-    [("8GiB", 8 * 2**30), ("512 MiB", 512 * 2**20), ("1.5GB", 1_500_000_000), ("4096", 4096), (123, 123), ("2kib", 2048)],
-)
-def test_parse_size(text, value):
-    assert parse_size(text) == value
+@pytest.mark.parametrize("value, size", [("8GiB", 8 * 2**30), ("512 MiB", 512 * 2**20), (4096, 4096)])
+def test_sizes_in_campaigns(value, size):
+    assert parse_size(value) == size
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "-1GiB", "0", "8 GiBs", "1e3"])
-def test_parse_size_rejects(text):
+@pytest.mark.parametrize("value", [0, -1, "0", "8 GiBs", "lots"])
+def test_bad_sizes_in_campaigns(value):
     with pytest.raises(ValueError):
-        parse_size(text)
+        parse_size(value)
 
 
 def test_parse_defaults_fit_a_24_gib_host():
