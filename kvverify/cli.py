@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.trace.cli",
         "decide from CUDA's ordering rules alone whether a trace of stream work races",
     ),
+    "stress": (
+        "kvverify.stress_cli",
+        "run every hazard scenario on the GPU under each source access order and check every block",
+    ),
     "probe": (
         "kvverify.probe",
         "measure, per direction, order and host memory, whether a batch copy blocks the host and when it reads its source",

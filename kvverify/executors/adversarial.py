@@ -1,0 +1,147 @@
+"""The adversarial executor: each swap realizes an extreme its source access order allows.
+
+Every trial follows one of three schedules (trial index mod 3), each a schedule the order
+permits, so a SAFE cell must show no corruption under any of them and a RACY one shows it
+under at least one:
+
+- ``early``: every copy as early as possible against the compute around it. Sources read at
+  API-call time for ``ANY`` and ``DURING_API_CALL`` (a snapshot on a stream that waits on
+  nothing, or by the host for a host source; the host waits for it, as the call would), in
+  stream order for ``STREAM``; destinations written as soon as stream order allows; and the
+  compute streams (those that run writers and readers) held until the host next waits, so
+  a copy not ordered after a writer reads before it, and a load not ordered against compute
+  lands before compute touches the block (H1, H2, and stores under ``ANY``), on any GPU and
+  whatever the copy sizes.
+- ``mixed``: sources read as in ``early``, destinations held as late as stream order
+  allows: the copy stream waits on a host flag (``StreamGate``) until the host next waits
+  for the device. Shows a host block reloaded while its store is pending (H5) and a
+  destination consumed before completion (H4, H6).
+- ``late``: sources read as late as possible too (``STREAM`` and ``ANY`` read after the
+  hold; ``DURING_API_CALL`` still at the call), widening the window for host rewrites (H3).
+
+Rules that bind every schedule: a pageable source is read during the call (TRACE_FORMAT
+rule 6) and a pageable destination is complete when the call returns, so such a swap is
+never held and the host waits for it inside the call. Copies inside one batch run in an
+order other than issue order: later-issued copies first wherever two copies touch the same
+block (``batch_rounds``), as the batch's lack of internal order allows (H7).
+
+The physical copies are ``swap_blocks_batch`` in ``STREAM`` order: the executor, not the
+driver, decides when a source is read.
+"""
+
+from __future__ import annotations
+
+from kvverify.executors.base import Executor, SwapData
+from kvverify.executors.gate import StreamGate
+
+SCHEDULES = ("early", "mixed", "late")
+
+
+def batch_rounds(pairs: list[tuple[tuple[str, int], tuple[str, int]]]) -> list[int]:
+    """Round of each block copy so that running rounds 0, 1, ... reverses the issue order
+    of every two copies that touch a common block (one writes it); unrelated copies share
+    a round. ``pairs[i] = (src, dst)`` blocks, in issue order."""
+    rounds = [0] * len(pairs)
+    for i in range(len(pairs) - 1, -1, -1):
+        src, dst = pairs[i]
+        later = [rounds[j] + 1 for j in range(i + 1, len(pairs))
+                 if dst in pairs[j] or src == pairs[j][1]]
+        rounds[i] = max(later, default=0)
+    return rounds
+
+
+class AdversarialExecutor(Executor):
+    name = "adversarial"
+
+    def __init__(self, pools, settings) -> None:
+        super().__init__(pools, settings)
+        self.gate = StreamGate(pools.device)
+        self.snap_stream = self.torch.cuda.Stream(device=pools.device)  # depends on nothing
+
+    def _begin_trial(self, trial: int) -> None:
+        self.schedule = SCHEDULES[trial % len(SCHEDULES)]
+        self.gate.reset()
+
+    def _before_host_wait(self) -> None:
+        self.gate.release_all()
+
+    def _after_setup(self, prepared) -> None:
+        if self.schedule == "early":
+            from kvverify.scenarios.program import Read, Write
+
+            kernel_streams = {s.stream for s in prepared.program.steps if isinstance(s, (Write, Read))}
+            for name in sorted(kernel_streams):
+                self.gate.hold(self._stream(name))
+
+    def _rounds(self, data: SwapData):
+        """(src, snapshot, dst, sizes) CPU tensors per round, computed once per cell."""
+        if "rounds" not in data.extra:
+            import numpy as np
+
+            torch = self.torch
+            tensors = self.pools.tensors
+            block_round = batch_rounds(data.pairs)
+            # Page k of the batch belongs to block copy k // tensors within its Copy group:
+            # pages were laid out Copy by Copy, tensor-major inside each.
+            page_round, k = [], 0
+            for copy in data.step.copies:
+                n = len(copy.src)
+                for _t in range(tensors):
+                    page_round += block_round[k:k + n]
+                k += n
+            page_round = np.array(page_round)
+            snap = np.array([self.pools.snapshot_ptr(data.snapshot_first_page + p) for p in range(len(data.src))],
+                            dtype=np.int64)
+            out = []
+            for r in range(page_round.max() + 1):
+                sel = page_round == r
+                out.append(tuple(torch.from_numpy(np.ascontiguousarray(a[sel])) for a in
+                                 (data.src, snap, data.dst, np.full(len(data.src), self.page_bytes, np.int64))))
+            data.extra["snapshot"] = torch.from_numpy(snap)
+            data.extra["rounds"] = out
+        return data.extra["rounds"]
+
+    def _snapshot(self, data: SwapData) -> None:
+        """Read every source of the batch now, into the snapshot area, and wait for it: a
+        device source by a copy on a stream that waits on nothing, a host source by the
+        host itself (a memcpy at call time)."""
+        from kvverify import ops
+
+        torch = self.torch
+        with torch.cuda.stream(self.snap_stream):
+            if data.src_pool == "host":
+                from kvverify.executors.contents import _host_view
+
+                view = _host_view(self.pools)
+                pages = torch.cat([view.index_select(1, torch.tensor(c.src.slots, dtype=torch.int64))
+                                   .reshape(-1, view.shape[2]) for c in data.step.copies])
+                first = data.snapshot_first_page
+                self.pools.snapshot[first:first + len(pages)].copy_(pages.view(torch.uint8))
+            else:
+                ops.swap_blocks_batch(data.cpu[0], data.extra["snapshot"], data.cpu[2], "STREAM")
+        self._own_wait(self.snap_stream, "source snapshot")
+
+    def _swap(self, stream, data: SwapData, order: str) -> None:
+        from kvverify import ops
+
+        torch = self.torch
+        pageable = self.pools.host_kind == "pageable"
+        src_pageable = pageable and data.src_pool == "host"
+        dst_pageable = pageable and data.dst_pool == "host"
+        may_read_early = order in ("ANY", "DURING_API_CALL") or src_pageable
+        read_at_call = may_read_early and (self.schedule != "late" or order == "DURING_API_CALL" or src_pageable)
+        hold = self.schedule != "early" and not dst_pageable
+        rounds = self._rounds(data)
+        if read_at_call:
+            self._snapshot(data)
+        if dst_pageable:
+            # The call returns with the copy complete: the host waits inside it, so nothing
+            # the copy may depend on can stay held.
+            self._before_host_wait()
+        elif hold:
+            self.gate.hold(stream)
+        with torch.cuda.stream(stream):
+            for src, snap, dst, sizes in rounds:
+                ops.swap_blocks_batch(snap if read_at_call else src, dst, sizes, "STREAM")
+        if dst_pageable:
+            self._host_wait([self._mark(stream)], "a copy into pageable memory")

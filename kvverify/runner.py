@@ -1,0 +1,220 @@
+"""Campaign -> cells -> contract verdicts -> GPU runs -> ``StressReport``.
+
+``plan`` needs no GPU: it builds every cell's program and asks the checker for its
+contract verdict (once per scenario, direction, order and host memory kind: the trace does
+not depend on the executor). ``execute`` runs the planned cells on the device, one host
+memory kind at a time so that each kind's pools are allocated once and freed before the
+next (also on Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+
+from kvverify import annotate
+from kvverify.campaign import Campaign, CampaignError
+from kvverify.geometry import KVLayout
+from kvverify.report import Cell, Observation
+from kvverify.scenarios import Params, Program, Scenario, select
+from kvverify.scenarios.program import HOST, Expect, HostRead, HostWrite
+from kvverify.scenarios.trace import CONTRACT_TENSORS, contract, to_trace
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedCell:
+    cell: Cell
+    scenario: Scenario
+    program: Program
+    contract: str  # "SAFE" or "RACY", from the checker
+    witness: str | None  # the first race, for a RACY contract
+    trace: dict  # what the checker saw (``--dump-traces``)
+
+
+def witness_text(race) -> str:
+    return f"ops {race.first} and {race.second} ({race.kind}): {race.reason}"
+
+
+def plan(campaign: Campaign, layout: KVLayout, params: Params | None = None) -> list[PlannedCell]:
+    """Every cell of the campaign with its contract verdict. Raises ValueError for an
+    unknown scenario name."""
+    params = params or Params(campaign.blocks_per_transfer, campaign.transfers)
+    cells: list[PlannedCell] = []
+    for scenario in select(list(campaign.scenarios)):
+        for direction in scenario.directions:
+            program = scenario.program(direction, params)
+            for order in campaign.orders:
+                for host in campaign.host_memory:
+                    doc = to_trace(program, order, host, layout.page_bytes, min(CONTRACT_TENSORS, layout.num_tensors))
+                    report = contract(doc)
+                    witness = witness_text(report.races[0]) if report.races else None
+                    for executor in campaign.executors:
+                        cell = Cell(scenario.name, direction, order, host, executor)
+                        cells.append(PlannedCell(cell, scenario, program, report.verdict, witness, doc))
+    return cells
+
+
+# -- sizing -------------------------------------------------------------------------------
+
+
+def pool_sizes(programs: list[Program], layout: KVLayout, staged: bool):
+    """Pools for ``programs``; ``staged``: host blocks go through the device staging area
+    (pageable memory, or ``--data random``)."""
+    from kvverify.executors.pools import PoolSizes
+
+    tensors = layout.num_tensors
+
+    def host_check_pages(p: Program) -> int:
+        pages = [len(s.blocks) for s in p.steps if isinstance(s, (HostWrite, HostRead, Expect)) and s.blocks.pool == HOST]
+        return max(pages + [p.host_slots]) * tensors  # the setup writes every host slot at once
+
+    return PoolSizes(
+        gpu_slots=max(p.gpu_slots for p in programs),
+        host_slots=max(p.host_slots for p in programs),
+        snapshot_pages=max(sum(len(c.src) for s in p.swaps() for c in s.copies) for p in programs) * tensors,
+        staging_pages=max(host_check_pages(p) for p in programs) if staged else 0,
+    )
+
+
+def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None]:
+    """The largest ``blocks_per_transfer`` (up to the campaign's) whose pools fit
+    ``gpu_mem`` / ``host_mem``; a note when it had to shrink. Raises CampaignError when
+    not even one block per transfer fits."""
+    n = campaign.blocks_per_transfer
+    while n >= 1:
+        params = Params(n, campaign.transfers)
+        programs = [s.program(d, params) for s in select(list(campaign.scenarios)) for d in s.directions]
+        staged = bool({"pageable", "registered"} & set(campaign.host_memory)) or campaign.data == "random"
+        sizes = pool_sizes(programs, layout, staged)
+        dev, host = sizes.device_bytes(layout), sizes.host_bytes(layout)
+        if dev <= campaign.gpu_mem and host <= campaign.host_mem:
+            note = None if n == campaign.blocks_per_transfer else (
+                f"blocks_per_transfer lowered from {campaign.blocks_per_transfer} to {n} to fit "
+                f"--gpu-mem {campaign.gpu_mem / 2**30:.1f} GiB / --host-mem {campaign.host_mem / 2**30:.1f} GiB")
+            return params, note
+        n //= 2
+    raise CampaignError(
+        f"one block per transfer of {layout.geometry.name} ({layout.block_bytes / 2**20:.1f} MiB per block, "
+        f"{campaign.transfers} transfers) does not fit --gpu-mem {campaign.gpu_mem} / --host-mem {campaign.host_mem} "
+        "bytes; raise them or lower transfers"
+    )
+
+
+def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) -> int:
+    """Enough trials to check ``min_checked`` bytes, within [trials, max_trials]; the
+    adversarial executor runs each of its schedules at least once."""
+    from kvverify.executors.adversarial import SCHEDULES
+
+    need = math.ceil(campaign.min_checked / max(1, checked_bytes_per_trial))
+    low = campaign.trials if executor == "native" else max(campaign.trials, len(SCHEDULES))
+    return max(low, min(need, campaign.max_trials))
+
+
+# -- execution ------------------------------------------------------------------------------
+
+
+# A cell label here makes trial 0 of that cell fail in its verify phase: how tests check that
+# a failing cell fails the run, the run goes on, and NVTX ranges stay balanced.
+FAIL_CELL_ENV = "KVVERIFY_STRESS_FAIL_CELL"
+
+
+@dataclasses.dataclass
+class CellOutcome:
+    observation: Observation | None
+    error: str | None = None
+    phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # summed over trials
+
+
+def execute(
+    planned: list[PlannedCell],
+    campaign: Campaign,
+    layout: KVLayout,
+    params: Params,
+    on_cell_done: Callable[[PlannedCell, CellOutcome], None] = lambda pc, o: None,
+    device=None,
+) -> dict[Cell, CellOutcome]:
+    """Run every planned cell on ``device`` (default: the current CUDA device). A cell whose
+    run fails (a refused copy, a hang) gets an outcome with ``error`` and no observation;
+    the run goes on."""
+    import torch
+
+    from kvverify import executors
+    from kvverify.executors.pools import Pools
+
+    device = device if device is not None else torch.device("cuda", torch.cuda.current_device())
+    settings = executors.Settings(
+        seed=campaign.seed,
+        writer_delay_ns=campaign.writer_delay_us * 1000,
+        reader_ns=campaign.reader_us * 1000,
+        hold_timeout_s=campaign.hold_timeout_s,
+        data=campaign.data,
+    )
+    outcomes: dict[Cell, CellOutcome] = {}
+    for host_kind in campaign.host_memory:
+        mine = [pc for pc in planned if pc.cell.host_memory == host_kind]
+        if not mine:
+            continue
+        # Registered memory gets a staging area too, used where kernels cannot reach it in place.
+        staged = host_kind in ("pageable", "registered") or campaign.data == "random"
+        sizes = pool_sizes([pc.program for pc in mine], layout, staged)
+        pools = Pools(layout, host_kind, sizes, device)
+        try:
+            runners = {name: executors.make(name, pools, settings) for name in campaign.executors}
+            for pc in mine:
+                outcome = _run_cell(pc, runners[pc.cell.executor], campaign, params)
+                outcomes[pc.cell] = outcome
+                on_cell_done(pc, outcome)
+        finally:
+            try:
+                torch.cuda.synchronize()
+            finally:
+                pools.close()
+    return outcomes
+
+
+def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> CellOutcome:
+    from kvverify.executors import HarnessError
+
+    start = time.perf_counter()
+    with annotate.cell_range(pc.cell.label, pc.cell.direction):
+        try:
+            prepared = executor.prepare(pc.program)
+            trials = trials_for(campaign, prepared.checked_pages * executor.page_bytes, pc.cell.executor)
+            counts = [0, 0, 0, 0]
+            corrupted = checked = 0
+            phase_s: dict[str, float] = {}
+            fault = os.environ.get(FAIL_CELL_ENV) == pc.cell.label
+            for trial in range(trials):
+                with annotate.trial_range(trial):
+                    result = executor.run_trial(prepared, pc.cell.order, trial, inject_fault=fault and trial == 0)
+                counts = [a + int(b) for a, b in zip(counts, result.counts)]
+                corrupted += result.corrupted
+                checked += result.checked_bytes
+                for name, seconds in result.phase_s.items():
+                    phase_s[name] = phase_s.get(name, 0.0) + seconds
+        except (HarnessError, RuntimeError, ValueError) as exc:
+            return CellOutcome(None, f"{pc.cell.label}: {type(exc).__name__}: {exc}")
+    window: dict[str, int | float | str] = {
+        "writer_spin_ns": campaign.writer_delay_us * 1000,
+        "reader_ns": campaign.reader_us * 1000,
+        "blocks_per_transfer": params.blocks_per_transfer,
+        "transfers_in_flight": params.transfers,
+    }
+    if pc.cell.executor == "adversarial":
+        window["hold"] = executor.gate.mechanism
+    observation = Observation(
+        trials=trials,
+        corrupted_trials=corrupted,
+        blocks_checked=sum(counts),
+        bytes_checked=checked,
+        ok=counts[0],
+        stale=counts[1],
+        torn=counts[2],
+        garbage=counts[3],
+        elapsed_s=time.perf_counter() - start,
+        window=window,
+    )
+    return CellOutcome(observation, None, phase_s)

@@ -1,0 +1,132 @@
+"""The executors end to end on a serial stand-in device (tests/fake_device.py).
+
+On it every op runs at issue, in program order: the reference schedule. So the native
+executor must see every block OK in every cell, and the adversarial one too, except where it
+reorders the copies of one batch (H7-broken), which it must turn into wrong blocks in every
+trial. Runs on any CPU host; the race-provoking side needs the GPU (test_stress_gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_device import fake_device  # noqa: F401  (fixture)
+from kvverify import runner
+from kvverify.campaign import load
+from kvverify.geometry import KVLayout, ModelGeometry
+from kvverify.scenarios import Params
+
+TINY = KVLayout(ModelGeometry("tiny", 2, 1, 16, 2), block_size=4)  # 128-byte pages, 4 tensors
+PARAMS = Params(blocks_per_transfer=2, transfers=3)
+
+
+def _campaign(**changes):
+    base = dict(trials=3, max_trials=3, min_checked=1, host_memory=("pageable",), writer_delay_us=0, reader_us=0)
+    return load("smoke").override(**(base | changes))
+
+
+def _run(campaign, device):
+    planned = runner.plan(campaign, TINY, PARAMS)
+    return planned, runner.execute(planned, campaign, TINY, PARAMS, device=device)
+
+
+def test_reference_schedule_is_clean_except_reordered_batches(fake_device):
+    planned, outcomes = _run(_campaign(), fake_device)
+    assert len(planned) == 18 * 3 * 2
+    for pc in planned:
+        out = outcomes[pc.cell]
+        assert out.error is None, out.error
+        obs = out.observation
+        assert obs.trials == 3 and obs.blocks_checked > 0
+        assert obs.bytes_checked == obs.blocks_checked * TINY.page_bytes
+        reordered = pc.cell.scenario == "H7-broken" and pc.cell.executor == "adversarial"
+        if reordered:
+            # the first-issued copy lands last: the block of another address (GARBAGE), every trial
+            assert obs.corrupted_trials == 3 and obs.garbage > 0 and obs.stale == obs.torn == 0, pc.cell.label
+        else:
+            assert not obs.corrupted, (pc.cell.label, obs.counts)
+
+
+def test_random_data_native_is_clean(fake_device):
+    planned, outcomes = _run(_campaign(data="random", executors=("native",)), fake_device)
+    for pc in planned:
+        obs = outcomes[pc.cell].observation
+        assert obs is not None and not obs.corrupted and obs.blocks_checked > 0, pc.cell.label
+
+
+def test_a_stale_block_is_seen(fake_device, monkeypatch):
+    """Drop every copy: destinations keep their setup content, which the checks must flag."""
+    from kvverify import ops
+
+    monkeypatch.setattr(ops, "swap_blocks_batch", lambda *a, **k: None)
+    planned, outcomes = _run(_campaign(scenarios=("P2", "H1-fixed"), orders=("STREAM",),
+                                       executors=("native",)), fake_device)
+    for pc in planned:
+        obs = outcomes[pc.cell].observation
+        assert obs.corrupted_trials == 3 and obs.ok < obs.blocks_checked, pc.cell.label
+
+
+def test_injected_fault_fails_one_cell_and_the_run_goes_on(fake_device, monkeypatch):
+    c = _campaign(scenarios=("P2",), orders=("STREAM",), executors=("native",))
+    planned = runner.plan(c, TINY, PARAMS)
+    monkeypatch.setenv(runner.FAIL_CELL_ENV, planned[0].cell.label)
+    outcomes = runner.execute(planned, c, TINY, PARAMS, device=fake_device)
+    assert "injected" in outcomes[planned[0].cell].error
+    assert outcomes[planned[0].cell].observation is None
+
+
+def test_stress_cli_with_observations_on_the_stand_in_device(fake_device, monkeypatch, tmp_path, capsys):
+    """The CLI's GPU path end to end (progress, table, throughput line, JSON, JUnit, exit
+    status) with observations from the stand-in device."""
+    import functools
+    import json
+
+    from kvverify import cli, stress_cli
+    from kvverify.report import Platform, load_schema
+
+    monkeypatch.setattr(stress_cli, "_gpu_unavailable", lambda: None)
+    monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
+    monkeypatch.setattr(runner, "execute", functools.partial(runner.execute, device=fake_device))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                  "hidden_size": 32, "torch_dtype": "bfloat16"}))
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('trials = 3\nmax_trials = 3\nmin_checked = "1KiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
+                        'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["H7-broken", "P2"]\n')
+    out = tmp_path / "r.json"
+    status = cli.main(["stress", "--campaign", str(campaign), "--model-config", str(config), "--json", str(out),
+                       "--junit", str(tmp_path / "r.xml"), "--no-nvtx"])
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert "Checked " in printed and "wall time per phase" in printed
+    doc = json.loads(out.read_text())
+    verdicts = {(c["scenario"], c["executor"]): c["verdict"] for c in doc["cells"]}
+    assert verdicts[("H7-broken", "adversarial")] == "CONFIRMED_RACE"
+    assert verdicts[("H7-broken", "native")] == "NO_RACE_OBSERVED"  # the serial device never reorders
+    assert verdicts[("P2", "native")] == verdicts[("P2", "adversarial")] == "SAFE_CONFIRMED"
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(doc, load_schema())
+
+
+def test_ctrl_c_frees_every_pool(fake_device, monkeypatch):
+    """A KeyboardInterrupt in the middle of a trial propagates, and host memory (pool and bounce
+    buffer) is freed on the way out."""
+    from kvverify.executors import native, pools
+
+    made = []
+    real = pools.allocate_host
+
+    def tracking(kind, nbytes):
+        made.append(real(kind, nbytes))
+        return made[-1]
+
+    def interrupted(self, stream, data, order):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pools, "allocate_host", tracking)
+    monkeypatch.setattr(native.NativeExecutor, "_swap", interrupted)
+    c = _campaign(scenarios=("P2",), executors=("native",), data="random")
+    planned = runner.plan(c, TINY, PARAMS)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute(planned, c, TINY, PARAMS, device=fake_device)
+    assert len(made) == 2 and not any(buf._live for buf in made)

@@ -1,0 +1,120 @@
+"""Hypothesis strategies for small random traces (the checker's property tests).
+
+Random ops alone rarely line up into the shapes that matter (work, an event, a wait or a sync,
+then conflicting work), so traces are built from *hand-offs*: an access, an optional record of
+its stream, an optional wait / sync of some kind (often on that event), and another access.
+Each trace uses a few tiny buffers so that accesses overlap often.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from kvverify.trace.model import ORDERS, Trace
+
+STREAMS = ("s0", "s1", "s2")
+EVENTS = ("e0", "e1")
+BUFFERS = {
+    "d0": {"space": "device", "bytes": 8},
+    "d1": {"space": "device", "bytes": 8},
+    "p": {"space": "host_pinned", "bytes": 8},
+    "r": {"space": "host_registered", "bytes": 8},
+    "g": {"space": "host_pageable", "bytes": 8},
+}
+HOST = ("p", "r", "g")
+
+
+def _overlap(a, b) -> bool:
+    return a[0] == b[0] and a[1] < b[1] + b[2] and b[1] < a[1] + a[2]
+
+
+def _conflict(c, k) -> bool:
+    return _overlap(c["dst"], k["dst"]) or _overlap(c["dst"], k["src"]) or _overlap(c["src"], k["dst"])
+
+
+@st.composite
+def small_traces(draw, max_nodes: int = 7, max_ops: int = 10):
+    """A valid trace whose oracle graph has at most ``max_nodes`` access nodes (a kernel or host
+    op is one node, each copy two) and at most about ``max_ops`` ops."""
+    streams = STREAMS[: draw(st.integers(1, len(STREAMS)))]
+    used = draw(st.lists(st.sampled_from(tuple(BUFFERS)), min_size=1, max_size=3, unique=True))
+    host_used = [b for b in used if b in HOST] or ["p"]
+    clean = draw(st.booleans())     # keep the copies of a batch apart (rule 7 races less often)
+    budget = [max_nodes]
+    ops: list[dict] = []
+
+    def rng(host=False, length=None):
+        buf = draw(st.sampled_from(host_used if host else used))
+        n = length or draw(st.sampled_from((4, 8)))
+        return [buf, draw(st.sampled_from([o for o in (0, 4) if o + n <= 8])), n]
+
+    def access(stream):
+        """One op that touches memory, within the node budget (or None)."""
+        kinds = []
+        if budget[0] >= 1:
+            kinds += ["kernel", "kernel", "host_write", "host_read"]
+        if budget[0] >= 2:
+            kinds += ["copy", "copy_batch", "copy_batch", "copy_batch"]
+        if not kinds:
+            return None
+        kind = draw(st.sampled_from(kinds))
+        if kind == "kernel":
+            reads = [rng() for _ in range(draw(st.integers(0, 2)))]
+            writes = [rng() for _ in range(draw(st.integers(0 if reads else 1, 2)))]
+            budget[0] -= 1
+            return {"op": "kernel", "stream": stream, "reads": reads, "writes": writes}
+        if kind in ("host_write", "host_read"):
+            budget[0] -= 1
+            return {"op": kind, "ranges": [rng(host=True) for _ in range(draw(st.integers(1, 2)))]}
+        n = draw(st.sampled_from((4, 8)))
+        if kind == "copy":
+            budget[0] -= 2
+            return {"op": "copy", "stream": stream, "src": rng(length=n), "dst": rng(length=n)}
+        copies = []
+        for _ in range(draw(st.integers(1, max(1, min(3, budget[0] // 2))))):
+            m = draw(st.sampled_from((4, 8)))
+            c = {"src": rng(length=m), "dst": rng(length=m)}
+            if clean and (_overlap(c["src"], c["dst"]) or any(_conflict(c, k) for k in copies)):
+                continue
+            copies.append(c)
+        if not copies:
+            copies = [{"src": rng(length=4), "dst": rng(length=4)}]
+        budget[0] -= 2 * len(copies)
+        return {"op": "copy_batch", "stream": stream, "order": draw(st.sampled_from(ORDERS)), "copies": copies}
+
+    def sync(stream, event):
+        """A way (or none) for later work to follow `stream` / `event`."""
+        other = draw(st.sampled_from(streams))
+        kind = draw(st.sampled_from(("wait_event", "wait_event", "sync_event", "query_event", "wait_stream",
+                                     "sync_stream", "sync_device", "none", "none")))
+        if kind == "wait_event":
+            return {"op": "wait_event", "stream": other, "event": event}
+        if kind == "sync_event":
+            return {"op": "sync_event", "event": event}
+        if kind == "query_event":
+            return {"op": "query_event", "event": event, "result": draw(st.booleans())}
+        if kind == "wait_stream":
+            return {"op": "wait_stream", "stream": other, "on": stream}
+        if kind == "sync_stream":
+            return {"op": "sync_stream", "stream": draw(st.sampled_from(streams))}
+        if kind == "sync_device":
+            return {"op": "sync_device"}
+        return None
+
+    while len(ops) < max_ops and budget[0] > 0:
+        stream = draw(st.sampled_from(streams))
+        event = draw(st.sampled_from(EVENTS))
+        op = access(stream)
+        if op is None:
+            break
+        ops.append(op)
+        if draw(st.booleans()):
+            ops.append({"op": "record", "event": event, "stream": stream})
+        s = sync(stream, event if draw(st.integers(0, 3)) else draw(st.sampled_from(EVENTS)))
+        if s is not None:
+            ops.append(s)
+    if draw(st.booleans()):   # a final synchronization or a stray op, sometimes
+        s = sync(draw(st.sampled_from(streams)), draw(st.sampled_from(EVENTS)))
+        if s is not None:
+            ops.append(s)
+    return Trace.from_json({"version": 1, "buffers": BUFFERS, "streams": list(streams), "ops": ops})
