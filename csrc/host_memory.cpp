@@ -21,17 +21,18 @@ void* as_ptr(int64_t address, const char* arg) {
 int64_t host_alloc(int64_t nbytes) {
   TORCH_CHECK_VALUE(nbytes > 0, kvverify::cat("nbytes must be > 0, got ", nbytes));
   void* ptr = nullptr;
-  C10_CUDA_CHECK(cudaHostAlloc(&ptr, static_cast<size_t>(nbytes), cudaHostAllocPortable));
+  C10_CUDA_CHECK(cudaHostAlloc(&ptr, static_cast<size_t>(nbytes), cudaHostAllocPortable | cudaHostAllocMapped));
   return reinterpret_cast<int64_t>(ptr);
 }
 
 void host_free(int64_t ptr) { C10_CUDA_CHECK(cudaFreeHost(as_ptr(ptr, "ptr"))); }
 
 // cudaHostRegister pins memory the caller allocated (page-aligned, whole pages, for the
-// best DMA path); cudaHostRegisterPortable makes it pinned for every context.
+// best DMA path); Portable pins it for every context, Mapped lets kernels use it (at its host
+// address where cudaDevAttrCanUseHostPointerForRegisteredMem is 1, as on x86-64 Linux).
 void host_register(int64_t ptr, int64_t nbytes) {
   TORCH_CHECK_VALUE(nbytes > 0, kvverify::cat("nbytes must be > 0, got ", nbytes));
-  C10_CUDA_CHECK(cudaHostRegister(as_ptr(ptr, "ptr"), static_cast<size_t>(nbytes), cudaHostRegisterPortable));
+  C10_CUDA_CHECK(cudaHostRegister(as_ptr(ptr, "ptr"), static_cast<size_t>(nbytes), cudaHostRegisterPortable | cudaHostRegisterMapped));
 }
 
 void host_unregister(int64_t ptr) { C10_CUDA_CHECK(cudaHostUnregister(as_ptr(ptr, "ptr"))); }
