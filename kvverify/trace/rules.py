@@ -132,6 +132,7 @@ def analyze(trace: Trace) -> Ordering:
     waits: dict[int, list[int]] = {t: [] for t in range(1, width)}
     syncs: list[int] = []
     append = accesses.append
+    new = tuple.__new__   # Access(op, copy, role) + Range(buffer, offset, length) + (write, after, until, rule)
 
     for i, op in enumerate(trace.ops):
         # Rule 1, program order: the call at host position i + 1 starts after the host's
@@ -148,9 +149,9 @@ def analyze(trace: Trace) -> Ordering:
             sa = _join(stream_clock[t], h)
             pos = (t, k)
             for r in op.reads:
-                append(Access(i, None, "read", r.buffer, r.offset, r.length, False, sa, pos, "2"))
+                append(new(Access, (i, None, "read") + r + (False, sa, pos, "2")))
             for r in op.writes:
-                append(Access(i, None, "write", r.buffer, r.offset, r.length, True, sa, pos, "2"))
+                append(new(Access, (i, None, "write") + r + (True, sa, pos, "2")))
             stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
             info = OpOrder(h, t, k, sa)
 
@@ -175,24 +176,24 @@ def analyze(trace: Trace) -> Ordering:
                     # Rule 6, src (same section: "for transfers from pageable host memory to device
                     # memory, host memory is copied to a staging buffer immediately (no device
                     # synchronization is performed)"): read during the call, whatever the order.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, h, done, "6:src"))
+                    append(new(Access, (i, c, "src") + src + (False, h, done, "6:src")))
                 elif order == "STREAM":
                     # Rule 5 STREAM (cuMemcpyBatchAsync, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM): the
                     # source is read in stream order, like the destination is written.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, sa, until, src_rule))
+                    append(new(Access, (i, c, "src") + src + (False, sa, until, src_rule)))
                 elif order == "DURING_API_CALL":
                     # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL): read
                     # during the call: after what the host observed complete before it, before the
                     # host's next op, not after the stream's pending work.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, h, done, src_rule))
+                    append(new(Access, (i, c, "src") + src + (False, h, done, src_rule)))
                 else:
                     # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY): read at any time from the call
                     # until the copy completes in stream order; not after the stream's pending work.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, h, until, src_rule))
+                    append(new(Access, (i, c, "src") + src + (False, h, until, src_rule)))
                 # The destination is always written in stream order (cuMemcpyBatchAsync: "the
                 # destination ... stream-ordered"); rule 7: nothing orders it against its own
                 # source or the other copies of the batch.
-                append(Access(i, c, "dst", dst.buffer, dst.offset, dst.length, True, sa, until, "2"))
+                append(new(Access, (i, c, "dst") + dst + (True, sa, until, "2")))
             stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
             info = OpOrder(h, t, k, sa)
             if pageable_dst:
@@ -204,7 +205,7 @@ def analyze(trace: Trace) -> Ordering:
             w = isinstance(op, HostWrite)
             role = "write" if w else "read"
             for r in op.ranges:
-                append(Access(i, None, role, r.buffer, r.offset, r.length, w, h, done, "1"))
+                append(new(Access, (i, None, role) + r + (w, h, done, "1")))
 
         elif isinstance(op, Record):
             # cudaEventRecord: the event captures all work issued to the stream so far (including
