@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import bisect
 from itertools import groupby
+from operator import itemgetter
 
 from kvverify.trace.model import (
     CopyBatch,
@@ -69,6 +70,9 @@ def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Report:
 # Finding the racing pairs
 
 
+_CHUNK_BITS = 8     # 256 cells
+
+
 class _Shadow:
     """What one stream did to one buffer, for one kind of access (reads or writes).
 
@@ -77,27 +81,17 @@ class _Shadow:
     Each entry is ``(position, access, prev)``, where ``prev`` is the entry that was latest on its
     cell before it (an int, for one-cell entries) or those entries as runs of cells (a tuple of
     ``(start, end, entry)``): a chain per cell, newest first, positions decreasing, so
-    :meth:`unordered` walks only entries that race (and the runs that lead to them)."""
+    :meth:`unordered` walks only entries that race (and the runs that lead to them).
+    ``chunk`` holds the same maximum per ``CHUNK`` cells, to rule a whole op out at once."""
 
-    __slots__ = ("eid", "entries", "k", "last")
+    __slots__ = ("chunk", "eid", "entries", "k", "last")
 
     def __init__(self, ncells: int):
         self.k = [0] * ncells
         self.eid = [-1] * ncells
+        self.chunk = [0] * ((ncells >> _CHUNK_BITS) + 1)
         self.entries: list = []
         self.last = 0          # the latest position of all
-
-    def add(self, k: int, c0: int, c1: int, access: Access) -> None:
-        e = len(self.entries)
-        if c1 - c0 == 1:       # the common case: prev is the one entry before, on this cell
-            self.entries.append((k, access, self.eid[c0]))
-            self.eid[c0] = e
-            self.k[c0] = k
-        else:
-            self.entries.append((k, access, _runs(self.eid, c0, c1)))
-            self.eid[c0:c1] = [e] * (c1 - c0)
-            self.k[c0:c1] = [k] * (c1 - c0)
-        self.last = k
 
     def unordered(self, c0: int, c1: int, th: int) -> list[Access]:
         """The accesses on cells [c0, c1) at positions after ``th``."""
@@ -138,28 +132,85 @@ def _runs(ids: list[int], c0: int, c1: int) -> tuple:
     return tuple(out)
 
 
+def _coalesce(raw: list[Access]) -> list[Access]:
+    """The accesses of one op with touching ranges merged where the rules treat them alike (same
+    buffer, kind, earliest and latest points): a kernel that lists a request's blocks one by one
+    is then checked as a few ranges. Races are per op pair, so nothing reported changes but the
+    overlap, which may come out longer (still one contiguous run of overlapping bytes)."""
+    if raw[0][1] is None:
+        # kernel / host op: one clock and one latest point for all; reads and writes apart
+        parts = [[a for a in raw if not a[6]], [a for a in raw if a[6]]]
+    else:
+        # copies: sources and destinations apart, and by placement (rule 6 places some apart)
+        groups: dict = {}
+        for a in raw:
+            groups.setdefault((a[6], a[8], id(a[7])), []).append(a)
+        parts = list(groups.values())
+    out = []
+    for items in parts:
+        if len(items) < 2:
+            out += items
+            continue
+        items.sort(key=_place)
+        first = items[0]
+        buf, lo, hi, merged = first[3], first[4], first[4] + first[5], False
+        for a in items[1:]:
+            if a[4] <= hi and a[3] == buf:
+                hi = max(hi, a[4] + a[5])
+                merged = True
+                continue
+            out.append(first._replace(offset=lo, length=hi - lo) if merged else first)
+            first, buf, lo, hi, merged = a, a[3], a[4], a[4] + a[5], False
+        out.append(first._replace(offset=lo, length=hi - lo) if merged else first)
+    return out
+
+
+_place = itemgetter(3, 4)   # (buffer, offset)
+_c0 = itemgetter(1)
+_c1 = itemgetter(2)
+
+
 def _find(order: Ordering, max_races: int | None):
     trace = order.trace
     accesses = order.accesses
+    starts = order.starts
     buf_rank = {name: n for n, name in enumerate(trace.buffers)}
-    # (Access fields by position in the hot loops: 0 op, 1 copy, 3 buffer, 4 offset, 5 length,
-    # 6 write, 7 after, 8 until.)
+    # (Access fields by position in the hot loops: 0 op, 1 copy, 2 role, 3 buffer, 4 offset,
+    # 5 length, 6 write, 7 after, 8 until.)
 
-    # Cells: per buffer, the sorted range ends used on it, and a map from byte to cell index.
+    # Per op: its accesses (rule 7 needs them one by one) and what is checked (merged), in runs
+    # that share buffer, kind, earliest and latest point. Meanwhile, per buffer, the range ends.
+    per_op = []
     ends: dict[str, set] = {name: set() for name in trace.buffers}
-    for a in accesses:
-        e = ends[a[3]]
-        e.add(a[4])
-        e.add(a[4] + a[5])
+    for i in range(len(trace.ops)):
+        s, e = starts[i], starts[i + 1]
+        if s == e:
+            continue
+        raw = accesses[s:e]
+        runs: list = []
+        run = key = None
+        # (kernels and host ops come merged from the rules; copies are merged here)
+        for a in (_coalesce(raw) if e - s > 1 and raw[0][1] is not None else raw):
+            if key is None or a[3] is not key[0] or a[7] is not key[1] or a[8] is not key[2] or a[6] != key[3]:
+                key = (a[3], a[7], a[8], a[6])
+                run = []
+                runs.append((*key, run))
+            run.append(a)
+            pts = ends[a[3]]
+            pts.add(a[4])
+            pts.add(a[4] + a[5])
+        per_op.append((raw, runs))
+
+    # Cells: the elementary intervals between those ends, and a map from byte to cell index.
     cell_of: dict[str, dict[int, int]] = {}
     ncells: dict[str, int] = {}
-    for name, e in ends.items():
-        pts = sorted(e)
+    for name, pts in ends.items():
+        pts = sorted(pts)
         cell_of[name] = {p: n for n, p in enumerate(pts)}
         ncells[name] = max(len(pts) - 1, 0)
     # per buffer: (timeline, writes, reads) of each stream that touched it
     lanes: dict[str, list[tuple[int, _Shadow, _Shadow]]] = {name: [] for name in trace.buffers}
-    lane_of: dict[tuple[str, int], tuple[int, _Shadow, _Shadow]] = {}
+    shadow_of: dict[tuple[str, int, bool], _Shadow] = {}
 
     found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
     cap = max_races if max_races is not None else float("inf")
@@ -177,61 +228,71 @@ def _find(order: Ordering, max_races: int | None):
         elif (buf_rank[overlap.buffer], lo) < (buf_rank[old[2].buffer], old[2].offset):
             found[key] = (a, b, overlap)
 
-    def finish(group: list) -> None:
-        """After all accesses of one op were checked: rule 7 inside it, then remember those
-        placed on a stream."""
-        if group[0][0][1] is not None:
-            _intra([g[0] for g in group], buf_rank, record)
-        for a, c0, c1 in group:
-            t, k = a[8]
-            if t == HOST:
-                continue
-            buf = a[3]
-            lane = lane_of.get((buf, t))
-            if lane is None:
-                lane = lane_of[buf, t] = (t, _Shadow(ncells[buf]), _Shadow(ncells[buf]))
-                lanes[buf].append(lane)
-            lane[1 if a[6] else 2].add(k, c0, c1, a)
+    def shadow(buf: str, t: int, write: bool) -> _Shadow:
+        sh = shadow_of.get((buf, t, write))
+        if sh is None:
+            lane = (t, _Shadow(ncells[buf]), _Shadow(ncells[buf]))
+            lanes[buf].append(lane)
+            shadow_of[buf, t, True] = lane[1]
+            shadow_of[buf, t, False] = lane[2]
+            sh = lane[1 if write else 2]
+        return sh
 
-    group: list = []
-    current = -1
-    unordered: dict = {}    # (buffer, id(after)) -> the lanes with something not ordered before `after`
     try:
-        for b in accesses:
-            if b[0] != current:
-                if group:
-                    finish(group)
-                group = []
-                current = b[0]
-                unordered = {}
-            buf = b[3]
-            cells = cell_of[buf]
-            c0 = cells[b[4]]
-            c1 = cells[b[4] + b[5]]
-            after = b[7]
-            # The lanes worth looking at depend only on the buffer and the clock, shared by the
-            # accesses of one op (lanes change only between ops): find them once per op.
-            key = (buf, id(after))
-            todo = unordered.get(key)
-            if todo is None:
-                todo = unordered[key] = [(w, r, after[t]) for t, w, r in lanes[buf]
-                                         if w.last > after[t] or r.last > after[t]]
-            # against everything remembered from earlier ops, stream by stream: a read against
-            # the writes, a write against both
-            for sw, sr, th in todo:
-                if sw.last > th:
-                    m = sw.k[c0] if c1 - c0 == 1 else max(sw.k[c0:c1])
-                    if m > th:
-                        for a in sw.unordered(c0, c1, th):
-                            record(a, b)
-                if b[6] and sr.last > th:
-                    m = sr.k[c0] if c1 - c0 == 1 else max(sr.k[c0:c1])
-                    if m > th:
-                        for a in sr.unordered(c0, c1, th):
-                            record(a, b)
-            group.append((b, c0, c1))
-        if group:
-            finish(group)
+        for raw, runs in per_op:
+            placed = []
+            for buf, after, until, write, run in runs:
+                cells = cell_of[buf]
+                cs = [(b, cells[b[4]], cells[b[4] + b[5]]) for b in run]
+                if until[0] != HOST:
+                    placed.append((buf, until, write, cs))
+                # The streams worth looking at depend only on the buffer and the clock (shadows
+                # change only between ops), and usually none is left once the run's hull of
+                # cells is compared with each stream's per-chunk maxima.
+                if write:
+                    todo = [(w, r, after[t]) for t, w, r in lanes[buf] if w.last > after[t] or r.last > after[t]]
+                else:
+                    todo = [(w, r, after[t]) for t, w, r in lanes[buf] if w.last > after[t]]
+                if not todo:
+                    continue
+                h0 = min(map(_c0, cs)) >> _CHUNK_BITS
+                h1 = ((max(map(_c1, cs)) - 1) >> _CHUNK_BITS) + 1
+                todo = [(w, r, th) for w, r, th in todo
+                        if max(w.chunk[h0:h1]) > th or (write and max(r.chunk[h0:h1]) > th)]
+                # against everything remembered from earlier ops, stream by stream: a read
+                # against the writes, a write against both
+                for b, c0, c1 in cs if todo else ():
+                    for sw, sr, th in todo:
+                        if sw.last > th:
+                            m = sw.k[c0] if c1 - c0 == 1 else max(sw.k[c0:c1])
+                            if m > th:
+                                for a in sw.unordered(c0, c1, th):
+                                    record(a, b)
+                        if write and sr.last > th:
+                            m = sr.k[c0] if c1 - c0 == 1 else max(sr.k[c0:c1])
+                            if m > th:
+                                for a in sr.unordered(c0, c1, th):
+                                    record(a, b)
+            if raw[0][1] is not None and len(raw) > 1:
+                _intra(raw, buf_rank, record)       # rule 7, on the copies one by one
+            # remember what is placed on a stream (the per-access part of _Shadow, inlined)
+            for buf, (t, k), write, cs in placed:
+                sh = shadow(buf, t, write)
+                sh.last = k
+                entries, ks, eids, chunk = sh.entries, sh.k, sh.eid, sh.chunk
+                for a, c0, c1 in cs:
+                    e = len(entries)
+                    if c1 - c0 == 1:
+                        entries.append((k, a, eids[c0]))
+                        eids[c0] = e
+                        ks[c0] = k
+                        chunk[c0 >> _CHUNK_BITS] = k
+                    else:
+                        entries.append((k, a, _runs(eids, c0, c1)))
+                        eids[c0:c1] = [e] * (c1 - c0)
+                        ks[c0:c1] = [k] * (c1 - c0)
+                        h0, h1 = c0 >> _CHUNK_BITS, ((c1 - 1) >> _CHUNK_BITS) + 1
+                        chunk[h0:h1] = [k] * (h1 - h0)
     except _Stop:
         return found, True
     return found, False

@@ -107,8 +107,7 @@ class Buffer:
         return {"space": self.space, "bytes": self.nbytes}
 
 
-@dataclass(frozen=True, slots=True)
-class Transfer:
+class Transfer(NamedTuple):
     """One copy of a ``copy_batch``: ``{"src": range, "dst": range}``."""
 
     src: Range
@@ -376,6 +375,18 @@ def _type_name(x: Any) -> str:
 _new_range = tuple.__new__   # Range((buffer, offset, length)) without the keyword-argument machinery
 
 
+def _fast_range(buffers: dict[str, Buffer], r: Any, host: bool) -> Range | None:
+    """The range ``r`` when it is plainly valid, else None (the parser's slow path then names the
+    problem). The common case of parsing, kept to a few type checks and comparisons."""
+    if type(r) is list and len(r) == 3:
+        name, offset, length = r
+        buf = buffers.get(name) if type(name) is str else None
+        if (buf is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
+                and offset + length <= buf.nbytes and not (host and buf.space == "device")):
+            return _new_range(Range, (buf.name, offset, length))
+    return None
+
+
 class _Parser:
     def __init__(self, doc: Any):
         self.doc = doc
@@ -511,7 +522,13 @@ class _Parser:
         items = raw[field]
         if not isinstance(items, list):
             self.fail(field, f"expected an array of [buffer, offset, length], got {_type_name(items)}")
-        return tuple(self._range(r, f"{field}[{k}]", host=host) for k, r in enumerate(items))
+        bufs = self.buffers
+        out = []
+        for r in items:
+            rng = _fast_range(bufs, r, host)
+            # the slow path names what is wrong (or accepts an int subclass)
+            out.append(rng if rng is not None else self._range(r, f"{field}[{len(out)}]", host=host))
+        return tuple(out)
 
     def _copies(self, items: Any) -> tuple[Transfer, ...]:
         if not isinstance(items, list):
@@ -519,7 +536,13 @@ class _Parser:
         if not items:
             self.fail("copies", "a copy_batch needs at least one copy")
         out = []
+        bufs = self.buffers
         for k, c in enumerate(items):
+            if type(c) is dict and len(c) == 2:
+                src, dst = _fast_range(bufs, c.get("src"), False), _fast_range(bufs, c.get("dst"), False)
+                if src is not None and dst is not None and src[2] == dst[2]:
+                    out.append(_new_range(Transfer, (src, dst)))
+                    continue
             where = f"copies[{k}]"
             if not isinstance(c, dict):
                 self.fail(where, f"expected {{\"src\": range, \"dst\": range}}, got {_type_name(c)}")
@@ -563,7 +586,7 @@ class _Parser:
         if host and buf.space == "device":
             self.fail(field, f"host access to device memory: buffer '{name}' is {buf.space}; "
                              "the host may touch only host buffers")
-        return _new_range(Range, (name, offset, length))
+        return _new_range(Range, (buf.name, offset, length))   # one str object per buffer name
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ from kvverify.trace.model import (
     HostWrite,
     Kernel,
     QueryEvent,
+    Range,
     Record,
     SyncDevice,
     SyncEvent,
@@ -98,6 +99,28 @@ def _join(a: Clock, b: Clock) -> Clock:
     return tuple(map(max, a, b))
 
 
+def _union(ranges: tuple[Range, ...]) -> tuple[Range, ...] | list[Range]:
+    """The same bytes as ``ranges``, with touching or overlapping ranges of a buffer merged
+    (sorted by buffer and offset). A kernel listing a request's blocks one by one reads a few runs."""
+    if len(ranges) < 2:
+        return ranges
+    rs = sorted(ranges)
+    out = []
+    buf, lo, n = rs[0]
+    hi = lo + n
+    for b, o, n in rs[1:]:
+        if o <= hi and b == buf:
+            hi = max(hi, o + n)
+        else:
+            out.append(new_range(Range, (buf, lo, hi - lo)))
+            buf, lo, hi = b, o, o + n
+    out.append(new_range(Range, (buf, lo, hi - lo)))
+    return out
+
+
+new_range = tuple.__new__
+
+
 @dataclass
 class Ordering:
     """The result of :func:`analyze`: every access of the trace, in program order, and per op
@@ -109,6 +132,10 @@ class Ordering:
     ops: list[OpOrder]
     waits: dict[int, list[int]]          # timeline -> op indices of the waits on it, in order
     syncs: list[int]                     # op indices of host synchronizations (sync_*, query_event)
+    starts: list[int]                    # accesses of op i: accesses[starts[i]:starts[i + 1]]
+
+    def accesses_of(self, i: int) -> list[Access]:
+        return self.accesses[self.starts[i]:self.starts[i + 1]]
 
     def timeline_of(self, stream: str) -> int:
         return self.timelines.index(stream)
@@ -134,7 +161,9 @@ def analyze(trace: Trace) -> Ordering:
     append = accesses.append
     new = tuple.__new__   # Access(op, copy, role) + Range(buffer, offset, length) + (write, after, until, rule)
 
+    starts: list[int] = []
     for i, op in enumerate(trace.ops):
+        starts.append(len(accesses))
         # Rule 1, program order: the call at host position i + 1 starts after the host's
         # previous calls returned (host[0] == i); h is what anything this call starts follows.
         h = host
@@ -148,9 +177,11 @@ def analyze(trace: Trace) -> Ordering:
             k = position[t] = position[t] + 1
             sa = _join(stream_clock[t], h)
             pos = (t, k)
-            for r in op.reads:
+            # A kernel's reads (and its writes) all happen at its place in the stream: only their
+            # union matters, so touching ranges become one access.
+            for r in _union(op.reads):
                 append(new(Access, (i, None, "read") + r + (False, sa, pos, "2")))
-            for r in op.writes:
+            for r in _union(op.writes):
                 append(new(Access, (i, None, "write") + r + (True, sa, pos, "2")))
             stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
             info = OpOrder(h, t, k, sa)
@@ -204,7 +235,7 @@ def analyze(trace: Trace) -> Ordering:
         elif isinstance(op, (HostWrite, HostRead)):
             w = isinstance(op, HostWrite)
             role = "write" if w else "read"
-            for r in op.ranges:
+            for r in _union(op.ranges):
                 append(new(Access, (i, None, role) + r + (w, h, done, "1")))
 
         elif isinstance(op, Record):
@@ -256,4 +287,5 @@ def analyze(trace: Trace) -> Ordering:
         host = (i + 1,) + host[1:]
         ops.append(info)
 
-    return Ordering(trace, ("host",) + tuple(trace.streams), accesses, ops, waits, syncs)
+    starts.append(len(accesses))
+    return Ordering(trace, ("host",) + tuple(trace.streams), accesses, ops, waits, syncs, starts)
