@@ -16,8 +16,11 @@ The ordering comes from :mod:`kvverify.trace.rules` (one vector-clock pass). Fin
   Only when that says yes are the per-cell chains of earlier accesses walked, newest first, and
   only down to ``b.after[t]``: listing races costs per race found, never per overlapping pair
   (ordered overlaps, which fill long-lived buffers, cost nothing).
-- The streams worth looking at for a buffer are found once per op and clock (the accesses of a
-  copy_batch with a thousand copies share them).
+- The streams worth looking at are found once per run of an op's accesses (same buffer and
+  clock: the copies of a batch share them), and most are ruled out for the run's whole hull of
+  cells at once, against a per-256-cells maximum.
+- Touching ranges of one op that the rules treat alike are merged first (kernels and host ops by
+  the rules, copies here).
 - Races inside one copy / copy_batch (rule 7) are found by a sweep over that op's ranges.
 
 Each unordered pair of ops is reported once (``first`` < ``second``, or equal inside one op),
@@ -40,6 +43,7 @@ from kvverify.trace.model import (
     WaitEvent,
     WaitStream,
     gc_paused,
+    union,
 )
 from kvverify.trace.report import Race, Report
 from kvverify.trace.rules import HOST, Access, Ordering, analyze, covers
@@ -82,7 +86,7 @@ class _Shadow:
     cell before it (an int, for one-cell entries) or those entries as runs of cells (a tuple of
     ``(start, end, entry)``): a chain per cell, newest first, positions decreasing, so
     :meth:`unordered` walks only entries that race (and the runs that lead to them).
-    ``chunk`` holds the same maximum per ``CHUNK`` cells, to rule a whole op out at once."""
+    ``chunk`` holds the same maximum per 256 cells, to rule a whole run of an op out at once."""
 
     __slots__ = ("chunk", "eid", "entries", "k", "last")
 
@@ -133,39 +137,27 @@ def _runs(ids: list[int], c0: int, c1: int) -> tuple:
 
 
 def _coalesce(raw: list[Access]) -> list[Access]:
-    """The accesses of one op with touching ranges merged where the rules treat them alike (same
-    buffer, kind, earliest and latest points): a kernel that lists a request's blocks one by one
-    is then checked as a few ranges. Races are per op pair, so nothing reported changes but the
-    overlap, which may come out longer (still one contiguous run of overlapping bytes)."""
-    if raw[0][1] is None:
-        # kernel / host op: one clock and one latest point for all; reads and writes apart
-        parts = [[a for a in raw if not a[6]], [a for a in raw if a[6]]]
-    else:
-        # copies: sources and destinations apart, and by placement (rule 6 places some apart)
-        groups: dict = {}
-        for a in raw:
-            groups.setdefault((a[6], a[8], id(a[7])), []).append(a)
-        parts = list(groups.values())
+    """The accesses of one copy / copy_batch with touching ranges merged where the rules treat
+    them alike (sources apart from destinations, and by earliest and latest point): a batch of
+    neighbouring blocks is then checked as a few ranges (kernels and host ops come merged from
+    the rules). Races are per op pair, so nothing reported changes but the overlap, which may come
+    out longer (still one contiguous run of overlapping bytes)."""
+    groups: dict = {}
+    for a in raw:
+        groups.setdefault((a[6], a[8], id(a[7])), []).append(a)
+    if len(groups) == len(raw):
+        return raw
     out = []
-    for items in parts:
-        if len(items) < 2:
-            out += items
-            continue
-        items.sort(key=_place)
+    for items in groups.values():
         first = items[0]
-        buf, lo, hi, merged = first[3], first[4], first[4] + first[5], False
-        for a in items[1:]:
-            if a[4] <= hi and a[3] == buf:
-                hi = max(hi, a[4] + a[5])
-                merged = True
-                continue
-            out.append(first._replace(offset=lo, length=hi - lo) if merged else first)
-            first, buf, lo, hi, merged = a, a[3], a[4], a[4] + a[5], False
-        out.append(first._replace(offset=lo, length=hi - lo) if merged else first)
+        if len(items) == 1:
+            out.append(first)
+            continue
+        for r in union([Range(a[3], a[4], a[5]) for a in items]):
+            out.append(first._replace(buffer=r[0], offset=r[1], length=r[2]))
     return out
 
 
-_place = itemgetter(3, 4)   # (buffer, offset)
 _c0 = itemgetter(1)
 _c1 = itemgetter(2)
 
@@ -189,8 +181,7 @@ def _find(order: Ordering, max_races: int | None):
         raw = accesses[s:e]
         runs: list = []
         run = key = None
-        # (kernels and host ops come merged from the rules; copies are merged here)
-        for a in (_coalesce(raw) if e - s > 1 and raw[0][1] is not None else raw):
+        for a in (_coalesce(raw) if e - s > 2 and raw[0][1] is not None else raw):
             if key is None or a[3] is not key[0] or a[7] is not key[1] or a[8] is not key[2] or a[6] != key[3]:
                 key = (a[3], a[7], a[8], a[6])
                 run = []

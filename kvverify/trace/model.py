@@ -89,6 +89,25 @@ class Range(NamedTuple):
         return f"{self.buffer}[{self.offset}:{self.end}]"
 
 
+def union(ranges: Sequence[Range]) -> Sequence[Range]:
+    """The same bytes as ``ranges``, with touching or overlapping ranges of one buffer merged,
+    sorted by buffer and offset (a kernel listing a request's blocks one by one reads a few runs)."""
+    if len(ranges) < 2:
+        return ranges
+    rs = sorted(ranges)
+    out = []
+    buf, lo, n = rs[0]
+    hi = lo + n
+    for b, o, n in rs[1:]:
+        if o <= hi and b == buf:
+            hi = max(hi, o + n)
+        else:
+            out.append(tuple.__new__(Range, (buf, lo, hi - lo)))
+            buf, lo, hi = b, o, o + n
+    out.append(tuple.__new__(Range, (buf, lo, hi - lo)))
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class Buffer:
     name: str
