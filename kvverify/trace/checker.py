@@ -351,14 +351,14 @@ def _explain(order: Ordering, a: Access, b: Access, overlap: Range) -> tuple[str
     if b.rule == "1":
         # The host touches the bytes: only a host synchronization orders stream work before it.
         notes = _host_notes(order, i, j, ta, ka)
-        reason = (f"{what_a}; the host {_does(b, host=True)} at op {j} without having observed op {i} "
+        reason = (f"{what_a}; the host {_does(b)} at op {j} without having observed op {i} "
                   f"complete: no sync_stream, sync_device, sync_event or query_event (true) in between "
                   f"covers it (rule 4){notes}")
         fix = f"add `sync_stream('{sa}')` before op {j}"
         ev = _event_after(trace, order, i, j, ta, ka)
         if ev:
             fix += f" (or `sync_event('{ev[0]}')`: its record at op {ev[1]} covers op {i})"
-        if a.floating and b.write and a.rule == "5:ANY":
+        if a.floating and b.write:   # an ANY read the host overwrites
             fix += f", or give op {i} DURING_API_CALL order so it reads during the call"
         return "4", reason, fix
 
@@ -433,7 +433,7 @@ def _rng(a: Access) -> str:
     return str(Range(a.buffer, a.offset, a.length))
 
 
-def _does(a: Access, host: bool = False) -> str:
+def _does(a: Access) -> str:
     if a.role == "src":
         return f"reads its source {_rng(a)}"
     if a.role == "dst":

@@ -2,7 +2,8 @@
 
 A :class:`Trace` is what a program asked a CUDA device to do, in the order the host thread
 issued it. Every op is a small frozen dataclass; a byte range is a :class:`Range` named tuple
-``(buffer, offset, length)``, which is also how :class:`TraceBuilder` takes ranges.
+``(buffer, offset, length)``, which is also how :class:`TraceBuilder` takes ranges, and each copy
+of a batch a :class:`Transfer` named tuple ``(src, dst)``.
 
 All validation lives in :meth:`Trace.from_json`; :meth:`TraceBuilder.build` goes through it too,
 so a trace built in code and one read from a file are checked by the same lines. Invalid input
@@ -332,6 +333,8 @@ class Trace:
                 doc = json.loads(doc)
             except json.JSONDecodeError as e:
                 raise TraceError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
+            except RecursionError:
+                raise TraceError("not valid JSON: nested too deeply") from None
         return _Parser(doc).parse()
 
     def to_json(self) -> dict:
