@@ -1,10 +1,11 @@
 """How long ``kvverify check`` takes on serving-engine-like traces of 10,000 and 100,000 ops.
 
-    python benchmarks/bench_checker.py            # 10k and 100k ops, SAFE and RACY variants
-    python benchmarks/bench_checker.py --ops 5000 --write /tmp/trace.json
+    python benchmarks/bench_checker.py            # 10k and 100k ops, both scenarios, safe and racy
+    python benchmarks/bench_checker.py --ops 5000 --scenario layerwise --write /tmp/trace.json
 
-The generated trace is what an LLM serving engine with KV-cache offloading asks of one GPU, step
-after step, over long-lived buffers:
+Two scenarios. ``layerwise`` (layer-wise offloading, many streams and big batches) is described at
+:func:`layerwise_trace`. ``serving`` is what an LLM serving engine with KV-cache offloading asks of
+one GPU, step after step, over long-lived buffers:
 
 - streams: ``compute``, ``store`` (GPU→CPU offload), ``load`` (CPU→GPU), ``io`` (inputs), and two
   side streams (``draft``, ``aux``) that follow compute through events;
@@ -20,8 +21,8 @@ after step, over long-lived buffers:
   reuses their GPU blocks and loads from their CPU blocks.
 
 Blocks are recycled through free lists, so every GPU and CPU block is touched thousands of times
-over a 100k-op trace. ``--racy`` swaps the stores to ANY order (hazard H1) every 50th step, so the
-race-listing path is timed too. Not a test: it prints the times.
+over a 100k-op trace. Its racy variant swaps the stores to ANY order (hazard H1) every 50th step,
+so the race-listing path is timed too. Not a test: it prints the times.
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ def bench(n_ops: int, racy: bool, scenario: str = "serving") -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--ops", type=int, nargs="*", default=[10_000, 100_000])
+    ap.add_argument("--ops", type=int, nargs="*", default=[10_000, 100_000], help="trace sizes in ops")
     ap.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
     ap.add_argument("--write", metavar="PATH", help="write the (safe) trace of the first size there and exit")
     args = ap.parse_args()
