@@ -280,7 +280,7 @@ def bench(n_ops: int, racy: bool, scenario: str = "serving") -> None:
     t2 = time.perf_counter()
     n_acc = sum(len(op.get("reads", ())) + len(op.get("writes", ())) + len(op.get("ranges", ()))
                 + 2 * len(op.get("copies", ())) + (2 if op["op"] == "copy" else 0) for op in doc["ops"])
-    print(f"{scenario:>9} {n_ops:>7} ops {len(doc['streams']):>2} streams {n_acc:>8} accesses  "
+    print(f"{scenario:>9} {n_ops:>7} ops {len(doc['streams']):>2} streams {n_acc:>8} ranges  "
           f"{'racy' if racy else 'safe'}: parse {t1 - t0:6.2f} s"
           f"  check {t2 - t1:6.2f} s  -> {report.verdict}, {len(report.races)} races", flush=True)
 
