@@ -11,25 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from trace_helpers import STORE_EXAMPLE
 
 from kvverify.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
-SAFE_DOC = {
-    "version": 1,
-    "buffers": {"gpu": {"space": "device", "bytes": 8192}, "cpu": {"space": "host_pinned", "bytes": 8192}},
-    "streams": ["compute", "offload"],
-    "ops": [
-        {"op": "kernel", "stream": "compute", "name": "write_kv", "reads": [], "writes": [["gpu", 0, 4096]]},
-        {"op": "wait_stream", "stream": "offload", "on": "compute"},
-        {"op": "copy_batch", "stream": "offload", "order": "STREAM",
-         "copies": [{"src": ["gpu", 0, 4096], "dst": ["cpu", 0, 4096]}]},
-        {"op": "record", "event": "end", "stream": "offload"},
-        {"op": "sync_event", "event": "end"},
-        {"op": "host_read", "ranges": [["cpu", 0, 4096]]},
-    ],
-}
+SAFE_DOC = STORE_EXAMPLE
 RACY_DOC = copy.deepcopy(SAFE_DOC)
 RACY_DOC["ops"][2]["order"] = "ANY"
 

@@ -440,12 +440,22 @@ def test_kinds_are_by_issue_order():
 def test_each_pair_appears_once_with_its_lowest_overlap():
     b = builder()
     b.kernel("compute", "w", writes=[("gpu", 100, 10), ("gpu_b", 0, 8), ("gpu", 0, 50), ("gpu", 40, 20)])
-    b.kernel("offload", "r", reads=[("gpu_b", 0, 8), ("gpu", 0, 200)], writes=[("gpu", 30, 4)])
+    b.kernel("offload", "r", reads=[("gpu_b", 0, 8), ("gpu", 0, 200)], writes=[("gpu", 300, 4)])
     report = run(b)
     assert len(report.races) == 1
     r = report.races[0]
     assert (r.first, r.second, r.kind) == (0, 1, "RAW")
-    assert r.overlap == Range("gpu", 0, 50)
+    # the lowest overlap in buffer declaration order; ranges one op lists back to back or
+    # overlapping count as one run of bytes
+    assert r.overlap == Range("gpu", 0, 60)
+
+
+def test_the_overlap_is_the_lowest_even_across_buffers_and_kinds():
+    b = builder()
+    b.kernel("compute", "w", writes=[("gpu_b", 0, 8), ("gpu", 64, 8)])
+    b.kernel("offload", "rw", reads=[("gpu", 0, 128)], writes=[("gpu_b", 0, 8)])
+    (r,) = run(b).races
+    assert (r.kind, r.overlap) == ("RAW", Range("gpu", 64, 8))    # gpu is declared before gpu_b
 
 
 def test_every_unordered_pair_is_listed_not_just_the_latest():

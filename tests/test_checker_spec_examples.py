@@ -9,24 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from trace_helpers import builder, races
+from trace_helpers import STORE_EXAMPLE, builder, races
 
 from kvverify.trace import Trace, check
 from kvverify.trace.oracle import explore
 
-# The example of TRACE_FORMAT.md, "Examples".
-STORE = json.loads("""
-{"version": 1,
- "buffers": {"gpu": {"space": "device", "bytes": 8192}, "cpu": {"space": "host_pinned", "bytes": 8192}},
- "streams": ["compute", "offload"],
- "ops": [
-  {"op": "kernel", "stream": "compute", "name": "write_kv", "reads": [], "writes": [["gpu", 0, 4096]]},
-  {"op": "wait_stream", "stream": "offload", "on": "compute"},
-  {"op": "copy_batch", "stream": "offload", "order": "STREAM", "copies": [{"src": ["gpu", 0, 4096], "dst": ["cpu", 0, 4096]}]},
-  {"op": "record", "event": "end", "stream": "offload"},
-  {"op": "sync_event", "event": "end"},
-  {"op": "host_read", "ranges": [["cpu", 0, 4096]]}]}
-""")
+STORE = STORE_EXAMPLE
 
 
 def _both(doc) -> dict:

@@ -163,7 +163,7 @@ def test_invalid_input_names_op_index_and_field(mutate, op_index, field, words):
         assert f"field '{field}'" in str(err)
 
 
-@pytest.mark.parametrize("text", ["", "{", "[1, 2", "{'version': 1}", b"\xff\xfe"])
+@pytest.mark.parametrize("text", ["", "{", "[1, 2", "{'version': 1}", b"\xff\xfe", "[" * 100_000 + "]" * 100_000])
 def test_bad_json_is_a_trace_error(text):
     with pytest.raises(TraceError) as e:
         Trace.from_json(text)

@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import json
+
 from kvverify.trace import Report, TraceBuilder, check
 from kvverify.trace.oracle import build_graph, explore
 
 ORACLE_LIMIT = 9   # access nodes; the oracle's search grows quickly beyond
+
+# The example of TRACE_FORMAT.md, "Examples", verbatim: a store behind a barrier, STREAM order.
+STORE_EXAMPLE = json.loads("""
+{"version": 1,
+ "buffers": {"gpu": {"space": "device", "bytes": 8192}, "cpu": {"space": "host_pinned", "bytes": 8192}},
+ "streams": ["compute", "offload"],
+ "ops": [
+  {"op": "kernel", "stream": "compute", "name": "write_kv", "reads": [], "writes": [["gpu", 0, 4096]]},
+  {"op": "wait_stream", "stream": "offload", "on": "compute"},
+  {"op": "copy_batch", "stream": "offload", "order": "STREAM", "copies": [{"src": ["gpu", 0, 4096], "dst": ["cpu", 0, 4096]}]},
+  {"op": "record", "event": "end", "stream": "offload"},
+  {"op": "sync_event", "event": "end"},
+  {"op": "host_read", "ranges": [["cpu", 0, 4096]]}]}
+""")
 
 GPU = ("gpu", 0, 4096)
 GPU2 = ("gpu", 4096, 4096)

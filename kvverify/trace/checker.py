@@ -12,9 +12,15 @@ The ordering comes from :mod:`kvverify.trace.rules` (one vector-clock pass). Fin
 - They are remembered per buffer and per stream, on the buffer's *cells*: the elementary byte
   intervals between the range ends the trace uses on that buffer. A list per (buffer, stream,
   read/write) holds the latest position that touched each cell, so "does anything on stream ``t``
-  unordered with ``b`` overlap ``b``" is one slice ``max`` (C speed) against ``b.after[t]``;
-  the position history is walked only when that says yes, so the cost of listing races is paid
-  per race found, not per overlapping pair.
+  unordered with ``b`` overlap ``b``" is one slice ``max`` (C speed) against ``b.after[t]``.
+  Only when that says yes are the per-cell chains of earlier accesses walked, newest first, and
+  only down to ``b.after[t]``: listing races costs per race found, never per overlapping pair
+  (ordered overlaps, which fill long-lived buffers, cost nothing).
+- The streams worth looking at are found once per run of an op's accesses (same buffer and
+  clock: the copies of a batch share them), and most are ruled out for the run's whole hull of
+  cells at once, against a per-256-cells maximum.
+- Touching ranges of one op that the rules treat alike are merged first (kernels and host ops by
+  the rules, copies here).
 - Races inside one copy / copy_batch (rule 7) are found by a sweep over that op's ranges.
 
 Each unordered pair of ops is reported once (``first`` < ``second``, or equal inside one op),
@@ -24,7 +30,8 @@ with the lowest overlapping range and its kind.
 from __future__ import annotations
 
 import bisect
-import heapq
+from itertools import groupby
+from operator import itemgetter
 
 from kvverify.trace.model import (
     CopyBatch,
@@ -35,6 +42,8 @@ from kvverify.trace.model import (
     Trace,
     WaitEvent,
     WaitStream,
+    gc_paused,
+    union,
 )
 from kvverify.trace.report import Race, Report
 from kvverify.trace.rules import HOST, Access, Ordering, analyze, covers
@@ -51,52 +60,148 @@ def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Report:
 
     ``max_races`` bounds the number of races listed (``None``: no bound); when it is reached
     the report has ``truncated=True``. The verdict does not depend on it."""
-    order = analyze(trace)
-    found, truncated = _find(order, max_races)
-    races = []
-    for (i, j), (a, b, overlap) in sorted(found.items()):
-        rule, reason, fix = _explain(order, a, b, overlap)
-        races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix))
-    return Report(tuple(races), truncated)
+    with gc_paused():
+        order = analyze(trace)
+        found, truncated = _find(order, max_races)
+        races = []
+        for (i, j), (a, b, overlap) in sorted(found.items()):
+            rule, reason, fix = _explain(order, a, b, overlap)
+            races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix))
+        return Report(tuple(races), truncated)
 
 
 # ------------------------------------------------------------------------------------------
 # Finding the racing pairs
 
 
-class _Lane:
-    """What one stream did to one buffer: per cell, the latest position that read / wrote it,
-    and the history of (position, first cell, end cell, access) in position order."""
+_CHUNK_BITS = 8     # 256 cells
 
-    __slots__ = ("last_r", "last_w", "rhist", "rk", "whist", "wk")
+
+class _Shadow:
+    """What one stream did to one buffer, for one kind of access (reads or writes).
+
+    Per cell: ``k``, the latest stream position that touched it (one slice ``max`` answers "is
+    anything here not ordered before clock entry ``th``"), and ``eid``, the entry that did.
+    Each entry is ``(position, access, prev)``, where ``prev`` is the entry that was latest on its
+    cell before it (an int, for one-cell entries) or those entries as runs of cells (a tuple of
+    ``(start, end, entry)``): a chain per cell, newest first, positions decreasing, so
+    :meth:`unordered` walks only entries that race (and the runs that lead to them).
+    ``chunk`` holds the same maximum per 256 cells, to rule a whole run of an op out at once."""
+
+    __slots__ = ("chunk", "eid", "entries", "k", "last")
 
     def __init__(self, ncells: int):
-        self.wk = [0] * ncells
-        self.rk = [0] * ncells
-        self.whist: list = []
-        self.rhist: list = []
-        self.last_w = 0
-        self.last_r = 0
+        self.k = [0] * ncells
+        self.eid = [-1] * ncells
+        self.chunk = [0] * ((ncells >> _CHUNK_BITS) + 1)
+        self.entries: list = []
+        self.last = 0          # the latest position of all
+
+    def unordered(self, c0: int, c1: int, th: int) -> list[Access]:
+        """The accesses on cells [c0, c1) at positions after ``th``."""
+        out, seen = [], set()
+        stack = list(_runs(self.eid, c0, c1))
+        entries = self.entries
+        while stack:
+            s0, s1, e = stack.pop()
+            if e < 0:
+                continue
+            k, access, prev = entries[e]
+            if k <= th:            # and so is everything older on these cells
+                continue
+            if e not in seen:
+                seen.add(e)
+                out.append(access)
+            if type(prev) is int:
+                stack.append((s0, s1, prev))
+            else:
+                for p0, p1, pe in prev:
+                    lo, hi = max(p0, s0), min(p1, s1)
+                    if lo < hi and pe >= 0:
+                        stack.append((lo, hi, pe))
+        return out
+
+
+def _runs(ids: list[int], c0: int, c1: int) -> tuple:
+    """``ids[c0:c1]`` as runs ``(start, end, id)``."""
+    seg = ids[c0:c1]
+    if seg.count(seg[0]) == len(seg):      # one run, the usual case (C speed)
+        return ((c0, c1, seg[0]),)
+    out = []
+    x = c0
+    for e, g in groupby(seg):
+        n = len(list(g))
+        out.append((x, x + n, e))
+        x += n
+    return tuple(out)
+
+
+def _coalesce(raw: list[Access]) -> list[Access]:
+    """The accesses of one copy / copy_batch with touching ranges merged where the rules treat
+    them alike (sources apart from destinations, and by earliest and latest point): a batch of
+    neighbouring blocks is then checked as a few ranges (kernels and host ops come merged from
+    the rules). Races are per op pair, so nothing reported changes but the overlap, which may come
+    out longer (still one contiguous run of overlapping bytes)."""
+    groups: dict = {}
+    for a in raw:
+        groups.setdefault((a[6], a[8], id(a[7])), []).append(a)
+    if len(groups) == len(raw):
+        return raw
+    out = []
+    for items in groups.values():
+        first = items[0]
+        if len(items) == 1:
+            out.append(first)
+            continue
+        for r in union([Range(a[3], a[4], a[5]) for a in items]):
+            out.append(first._replace(buffer=r[0], offset=r[1], length=r[2]))
+    return out
+
+
+_c0 = itemgetter(1)
+_c1 = itemgetter(2)
 
 
 def _find(order: Ordering, max_races: int | None):
     trace = order.trace
     accesses = order.accesses
+    starts = order.starts
     buf_rank = {name: n for n, name in enumerate(trace.buffers)}
+    # (Access fields by position in the hot loops: 0 op, 1 copy, 2 role, 3 buffer, 4 offset,
+    # 5 length, 6 write, 7 after, 8 until.)
 
-    # Cells: per buffer, the sorted range ends used on it, and a map from byte to cell index.
+    # Per op: its accesses (rule 7 needs them one by one) and what is checked (merged), in runs
+    # that share buffer, kind, earliest and latest point. Meanwhile, per buffer, the range ends.
+    per_op = []
     ends: dict[str, set] = {name: set() for name in trace.buffers}
-    for a in accesses:
-        e = ends[a.buffer]
-        e.add(a.offset)
-        e.add(a.offset + a.length)
+    for i in range(len(trace.ops)):
+        s, e = starts[i], starts[i + 1]
+        if s == e:
+            continue
+        raw = accesses[s:e]
+        runs: list = []
+        run = key = None
+        for a in (_coalesce(raw) if e - s > 2 and raw[0][1] is not None else raw):
+            if key is None or a[3] is not key[0] or a[7] is not key[1] or a[8] is not key[2] or a[6] != key[3]:
+                key = (a[3], a[7], a[8], a[6])
+                run = []
+                runs.append((*key, run))
+            run.append(a)
+            pts = ends[a[3]]
+            pts.add(a[4])
+            pts.add(a[4] + a[5])
+        per_op.append((raw, runs))
+
+    # Cells: the elementary intervals between those ends, and a map from byte to cell index.
     cell_of: dict[str, dict[int, int]] = {}
     ncells: dict[str, int] = {}
-    for name, e in ends.items():
-        pts = sorted(e)
+    for name, pts in ends.items():
+        pts = sorted(pts)
         cell_of[name] = {p: n for n, p in enumerate(pts)}
         ncells[name] = max(len(pts) - 1, 0)
-    lanes: dict[str, dict[int, _Lane]] = {name: {} for name in trace.buffers}
+    # per buffer: (timeline, writes, reads) of each stream that touched it
+    lanes: dict[str, list[tuple[int, _Shadow, _Shadow]]] = {name: [] for name in trace.buffers}
+    shadow_of: dict[tuple[str, int, bool], _Shadow] = {}
 
     found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
     cap = max_races if max_races is not None else float("inf")
@@ -114,69 +219,71 @@ def _find(order: Ordering, max_races: int | None):
         elif (buf_rank[overlap.buffer], lo) < (buf_rank[old[2].buffer], old[2].offset):
             found[key] = (a, b, overlap)
 
-    n = len(accesses)
-    start = 0
+    def shadow(buf: str, t: int, write: bool) -> _Shadow:
+        sh = shadow_of.get((buf, t, write))
+        if sh is None:
+            lane = (t, _Shadow(ncells[buf]), _Shadow(ncells[buf]))
+            lanes[buf].append(lane)
+            shadow_of[buf, t, True] = lane[1]
+            shadow_of[buf, t, False] = lane[2]
+            sh = lane[1 if write else 2]
+        return sh
+
     try:
-        while start < n:
-            j = accesses[start].op
-            stop = start + 1
-            while stop < n and accesses[stop].op == j:
-                stop += 1
-            group = accesses[start:stop]
-
-            # 1. against everything remembered from earlier ops
-            for b in group:
-                cells = cell_of[b.buffer]
-                c0, c1 = cells[b.offset], cells[b.offset + b.length]
-                after = b.after
-                for t, lane in lanes[b.buffer].items():
-                    th = after[t]
-                    if lane.last_w > th:
-                        m = lane.wk[c0] if c1 - c0 == 1 else max(lane.wk[c0:c1])
-                        if m > th:
-                            for k, e0, e1, a in reversed(lane.whist):
-                                if k <= th:
-                                    break
-                                if e0 < c1 and e1 > c0:
-                                    record(a, b)
-                    if b.write and lane.last_r > th:
-                        m = lane.rk[c0] if c1 - c0 == 1 else max(lane.rk[c0:c1])
-                        if m > th:
-                            for k, e0, e1, a in reversed(lane.rhist):
-                                if k <= th:
-                                    break
-                                if e0 < c1 and e1 > c0:
-                                    record(a, b)
-
-            # 2. inside the op (rule 7)
-            if group[0].copy is not None:
-                _intra(group, buf_rank, record)
-
-            # 3. remember what is placed on a stream
-            for a in group:
-                t, k = a.until
-                if t == HOST:
-                    continue
-                lane = lanes[a.buffer].get(t)
-                if lane is None:
-                    lane = lanes[a.buffer][t] = _Lane(ncells[a.buffer])
-                cells = cell_of[a.buffer]
-                c0, c1 = cells[a.offset], cells[a.offset + a.length]
-                if a.write:
-                    if c1 - c0 == 1:
-                        lane.wk[c0] = k
-                    else:
-                        lane.wk[c0:c1] = [k] * (c1 - c0)
-                    lane.whist.append((k, c0, c1, a))
-                    lane.last_w = k
+        for raw, runs in per_op:
+            placed = []
+            for buf, after, until, write, run in runs:
+                cells = cell_of[buf]
+                cs = [(b, cells[b[4]], cells[b[4] + b[5]]) for b in run]
+                if until[0] != HOST:
+                    placed.append((buf, until, write, cs))
+                # The streams worth looking at depend only on the buffer and the clock (shadows
+                # change only between ops), and usually none is left once the run's hull of
+                # cells is compared with each stream's per-chunk maxima.
+                if write:
+                    todo = [(w, r, after[t]) for t, w, r in lanes[buf] if w.last > after[t] or r.last > after[t]]
                 else:
+                    todo = [(w, r, after[t]) for t, w, r in lanes[buf] if w.last > after[t]]
+                if not todo:
+                    continue
+                h0 = min(map(_c0, cs)) >> _CHUNK_BITS
+                h1 = ((max(map(_c1, cs)) - 1) >> _CHUNK_BITS) + 1
+                todo = [(w, r, th) for w, r, th in todo
+                        if max(w.chunk[h0:h1]) > th or (write and max(r.chunk[h0:h1]) > th)]
+                # against everything remembered from earlier ops, stream by stream: a read
+                # against the writes, a write against both
+                for b, c0, c1 in cs if todo else ():
+                    for sw, sr, th in todo:
+                        if sw.last > th:
+                            m = sw.k[c0] if c1 - c0 == 1 else max(sw.k[c0:c1])
+                            if m > th:
+                                for a in sw.unordered(c0, c1, th):
+                                    record(a, b)
+                        if write and sr.last > th:
+                            m = sr.k[c0] if c1 - c0 == 1 else max(sr.k[c0:c1])
+                            if m > th:
+                                for a in sr.unordered(c0, c1, th):
+                                    record(a, b)
+            if raw[0][1] is not None and len(raw) > 1:
+                _intra(raw, buf_rank, record)       # rule 7, on the copies one by one
+            # remember what is placed on a stream (the per-access part of _Shadow, inlined)
+            for buf, (t, k), write, cs in placed:
+                sh = shadow(buf, t, write)
+                sh.last = k
+                entries, ks, eids, chunk = sh.entries, sh.k, sh.eid, sh.chunk
+                for a, c0, c1 in cs:
+                    e = len(entries)
                     if c1 - c0 == 1:
-                        lane.rk[c0] = k
+                        entries.append((k, a, eids[c0]))
+                        eids[c0] = e
+                        ks[c0] = k
+                        chunk[c0 >> _CHUNK_BITS] = k
                     else:
-                        lane.rk[c0:c1] = [k] * (c1 - c0)
-                    lane.rhist.append((k, c0, c1, a))
-                    lane.last_r = k
-            start = stop
+                        entries.append((k, a, _runs(eids, c0, c1)))
+                        eids[c0:c1] = [e] * (c1 - c0)
+                        ks[c0:c1] = [k] * (c1 - c0)
+                        h0, h1 = c0 >> _CHUNK_BITS, ((c1 - 1) >> _CHUNK_BITS) + 1
+                        chunk[h0:h1] = [k] * (h1 - h0)
     except _Stop:
         return found, True
     return found, False
@@ -184,31 +291,32 @@ def _find(order: Ordering, max_races: int | None):
 
 def _intra(group: list[Access], buf_rank: dict, record) -> None:
     """Rule 7: the accesses of one copy / copy_batch are unordered among themselves. Report the
-    lowest conflicting overlap (a sweep over the op's ranges, per buffer)."""
+    lowest conflicting overlap: a sweep by offset, per buffer, remembering the read and the write
+    that reach furthest; the first access that starts before one of them ends (a write, or a
+    read under a write) conflicts, and no conflict starts lower."""
     by_buf: dict[str, list[Access]] = {}
     for a in group:
-        by_buf.setdefault(a.buffer, []).append(a)
+        by_buf.setdefault(a[3], []).append(a)
     for name in sorted(by_buf, key=buf_rank.__getitem__):
         items = by_buf[name]
-        if len(items) < 2 or not any(a.write for a in items):
+        if len(items) < 2 or not any(a[6] for a in items):
             continue
-        items.sort(key=lambda a: (a.offset, not a.write))
-        active_w: list = []   # heaps of (end, seq, access)
-        active_r: list = []
-        for seq, x in enumerate(items):
-            for heap in (active_w, active_r):
-                while heap and heap[0][0] <= x.offset:
-                    heapq.heappop(heap)
-            partner = None
-            if active_w:
-                partner = active_w[0][2]
-            elif x.write and active_r:
-                partner = active_r[0][2]
+        items.sort(key=lambda a: (a[4], not a[6]))
+        far_w = far_r = None          # the write / read with the furthest end so far
+        end_w = end_r = -1
+        for x in items:
+            start = x[4]
+            partner = far_w if start < end_w else (far_r if x[6] and start < end_r else None)
             if partner is not None:
                 a, b = (partner, x) if _before_in_op(partner, x) else (x, partner)
                 record(a, b)
                 return
-            heapq.heappush(active_w if x.write else active_r, (x.offset + x.length, seq, x))
+            end = start + x[5]
+            if x[6]:
+                if end > end_w:
+                    far_w, end_w = x, end
+            elif end > end_r:
+                far_r, end_r = x, end
 
 
 def _before_in_op(a: Access, b: Access) -> bool:
@@ -243,14 +351,14 @@ def _explain(order: Ordering, a: Access, b: Access, overlap: Range) -> tuple[str
     if b.rule == "1":
         # The host touches the bytes: only a host synchronization orders stream work before it.
         notes = _host_notes(order, i, j, ta, ka)
-        reason = (f"{what_a}; the host {_does(b, host=True)} at op {j} without having observed op {i} "
+        reason = (f"{what_a}; the host {_does(b)} at op {j} without having observed op {i} "
                   f"complete: no sync_stream, sync_device, sync_event or query_event (true) in between "
                   f"covers it (rule 4){notes}")
         fix = f"add `sync_stream('{sa}')` before op {j}"
         ev = _event_after(trace, order, i, j, ta, ka)
         if ev:
             fix += f" (or `sync_event('{ev[0]}')`: its record at op {ev[1]} covers op {i})"
-        if a.floating and b.write and a.rule == "5:ANY":
+        if a.floating and b.write:   # an ANY read the host overwrites
             fix += f", or give op {i} DURING_API_CALL order so it reads during the call"
         return "4", reason, fix
 
@@ -325,7 +433,7 @@ def _rng(a: Access) -> str:
     return str(Range(a.buffer, a.offset, a.length))
 
 
-def _does(a: Access, host: bool = False) -> str:
+def _does(a: Access) -> str:
     if a.role == "src":
         return f"reads its source {_rng(a)}"
     if a.role == "dst":

@@ -77,8 +77,6 @@ def run(args: argparse.Namespace) -> int:
         trace = Trace.from_json(data)
     except TraceError as e:
         return _fail(f"invalid trace: {e}".replace("\n", " "))
-    except RecursionError:
-        return _fail("invalid trace: not valid JSON: nested too deeply")
     max_races = DEFAULT_MAX_RACES if args.max_races is None else args.max_races
     if max_races < 1:
         return _fail("--max-races must be at least 1")

@@ -21,7 +21,8 @@ class Race:
     ``first`` < ``second`` are op indices (equal for two copies of one copy_batch or for a copy
     whose source and destination overlap). ``kind`` is RAW / WAR / WAW by issue order (the
     earlier-issued access first; inside one op, by copy index, source before destination).
-    ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer declaration order);
+    ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer declaration order;
+    ranges one op lists back to back count as one);
     ``rule`` the number of the rule that leaves them unordered ("2", "4", "5", "6" or "7");
     ``reason`` says why in words and ``fix`` gives one concrete change that orders them."""
 

@@ -7,7 +7,8 @@ says "everything at positions ``1..p`` of timeline ``t`` has completed". Positio
 - host: op ``i`` sits at host position ``i + 1`` (each op is one host API call);
 - stream: every kernel / copy / copy_batch gets the next position of its stream.
 
-Every byte access becomes an :class:`Access` with the interval its rules allow:
+Every range an op touches becomes an :class:`Access` with the interval its rules allow (a
+kernel's or host op's touching ranges of one kind become one access: only their union matters):
 
 - ``after`` (earliest): the access starts only after every position this clock covers;
 - ``until`` (latest): ``(timeline, position)``; the access has completed before anything whose
@@ -15,7 +16,7 @@ Every byte access becomes an :class:`Access` with the interval its rules allow:
 
 So access ``a`` happens before access ``b`` exactly when ``b.after[a.until[0]] >= a.until[1]``
 (:func:`happens_before`). Two accesses of one op are never ordered by this test, which is rule 7 for
-copies (a kernel's own reads and writes are one access of the kernel and are not compared).
+copies (a kernel's own reads and writes are one piece of work: the checker does not compare them).
 
 Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronization behavior" and
 "API synchronization behavior"; Driver API ``cuMemcpyBatchAsync``; ``cudaEventRecord``,
@@ -42,6 +43,7 @@ from kvverify.trace.model import (
     Trace,
     WaitEvent,
     WaitStream,
+    union,
 )
 
 HOST = 0
@@ -109,6 +111,10 @@ class Ordering:
     ops: list[OpOrder]
     waits: dict[int, list[int]]          # timeline -> op indices of the waits on it, in order
     syncs: list[int]                     # op indices of host synchronizations (sync_*, query_event)
+    starts: list[int]                    # accesses of op i: accesses[starts[i]:starts[i + 1]]
+
+    def accesses_of(self, i: int) -> list[Access]:
+        return self.accesses[self.starts[i]:self.starts[i + 1]]
 
     def timeline_of(self, stream: str) -> int:
         return self.timelines.index(stream)
@@ -126,14 +132,17 @@ def analyze(trace: Trace) -> Ordering:
     stream_clock = [zero] * width      # per timeline: what the stream's next work starts after
     position = [0] * width             # per timeline: last position handed out
     events: dict[str, tuple[Clock, int]] = {}   # event -> (captured clock, op index of the record)
-    host = zero                        # what the host has observed complete (rule 4) ...
+    host = zero                        # what the host has observed complete (rules 1, 4, 6)
     accesses: list[Access] = []
     ops: list[OpOrder] = []
     waits: dict[int, list[int]] = {t: [] for t in range(1, width)}
     syncs: list[int] = []
     append = accesses.append
+    new = tuple.__new__   # Access(op, copy, role) + Range(buffer, offset, length) + (write, after, until, rule)
 
+    starts: list[int] = []
     for i, op in enumerate(trace.ops):
+        starts.append(len(accesses))
         # Rule 1, program order: the call at host position i + 1 starts after the host's
         # previous calls returned (host[0] == i); h is what anything this call starts follows.
         h = host
@@ -147,10 +156,12 @@ def analyze(trace: Trace) -> Ordering:
             k = position[t] = position[t] + 1
             sa = _join(stream_clock[t], h)
             pos = (t, k)
-            for r in op.reads:
-                append(Access(i, None, "read", r.buffer, r.offset, r.length, False, sa, pos, "2"))
-            for r in op.writes:
-                append(Access(i, None, "write", r.buffer, r.offset, r.length, True, sa, pos, "2"))
+            # A kernel's reads (and its writes) all happen at its place in the stream: only their
+            # union matters, so touching ranges become one access.
+            for r in union(op.reads):
+                append(new(Access, (i, None, "read") + r + (False, sa, pos, "2")))
+            for r in union(op.writes):
+                append(new(Access, (i, None, "write") + r + (True, sa, pos, "2")))
             stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
             info = OpOrder(h, t, k, sa)
 
@@ -164,35 +175,39 @@ def analyze(trace: Trace) -> Ordering:
             pageable_dst = False
             for c, tr in enumerate(op.copies):
                 src, dst = tr.src, tr.dst
-                # Rule 6, dst (CUDA "API synchronization behavior", async memcpy: "for transfers
-                # from device memory to pageable host memory, the function will return only once
-                # the copy has completed"): the whole copy, source read included, completes before
-                # the host's next op.
+                # Rule 6, dst (CUDA Runtime API "API synchronization behavior", asynchronous
+                # memcpy; up to CUDA 11 it reads: transfers from device memory to pageable host
+                # memory return only once the copy has completed): the whole copy, source read
+                # included, completes before the host's next op.
                 dst_pageable = buffers[dst.buffer].space == "host_pageable"
                 pageable_dst |= dst_pageable
                 until = done if dst_pageable else pos
                 if buffers[src.buffer].space == "host_pageable":
-                    # Rule 6, src (same section: "for transfers from pageable host memory to device
-                    # memory, host memory is copied to a staging buffer immediately (no device
-                    # synchronization is performed)"): read during the call, whatever the order.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, h, done, "6:src"))
+                    # Rule 6, src (same section: pageable memory is staged into pinned memory by
+                    # the call, and the driver *may* synchronize with the stream to do so): read
+                    # during the call, whatever the order. "May" is no promise, so the read is
+                    # not placed after the stream's pending work, like DURING_API_CALL.
+                    append(new(Access, (i, c, "src") + src + (False, h, done, "6:src")))
                 elif order == "STREAM":
-                    # Rule 5 STREAM (cuMemcpyBatchAsync, CU_MEMCPY_SRC_ACCESS_ORDER_STREAM): the
-                    # source is read in stream order, like the destination is written.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, sa, until, src_rule))
+                    # Rule 5 STREAM (Driver API CUmemcpySrcAccessOrder, used by cuMemcpyBatchAsync:
+                    # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, access to the source in stream order).
+                    append(new(Access, (i, c, "src") + src + (False, sa, until, src_rule)))
                 elif order == "DURING_API_CALL":
-                    # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL): read
-                    # during the call: after what the host observed complete before it, before the
-                    # host's next op, not after the stream's pending work.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, h, done, src_rule))
+                    # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: out of
+                    # stream order, all accesses complete before the call returns): after what
+                    # the host observed complete before the call, before the host's next op, not
+                    # after the stream's pending work.
+                    append(new(Access, (i, c, "src") + src + (False, h, done, src_rule)))
                 else:
-                    # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY): read at any time from the call
-                    # until the copy completes in stream order; not after the stream's pending work.
-                    append(Access(i, c, "src", src.buffer, src.offset, src.length, False, h, until, src_rule))
-                # The destination is always written in stream order (cuMemcpyBatchAsync: "the
-                # destination ... stream-ordered"); rule 7: nothing orders it against its own
+                    # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY: out of stream order, and accesses
+                    # may happen after the call returns): from the call until the copy completes
+                    # in stream order; not after the stream's pending work.
+                    append(new(Access, (i, c, "src") + src + (False, h, until, src_rule)))
+                # The destination is always accessed in stream order (CUmemcpySrcAccessOrder).
+                # Rule 7 (cuMemcpyBatchAsync: the batch as a whole executes in stream order, the
+                # copies within it in no specific order): nothing orders it against its own
                 # source or the other copies of the batch.
-                append(Access(i, c, "dst", dst.buffer, dst.offset, dst.length, True, sa, until, "2"))
+                append(new(Access, (i, c, "dst") + dst + (True, sa, until, "2")))
             stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
             info = OpOrder(h, t, k, sa)
             if pageable_dst:
@@ -203,8 +218,8 @@ def analyze(trace: Trace) -> Ordering:
         elif isinstance(op, (HostWrite, HostRead)):
             w = isinstance(op, HostWrite)
             role = "write" if w else "read"
-            for r in op.ranges:
-                append(Access(i, None, role, r.buffer, r.offset, r.length, w, h, done, "1"))
+            for r in union(op.ranges):
+                append(new(Access, (i, None, role) + r + (w, h, done, "1")))
 
         elif isinstance(op, Record):
             # cudaEventRecord: the event captures all work issued to the stream so far (including
@@ -255,4 +270,5 @@ def analyze(trace: Trace) -> Ordering:
         host = (i + 1,) + host[1:]
         ops.append(info)
 
-    return Ordering(trace, ("host",) + tuple(trace.streams), accesses, ops, waits, syncs)
+    starts.append(len(accesses))
+    return Ordering(trace, ("host",) + tuple(trace.streams), accesses, ops, waits, syncs, starts)
