@@ -83,6 +83,7 @@ def fake_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", lambda s=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: FakeStream())
     for name, fn in (("write_blocks", write_blocks), ("verify_blocks", verify_blocks),
                      ("checksum_blocks", checksum_blocks), ("read_blocks", lambda *a, **k: None),
                      ("spin", lambda *a, **k: None)):
