@@ -77,8 +77,9 @@ class FakeEvent:
         return True
 
 
-@pytest.fixture
-def fake_device(monkeypatch):
+def install(monkeypatch) -> torch.device:
+    """Put the stand-in in place through ``monkeypatch`` (a ``pytest.MonkeyPatch``, also usable
+    outside pytest, e.g. in a subprocess); return the device to run on."""
     monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", lambda s=None: contextlib.nullcontext())
@@ -90,3 +91,8 @@ def fake_device(monkeypatch):
         monkeypatch.setattr(kernels, name, fn)
     monkeypatch.setattr(ops, "swap_blocks_batch", swap_blocks_batch)
     return torch.device("cpu")
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    return install(monkeypatch)
