@@ -320,7 +320,7 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
         "transfers_in_flight": params.transfers,
     }
     if pc.cell.executor == "adversarial":
-        window["hold"] = executor.gate.mechanism
+        window["hold"] = executor.hold_note
     observation = Observation(
         trials=trials,
         corrupted_trials=corrupted,

@@ -28,9 +28,10 @@ copies first wherever two copies touch the same block (``batch_rounds``), as the
 lack of internal order allows (H7).
 
 A hold the watchdog had to release (``StreamGate.deadline_s``: the host was blocked in a
-call that waited for a held stream) makes the trial an error. Where that call was a copy
-into pageable memory (a driver that completes such copies inside the call), later copies
-into pageable memory are issued with nothing held, as the call needs.
+call that waited for a held stream) still leaves a permitted schedule (a hold only delays),
+so the trial stands; stderr and the cell's window say so. Where that call was a copy into
+pageable memory (a driver that completes such copies inside the call), later copies into
+pageable memory are issued with nothing held, as the call needs.
 
 The physical copies are ``swap_blocks_batch`` in ``STREAM`` order: the executor, not the
 driver, decides when a source is read.
@@ -44,7 +45,7 @@ from kvverify.executors.base import Executor, SwapData
 from kvverify.executors.gate import StreamGate
 
 SCHEDULES = ("early", "mixed", "late")
-GATE_DEADLINE_S = 5.0  # no hold outlives this: the host issues a trial's work in milliseconds
+GATE_DEADLINE_S = 2.0  # no hold outlives this: the host issues a trial's work in milliseconds
 
 
 def batch_rounds(pairs: list[tuple[tuple[str, int], tuple[str, int]]]) -> list[int]:
@@ -68,23 +69,34 @@ class AdversarialExecutor(Executor):
         self.gate = StreamGate(pools.device, deadline_s=min(settings.hold_timeout_s, GATE_DEADLINE_S))
         self.snap_stream = self.torch.cuda.Stream(device=pools.device)  # depends on nothing
         self.dst_pageable_call_waits = False  # seen: a copy into pageable memory waited for its stream
-        self._expired_before = 0
+        self._expired_before = 0  # gate.expired already reported
 
     def _begin_trial(self, trial: int) -> None:
         self.schedule = SCHEDULES[trial % len(SCHEDULES)]
         self.gate.reset()
-        self._expired_before = self.gate.expired
 
     def _check_trial(self) -> None:
-        from kvverify.executors.base import HarnessError
-
+        # A hold released early is still a schedule the order permits (holds only delay), so
+        # the trial stands; it was less adversarial than planned, which the report says.
         if self.gate.expired != self._expired_before:
+            if not self._expired_before:
+                import sys
+
+                print(f"kvverify: a stream hold was released by the watchdog after {self.gate.deadline_s:g} s: "
+                      "the host was blocked in a call that waited for a held stream"
+                      + ("; it was a copy into pageable memory, so such copies are no longer held in this run"
+                         if self.dst_pageable_call_waits else ""), file=sys.stderr, flush=True)
             self._expired_before = self.gate.expired
-            raise HarnessError(
-                f"adversarial executor: a stream hold was released by the watchdog after {self.gate.deadline_s:g} s "
-                "(the host was blocked in a call that waited for a held stream"
-                + ("; it was a copy into pageable memory: such copies are no longer held in this run)"
-                   if self.dst_pageable_call_waits else ")"))
+
+    @property
+    def hold_note(self) -> str:
+        """How holds were made, for the report's window."""
+        note = self.gate.mechanism
+        if self.gate.expired:
+            note += f"; {self.gate.expired} hold(s) released by the watchdog after {self.gate.deadline_s:g} s"
+        if self.dst_pageable_call_waits:
+            note += "; copies into pageable memory not held (the call waited for the stream)"
+        return note
 
     def _all_streams(self) -> list:
         return [*super()._all_streams(), self.snap_stream]
@@ -191,4 +203,4 @@ class AdversarialExecutor(Executor):
             for src, snap, dst, sizes in rounds:
                 ops.swap_blocks_batch(snap if read_at_call else src, dst, sizes, "STREAM")
         if dst_pageable and self.gate.expired != expired:
-            self.dst_pageable_call_waits = True  # the trial fails (_check_trial); later ones adapt
+            self.dst_pageable_call_waits = True  # later copies into pageable memory are not held
