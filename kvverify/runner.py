@@ -113,6 +113,73 @@ def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) 
     return max(low, min(need, campaign.max_trials))
 
 
+# -- cost estimate (no GPU) ------------------------------------------------------------------
+
+# Rough rates of one H200 host (PCIe Gen5 x16): DMA and kernel access over PCIe, the device's
+# own memory, and host-side passes over pageable memory (driver staging, CPU copies).
+PCIE_BPS, DEVICE_BPS, PAGEABLE_BPS = 50e9, 2e12, 10e9
+TRIAL_FIXED_S = 4e-3  # Python issue, syncs and polls of one trial
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    cells: int
+    trials: int
+    checked_bytes: int
+    copied_bytes: int
+    seconds: float
+
+    def line(self) -> str:
+        return (f"planned: {self.cells} cells, {self.trials} trials, ~{self.checked_bytes / 2**30:.0f} GiB to check, "
+                f"~{self.copied_bytes / 2**30:.0f} GiB to copy, ~{self.seconds:.0f} s estimated")
+
+
+def program_blocks(program: Program) -> dict[str, int]:
+    """Per trial, in blocks: checked (``Read`` twice, as ``Executor.prepare`` counts), of them on
+    the host, copied, written by the host (setup and ``HostWrite``); and the writer / reader
+    kernels (each spins or scans for its window)."""
+    from kvverify.scenarios.program import GPU, Read, Write
+
+    checked = host_checked = copied = 0
+    host_written = program.host_slots
+    writes = reads = 0
+    for s in program.steps:
+        if isinstance(s, (Read, HostRead, Expect)):
+            n = len(s.blocks) * (2 if isinstance(s, Read) else 1)
+            checked += n
+            host_checked += n if s.blocks.pool != GPU else 0
+        elif isinstance(s, HostWrite):
+            host_written += len(s.blocks)
+        if isinstance(s, Write):
+            writes += 1
+        elif isinstance(s, Read):
+            reads += 1
+    copied = sum(len(c.src) for sw in program.swaps() for c in sw.copies)
+    return {"checked": checked, "host_checked": host_checked, "copied": copied, "host_written": host_written,
+            "writes": writes, "reads": reads}
+
+
+def estimate(planned: list[PlannedCell], campaign: Campaign, layout: KVLayout) -> Estimate:
+    """Trials, bytes and a rough wall time of running ``planned`` (see the rates above)."""
+    trials = checked = copied = 0
+    seconds = 0.0
+    block = layout.block_bytes
+    for pc in planned:
+        b = program_blocks(pc.program)
+        n = trials_for(campaign, b["checked"] * block, pc.cell.executor)
+        host_rate = PAGEABLE_BPS if pc.cell.host_memory == "pageable" else PCIE_BPS
+        per_trial = (TRIAL_FIXED_S
+                     + (b["writes"] * campaign.writer_delay_us + b["reads"] * campaign.reader_us) * 1e-6
+                     + b["copied"] * block / host_rate
+                     + (b["host_checked"] + b["host_written"]) * block / host_rate
+                     + (b["checked"] - b["host_checked"]) * block / DEVICE_BPS)
+        trials += n
+        checked += n * b["checked"] * block
+        copied += n * b["copied"] * block
+        seconds += n * per_trial
+    return Estimate(len(planned), trials, checked, copied, seconds)
+
+
 # -- execution ------------------------------------------------------------------------------
 
 
@@ -128,6 +195,9 @@ class CellOutcome:
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # summed over trials
 
 
+SETTLE_S = 30.0  # how long cleanup waits for the device to go idle before it gives up
+
+
 def execute(
     planned: list[PlannedCell],
     campaign: Campaign,
@@ -135,10 +205,16 @@ def execute(
     params: Params,
     on_cell_done: Callable[[PlannedCell, CellOutcome], None] = lambda pc, o: None,
     device=None,
+    deadline: float | None = None,
 ) -> dict[Cell, CellOutcome]:
     """Run every planned cell on ``device`` (default: the current CUDA device). A cell whose
     run fails (a refused copy, a hang) gets an outcome with ``error`` and no observation;
-    the run goes on."""
+    the run goes on. ``deadline`` (``time.monotonic()``): no cell starts after it; cells not
+    run have no outcome.
+
+    Every exit (normal, error, KeyboardInterrupt) releases every stream hold first, then
+    waits at most ``SETTLE_S`` for the device to go idle before freeing the pools (memory
+    that cannot be freed safely is left to the process exit, with one line on stderr)."""
     import torch
 
     from kvverify import executors
@@ -155,24 +231,64 @@ def execute(
     outcomes: dict[Cell, CellOutcome] = {}
     for host_kind in campaign.host_memory:
         mine = [pc for pc in planned if pc.cell.host_memory == host_kind]
-        if not mine:
+        if not mine or (deadline is not None and time.monotonic() > deadline):
             continue
         # Registered memory gets a staging area too, used where kernels cannot reach it in place.
         staged = host_kind in ("pageable", "registered") or campaign.data == "random"
         sizes = pool_sizes([pc.program for pc in mine], layout, staged)
         pools = Pools(layout, host_kind, sizes, device)
+        runners: dict = {}
         try:
-            runners = {name: executors.make(name, pools, settings) for name in campaign.executors}
+            for name in campaign.executors:
+                runners[name] = executors.make(name, pools, settings)
             for pc in mine:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
                 outcome = _run_cell(pc, runners[pc.cell.executor], campaign, params)
                 outcomes[pc.cell] = outcome
                 on_cell_done(pc, outcome)
         finally:
-            try:
-                torch.cuda.synchronize()
-            finally:
-                pools.close()
+            _release_and_free(runners, pools, device)
     return outcomes
+
+
+def _release_and_free(runners: dict, pools, device) -> None:
+    from kvverify.executors.gate import release_everything
+
+    for r in runners.values():
+        try:
+            r.close()
+        except Exception:  # pragma: no cover - cleanup goes on
+            pass
+    release_everything()
+    if settle(device, SETTLE_S):
+        pools.close()
+    else:
+        import sys
+
+        print(f"kvverify stress: the device did not go idle within {SETTLE_S:g} s of the end of the "
+              f"{pools.host_kind} cells; their memory is left to the process exit", file=sys.stderr, flush=True)
+
+
+def settle(device, timeout_s: float) -> bool:
+    """Wait for the device to go idle, at most ``timeout_s``; True when it did. The wait runs
+    in a helper thread (torch releases the GIL), so it cannot hang the caller."""
+    import threading
+
+    import torch
+
+    done = threading.Event()
+
+    def sync() -> None:
+        try:
+            torch.cuda.synchronize(device)
+        except Exception:
+            pass
+        finally:
+            done.set()
+
+    threading.Thread(target=sync, name="kvverify-settle", daemon=True).start()
+    return done.wait(timeout_s)
 
 
 def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> CellOutcome:
@@ -204,7 +320,7 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
         "transfers_in_flight": params.transfers,
     }
     if pc.cell.executor == "adversarial":
-        window["hold"] = executor.gate.mechanism
+        window["hold"] = executor.hold_note
     observation = Observation(
         trials=trials,
         corrupted_trials=corrupted,

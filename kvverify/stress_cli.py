@@ -12,8 +12,14 @@ the campaign's values.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import select
 import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 from kvverify import annotate
@@ -73,6 +79,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
     a("--dump-traces", metavar="DIR", help="write each cell's trace, for `kvverify check`")
     a("--no-gpu", action="store_true", help="contract verdicts only, even where a CUDA device is present")
+    a("--max-seconds", type=float, metavar="S",
+      help="safety cap on the wall time: no cell starts after S seconds; cells not run are NOT_RUN (exit 1)")
     annotate.add_cli_option(parser)
 
 
@@ -163,24 +171,90 @@ def run(args) -> int:
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False)
         return 2
 
-    # SIGTERM ends a run like Ctrl-C, so the finally blocks free pinned and device memory.
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        err.print("kvverify stress: cannot start: --max-seconds must be positive", markup=False, highlight=False)
+        return 2
+    deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
+    with _interrupts():
         status = 0
         for layout in layouts:
-            status = max(status, _run_one(args, c, layout, console, err, several=len(layouts) > 1))
+            status = max(status, _run_one(args, c, layout, console, err, several=len(layouts) > 1, deadline=deadline))
             if status == 2:
                 break
         return status
+
+
+# -- SIGINT / SIGTERM -------------------------------------------------------------------------
+
+GRACE_S = 90.0  # after the first signal, the longest the run may take to clean up and exit
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """SIGINT and SIGTERM during a run. The first: every stream hold is released at once (by a
+    watcher thread that the signal wakes, even while the main thread is blocked in a CUDA
+    call), and KeyboardInterrupt is raised in the main thread so that finally blocks free
+    memory; if cleanup has not ended ``GRACE_S`` later, the process exits. A second signal:
+    the process exits at once. Exit status 128 + the signal number in both forced exits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from kvverify.executors import gate
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    stop = threading.Event()
+    raised = []
+
+    def handler(signum, frame):
+        if not raised:  # later signals are the watcher's: they must not interrupt cleanup
+            raised.append(signum)
+            raise KeyboardInterrupt
+
+    def watch():
+        signals: list[int] = []
+        while not stop.is_set():
+            timeout = GRACE_S if signals else None
+            ready, _, _ = select.select([read_fd], [], [], timeout)
+            if stop.is_set():
+                return
+            if not ready:  # the grace period after the first signal ran out
+                os.write(2, f"kvverify stress: cleanup did not end within {GRACE_S:g} s of the signal; "
+                            "exiting now\n".encode())
+                os._exit(128 + signals[0])
+            data = os.read(read_fd, 64)
+            new = [b for b in data if b]  # 0 is the stop byte
+            if not new:
+                continue
+            gate.release_everything(disarm=True)
+            signals += new
+            if len(signals) >= 2:
+                os.write(2, b"kvverify stress: second signal: exiting now\n")
+                os._exit(128 + signals[-1])
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    watcher = threading.Thread(target=watch, name="kvverify-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        signal.set_wakeup_fd(previous_fd)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        stop.set()
+        try:
+            os.write(write_fd, b"\0")
+        except OSError:
+            pass
+        watcher.join(timeout=5)
+        if not watcher.is_alive():
+            os.close(read_fd)
+            os.close(write_fd)
+        gate.release_everything()
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
-def _run_one(args, c, layout, console, err, several: bool) -> int:
+def _run_one(args, c, layout, console, err, several: bool, deadline: float | None = None) -> int:
     from kvverify import runner
     from kvverify.report import CellResult, StressReport
 
@@ -198,8 +272,17 @@ def _run_one(args, c, layout, console, err, several: bool) -> int:
     outcomes: dict = {}
     with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
         if reason is None:
-            outcomes = _execute_with_progress(planned, c, layout, params, console)
+            _say(err, f"{runner.estimate(planned, c, layout).line()} "
+                      f"({c.name}, {layout.geometry.name}, {layout.block_bytes / 2**20:g} MiB blocks, "
+                      f"{params.blocks_per_transfer} blocks x {params.transfers} transfers)")
+            outcomes = _execute_with_progress(planned, c, layout, params, console, err, deadline)
+        else:
+            # Nothing runs: each cell's range covers its contract verdict (no trials, no phases).
+            for pc in planned:
+                with annotate.cell_range(pc.cell.label, pc.cell.direction):
+                    pass
     errors = [o.error for o in outcomes.values() if o.error]
+    skipped = [pc for pc in planned if pc.cell not in outcomes] if reason is None else []
     results = [
         CellResult(pc.cell, pc.contract, pc.witness, outcomes[pc.cell].observation if pc.cell in outcomes else None)
         for pc in planned
@@ -213,11 +296,18 @@ def _run_one(args, c, layout, console, err, several: bool) -> int:
         console.print(_throughput_line(outcomes), markup=False, highlight=False)
     for e in errors:
         err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False)
+    if skipped:
+        _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached: {len(skipped)} of {len(planned)} "
+                  "cells not run (NOT_RUN)")
     if args.json:
         report.write_json(_output_path(args.json, layout.geometry.name, several))
     if args.junit:
         report.write_junit(_output_path(args.junit, layout.geometry.name, several))
-    return max(report.exit_status(), 1 if errors else 0)
+    return max(report.exit_status(), 1 if errors or skipped else 0)
+
+
+def _say(err, text: str) -> None:
+    err.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def _throughput_line(outcomes) -> str:
@@ -235,19 +325,33 @@ def _throughput_line(outcomes) -> str:
     )
 
 
-def _execute_with_progress(planned, c, layout, params, console):
+def _execute_with_progress(planned, c, layout, params, console, err, deadline=None):
+    """Run the cells with a progress bar on a terminal, else one plain line per cell on stderr
+    (logs show where the time goes, and which cell was running when a run stopped)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from kvverify import runner
+    from kvverify.report import cell_verdict
 
+    plain = not err.is_terminal
+    start = time.monotonic()
+    state = {"done": 0, "last": start}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task(f"stress {c.name}", total=len(planned))
 
         def done(pc, outcome):
             progress.update(task, advance=1, description=pc.cell.label)
+            state["done"] += 1
+            now = time.monotonic()
+            took, state["last"] = now - state["last"], now
+            if plain:
+                verdict = "ERROR" if outcome.error else cell_verdict(pc.contract, outcome.observation,
+                                                                     pc.cell.executor).value
+                print(f"[stress] {state['done']}/{len(planned)} cells, {now - start:.1f} s, {pc.cell.label}: "
+                      f"{verdict} ({took:.2f} s)", file=sys.stderr, flush=True)
 
-        return runner.execute(planned, c, layout, params, on_cell_done=done)
+        return runner.execute(planned, c, layout, params, on_cell_done=done, deadline=deadline)
 
 
 def _dump_traces(planned, folder: Path) -> None:

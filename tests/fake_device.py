@@ -77,15 +77,22 @@ class FakeEvent:
         return True
 
 
-@pytest.fixture
-def fake_device(monkeypatch):
+def install(monkeypatch) -> torch.device:
+    """Put the stand-in in place through ``monkeypatch`` (a ``pytest.MonkeyPatch``, also usable
+    outside pytest, e.g. in a subprocess); return the device to run on."""
     monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
     monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
     monkeypatch.setattr(torch.cuda, "stream", lambda s=None: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: FakeStream())
     for name, fn in (("write_blocks", write_blocks), ("verify_blocks", verify_blocks),
                      ("checksum_blocks", checksum_blocks), ("read_blocks", lambda *a, **k: None),
                      ("spin", lambda *a, **k: None)):
         monkeypatch.setattr(kernels, name, fn)
     monkeypatch.setattr(ops, "swap_blocks_batch", swap_blocks_batch)
     return torch.device("cpu")
+
+
+@pytest.fixture
+def fake_device(monkeypatch):
+    return install(monkeypatch)

@@ -130,3 +130,172 @@ def test_ctrl_c_frees_every_pool(fake_device, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         runner.execute(planned, c, TINY, PARAMS, device=fake_device)
     assert len(made) == 2 and not any(buf._live for buf in made)
+
+
+# -- the stream gate and the run's exits ------------------------------------------------------
+
+
+class _FakeDriver:
+    """cuStreamWaitValue32 (GEQ) recorded, not executed: what each hold waits for."""
+
+    class CUresult:
+        CUDA_SUCCESS = 0
+
+    class CUstreamWaitValue_flags:
+        class CU_STREAM_WAIT_VALUE_GEQ:
+            value = 0
+
+    def __init__(self):
+        self.waits = []
+
+    CUstream = CUdeviceptr = staticmethod(lambda x: x)
+
+    def cuStreamWaitValue32(self, stream, ptr, value, flags):
+        self.waits.append(value)
+        return (0,)
+
+
+def _driven_gate(deadline_s=60.0):
+    import numpy as np
+    import torch
+
+    from kvverify.executors import gate
+
+    g = gate.StreamGate(torch.device("cpu"), deadline_s=deadline_s)
+    g._driver, g._geq = _FakeDriver(), 0
+    g._flags = torch.zeros(16, dtype=torch.int32)
+    g._view = g._flags.numpy().view(np.uint32)
+    return g
+
+
+def _released(g, value) -> bool:
+    return (int(g._view[0]) - value) & 0xFFFFFFFF < 2**31  # (int32)(flag - value) >= 0
+
+
+def test_gate_releases_are_monotonic_so_no_hold_is_ever_rearmed():
+    import types
+
+    g = _driven_gate()
+    s = types.SimpleNamespace(cuda_stream=1)
+    g.hold(s)
+    g.hold(s)
+    first = g._driver.waits[:]
+    assert not any(_released(g, v) for v in first) and g.holding
+    g.release_all()
+    assert all(_released(g, v) for v in first) and not g.holding
+    g.reset()  # a new trial: nothing is re-armed, an old wait the device has not reached stays released
+    g.hold(s)
+    assert all(_released(g, v) for v in first) and not _released(g, g._driver.waits[-1])
+    g.close()
+    assert _released(g, g._driver.waits[-1])
+
+
+def test_gate_watchdog_and_release_everything():
+    import time
+    import types
+
+    from kvverify.executors import gate
+
+    g = _driven_gate(deadline_s=0.1)
+    gate._start_watchdog()
+    s = types.SimpleNamespace(cuda_stream=1)
+    g.hold(s)
+    time.sleep(0.5)
+    assert g.expired == 1 and _released(g, g._driver.waits[-1])
+    g.hold(s)
+    gate.release_everything(disarm=True)
+    assert _released(g, g._driver.waits[-1])
+    n = len(g._driver.waits)
+    g.hold(s)  # disarmed: an interrupted run holds nothing more
+    assert len(g._driver.waits) == n
+    g.close()
+
+
+def test_max_seconds_stops_cleanly_with_not_run_cells(fake_device, monkeypatch, tmp_path, capsys):
+    import functools
+    import json
+
+    from kvverify import cli, stress_cli
+    from kvverify.report import Platform
+
+    monkeypatch.setattr(stress_cli, "_gpu_unavailable", lambda: None)
+    monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
+    monkeypatch.setattr(runner, "execute", functools.partial(runner.execute, device=fake_device))
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('trials = 3\nmax_trials = 3\nmin_checked = "1KiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
+                        'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["P2"]\nmodels = ["qwen2.5-7b"]\n')
+    out = tmp_path / "r.json"
+    status = cli.main(["stress", "--campaign", str(campaign), "--json", str(out), "--max-seconds", "1e-9",
+                       "--no-nvtx"])
+    err = capsys.readouterr().err
+    assert status == 1
+    assert "planned: 6 cells" in err and "--max-seconds" in err and "6 of 6 cells not run" in err
+    assert {c["verdict"] for c in json.loads(out.read_text())["cells"]} == {"NOT_RUN"}
+
+
+SIGNAL_DRIVER = """
+import functools, sys, time
+import pytest
+sys.path.insert(0, sys.argv[1])
+import fake_device
+from kvverify import cli, ops, runner, stress_cli
+from kvverify.executors import pools
+from kvverify.report import Platform
+
+mp = pytest.MonkeyPatch()
+device = fake_device.install(mp)
+mp.setattr(stress_cli, "_gpu_unavailable", lambda: None)
+mp.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
+mp.setattr(runner, "execute", functools.partial(runner.execute, device=device))
+
+def stuck(*a, **k):
+    print("SWAP", flush=True)
+    while True:
+        time.sleep(0.01)
+
+mp.setattr(ops, "swap_blocks_batch", stuck)
+if sys.argv[3] == "stuck-cleanup":
+    real_close = pools.Pools.close
+    def close(self):
+        print("CLOSING", flush=True)
+        while True:
+            time.sleep(0.01)
+    mp.setattr(pools.Pools, "close", close)
+sys.exit(cli.main(["stress", "--campaign", sys.argv[2], "--model", "qwen2.5-7b", "--no-nvtx"]))
+"""
+
+
+@pytest.mark.parametrize("mode", ["clean", "stuck-cleanup"])
+def test_sigterm_unwinds_and_a_second_one_exits_at_once(tmp_path, mode):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "driver.py"
+    script.write_text(SIGNAL_DRIVER)
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('trials = 3\nmax_trials = 3\nmin_checked = "1KiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
+                        'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["P2"]\n')
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root)
+    p = subprocess.Popen([sys.executable, str(script), os.path.join(root, "tests"), str(campaign), mode],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "SWAP"
+        p.send_signal(signal.SIGTERM)
+        if mode == "clean":
+            assert p.wait(timeout=60) == 130
+            assert "interrupted" in p.stderr.read()
+        else:
+            assert p.stdout.readline().strip() == "CLOSING"
+            time.sleep(0.2)
+            assert p.poll() is None  # cleanup goes on after the first signal ...
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=10) == 128 + signal.SIGTERM  # ... and a second one ends it at once
+            assert "second signal" in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

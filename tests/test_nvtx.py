@@ -415,6 +415,32 @@ def check_stress_ranges(events) -> ns.RangeForest:
     return forest
 
 
+def check_contract_only_ranges(events, report: Path) -> ns.RangeForest:
+    """Without a GPU nothing runs: one run range holding one range per cell (its contract
+    verdict), in the cell's direction category, with no trials or phases; all balanced."""
+    forest = ns.push_pop_forest(events, "kvverify")
+    ns.assert_balanced(forest)
+    ns.assert_run_cell_trial_phase(forest)
+    assert not [e for e in events if e["ev"] == "push" and e.get("domain") not in ("kvverify", None)]
+    (run,) = forest.roots
+    assert run.message.startswith("kvverify stress smoke"), run.message
+    cells = _cells_in_report(report)
+    assert cells is not None, "no JSON report"
+    assert [c.message for c in run.children] == [_label(c) for c in cells], forest.outline()
+    for cell in run.children:
+        assert CELL_LABEL.match(cell.message), f"cell label {cell.message!r}"
+        assert cell.category_name == ("store" if "/D2H/" in cell.message else "load"), cell.message
+        assert cell.children == [], f"cell {cell.message!r} holds ranges though nothing ran"
+        assert cell.closed
+    return forest
+
+
+def _label(c: dict) -> str:
+    from kvverify.report import Cell
+
+    return Cell(c["scenario"], c["direction"], c["order"], c["host_memory"], c["executor"]).label
+
+
 def _cells_in_report(report: Path):
     if not report.exists():
         return None
@@ -424,33 +450,94 @@ def _cells_in_report(report: Path):
 
 
 def test_stress_cpu_run_is_annotated(recorder, tmp_path):
+    """No GPU (``--no-gpu``): the run range holds one cell range per cell of the report."""
     result, events, report = run_stress(recorder, tmp_path, STRESS_CPU_ARGS)
     assert result.returncode == 0, result.stdout + result.stderr
-    forest = check_stress_ranges(events)
-    (run,) = forest.roots
-    for cell in run.children:
-        for trial in cell.children:
-            assert [p.message for p in trial.children] == ["write", "swap", "verify"], forest.outline()
-    cells = _cells_in_report(report)
-    if cells is not None:
-        assert len(run.children) == len(cells)
+    forest = check_contract_only_ranges(events, report)
+    assert len(forest.roots[0].children) == 324  # the smoke campaign: every cell once
 
 
 def test_stress_cpu_run_with_a_failing_cell_stays_balanced(recorder, tmp_path):
-    pytest.importorskip("nvtx")
-    if _stress_reason():
-        pytest.skip(_stress_reason())
-    # Learn a cell label from a clean run, then make that cell fail.
-    _, events, _ = run_stress(recorder, tmp_path, STRESS_CPU_ARGS)
-    clean = ns.push_pop_forest(events, "kvverify")
+    """No GPU: a cell named by the fault injection does not run either; the ranges are the
+    same and balanced, and the run exits 0 (contract verdicts only)."""
+    _, events, report = run_stress(recorder, tmp_path, STRESS_CPU_ARGS)
+    clean = check_contract_only_ranges(events, report)
     label = clean.roots[0].children[0].message
-    result, events, _ = run_stress(recorder, tmp_path / "fail", STRESS_CPU_ARGS, {FAIL_CELL_ENV: label})
-    assert result.returncode != 0, "an injected cell failure must fail the run"
-    forest = check_stress_ranges(events)
+    result, events, report = run_stress(recorder, tmp_path / "fail", STRESS_CPU_ARGS, {FAIL_CELL_ENV: label})
+    assert result.returncode == 0, result.stdout + result.stderr
+    forest = check_contract_only_ranges(events, report)
+    assert [c.message for c in forest.roots[0].children] == [c.message for c in clean.roots[0].children]
+
+
+# The runner end to end on the stand-in device (tests/fake_device.py), in a subprocess under the
+# recorder: cells run trials with their three phases, as on a GPU.
+STAND_IN_DRIVER = textwrap.dedent(
+    """
+    import functools, json, sys
+    import pytest
+    sys.path.insert(0, sys.argv[1])
+    import fake_device
+    from kvverify import cli, runner, stress_cli
+    from kvverify.report import Platform
+
+    mp = pytest.MonkeyPatch()
+    device = fake_device.install(mp)
+    mp.setattr(stress_cli, "_gpu_unavailable", lambda: None)
+    mp.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
+    mp.setattr(runner, "execute", functools.partial(runner.execute, device=device))
+    sys.exit(cli.main(["stress", "--campaign", sys.argv[2], "--model-config", sys.argv[3], "--json", sys.argv[4]]))
+    """
+)
+
+
+def run_stand_in(recorder: Path, tmp_path: Path, extra_env=None):
+    pytest.importorskip("nvtx")
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "stand_in.py"
+    script.write_text(STAND_IN_DRIVER)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                  "hidden_size": 32, "torch_dtype": "bfloat16"}))
+    campaign = tmp_path / "c.toml"
+    campaign.write_text('trials = 3\nmax_trials = 3\nmin_checked = "1KiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
+                        'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["H7-broken", "P2"]\n'
+                        'writer_delay_us = 0\nreader_us = 0\n')
+    log, report = tmp_path / "nvtx.jsonl", tmp_path / "r.json"
+    tests_dir = str(Path(__file__).resolve().parent)
+    result = ns.run_recorded([sys.executable, str(script), tests_dir, str(campaign), str(config), str(report)],
+                             recorder, log, extra_env=extra_env, timeout=300)
+    return result, ns.read_events(log), report
+
+
+def test_stress_stand_in_run_nests_run_cell_trial_phase_and_stays_balanced_when_a_cell_fails(recorder, tmp_path):
+    result, events, report = run_stand_in(recorder, tmp_path / "clean")
+    assert result.returncode == 0, result.stdout + result.stderr
+    clean = check_stress_ranges(events)
+    (run,) = clean.roots
+    cells = _cells_in_report(report)
+    assert [c.message for c in run.children] == [_label(c) for c in cells]
+    for cell in run.children:
+        assert len(cell.children) == 3, cell.outline()
+        for trial in cell.children:
+            assert [p.message for p in trial.children] == ["write", "swap", "verify"], cell.outline()
+    # The same run with a fault injected into the verify phase of trial 0 of one cell.
+    label = run.children[1].message
+    result, events, report = run_stand_in(recorder, tmp_path / "fail", {FAIL_CELL_ENV: label})
+    assert result.returncode == 1, "an injected cell failure must fail the run\n" + result.stdout + result.stderr
+    assert "injected fault" in result.stderr
+    forest = ns.push_pop_forest(events, "kvverify")
+    ns.assert_balanced(forest)
+    ns.assert_run_cell_trial_phase(forest)
     (run,) = forest.roots
+    assert [c.message for c in run.children] == [c.message for c in clean.roots[0].children], \
+        "the run must go on after a failed cell"
     failed = next(c for c in run.children if c.message == label)
+    assert [t.payload for t in failed.children] == [0], failed.outline()
     assert [p.message for p in failed.children[0].children] == ["write", "swap", "verify"]
-    assert len(run.children) == len(clean.roots[0].children), "the run must go on after a failed cell"
+    assert all(r.closed for r in failed.walk())
+    for cell in run.children:
+        if cell.message != label:
+            assert len(cell.children) == 3, cell.outline()
 
 
 @pytest.mark.gpu

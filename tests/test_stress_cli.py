@@ -134,10 +134,11 @@ def test_fit_params_shrinks_blocks_to_the_memory_caps():
     layout = KVLayout(preset("llama-3.1-8b"))
     c = load("smoke")
     params, note = runner.fit_params(c, layout)
-    assert params == Params(16, 4) and note is None
+    assert params == Params(c.blocks_per_transfer, 4) and note is None
     small = c.override(host_mem=64 * 2**20)
     params, note = runner.fit_params(small, layout)
-    assert params.blocks_per_transfer < 16 and "blocks_per_transfer lowered from 16" in note
+    assert params.blocks_per_transfer < c.blocks_per_transfer
+    assert f"blocks_per_transfer lowered from {c.blocks_per_transfer}" in note
     with pytest.raises(CampaignError, match="does not fit"):
         runner.fit_params(c.override(gpu_mem=2**20), layout)
 

@@ -19,11 +19,19 @@ under at least one:
 - ``late``: sources read as late as possible too (``STREAM`` and ``ANY`` read after the
   hold; ``DURING_API_CALL`` still at the call), widening the window for host rewrites (H3).
 
-Rules that bind every schedule: a pageable source is read during the call (TRACE_FORMAT
-rule 6) and a pageable destination is complete when the call returns, so such a swap is
-never held and the host waits for it inside the call. Copies inside one batch run in an
-order other than issue order: later-issued copies first wherever two copies touch the same
-block (``batch_rounds``), as the batch's lack of internal order allows (H7).
+Rules that bind every schedule (TRACE_FORMAT rule 6 for ``copy_batch``): a pageable
+source is read during the call, whatever the order; a pageable destination is written in
+stream order like any other, so it is held late like any other. An earliest read is a
+snapshot taken at call time, before anything in the call waits for compute or for the
+copy stream. Copies inside one batch run in an order other than issue order: later-issued
+copies first wherever two copies touch the same block (``batch_rounds``), as the batch's
+lack of internal order allows (H7).
+
+A hold the watchdog had to release (``StreamGate.deadline_s``: the host was blocked in a
+call that waited for a held stream) still leaves a permitted schedule (a hold only delays),
+so the trial stands; stderr and the cell's window say so. Where that call was a copy into
+pageable memory (a driver that completes such copies inside the call), later copies into
+pageable memory are issued with nothing held, as the call needs.
 
 The physical copies are ``swap_blocks_batch`` in ``STREAM`` order: the executor, not the
 driver, decides when a source is read.
@@ -31,10 +39,13 @@ driver, decides when a source is read.
 
 from __future__ import annotations
 
+import numpy as np
+
 from kvverify.executors.base import Executor, SwapData
 from kvverify.executors.gate import StreamGate
 
 SCHEDULES = ("early", "mixed", "late")
+GATE_DEADLINE_S = 2.0  # no hold outlives this: the host issues a trial's work in milliseconds
 
 
 def batch_rounds(pairs: list[tuple[tuple[str, int], tuple[str, int]]]) -> list[int]:
@@ -55,12 +66,44 @@ class AdversarialExecutor(Executor):
 
     def __init__(self, pools, settings) -> None:
         super().__init__(pools, settings)
-        self.gate = StreamGate(pools.device)
+        self.gate = StreamGate(pools.device, deadline_s=min(settings.hold_timeout_s, GATE_DEADLINE_S))
         self.snap_stream = self.torch.cuda.Stream(device=pools.device)  # depends on nothing
+        self.dst_pageable_call_waits = False  # seen: a copy into pageable memory waited for its stream
+        self._expired_before = 0  # gate.expired already reported
 
     def _begin_trial(self, trial: int) -> None:
         self.schedule = SCHEDULES[trial % len(SCHEDULES)]
         self.gate.reset()
+
+    def _check_trial(self) -> None:
+        # A hold released early is still a schedule the order permits (holds only delay), so
+        # the trial stands; it was less adversarial than planned, which the report says.
+        if self.gate.expired != self._expired_before:
+            if not self._expired_before:
+                import sys
+
+                print(f"kvverify: a stream hold was released by the watchdog after {self.gate.deadline_s:g} s: "
+                      "the host was blocked in a call that waited for a held stream"
+                      + ("; it was a copy into pageable memory, so such copies are no longer held in this run"
+                         if self.dst_pageable_call_waits else ""), file=sys.stderr, flush=True)
+            self._expired_before = self.gate.expired
+
+    @property
+    def hold_note(self) -> str:
+        """How holds were made, for the report's window."""
+        note = self.gate.mechanism
+        if self.gate.expired:
+            note += f"; {self.gate.expired} hold(s) released by the watchdog after {self.gate.deadline_s:g} s"
+        if self.dst_pageable_call_waits:
+            note += "; copies into pageable memory not held (the call waited for the stream)"
+        return note
+
+    def _all_streams(self) -> list:
+        return [*super()._all_streams(), self.snap_stream]
+
+    def close(self) -> None:
+        super().close()
+        self.gate.close()
 
     def _before_host_wait(self) -> None:
         self.gate.release_all()
@@ -102,21 +145,36 @@ class AdversarialExecutor(Executor):
         return data.extra["rounds"]
 
     def _snapshot(self, data: SwapData) -> None:
-        """Read every source of the batch now, into the snapshot area, and wait for it: a
-        device source by a copy on a stream that waits on nothing, a host source by the
-        host itself (a memcpy at call time)."""
+        """Read every source of the batch now, into the snapshot area, and wait for it (the
+        call has read its sources when it returns). Device, pinned and registered sources:
+        a copy on a stream that waits on nothing. Pageable sources: the host itself reads
+        them (into the pinned bounce buffer, then to the device at full speed)."""
         from kvverify import ops
 
         torch = self.torch
         with torch.cuda.stream(self.snap_stream):
-            if data.src_pool == "host":
-                from kvverify.executors.contents import _host_view
+            if data.src_pool == "host" and self.pools.host_kind == "pageable":
+                from kvverify.executors.contents import gather_host_pages
 
-                view = _host_view(self.pools)
-                pages = torch.cat([view.index_select(1, torch.tensor(c.src.slots, dtype=torch.int64))
-                                   .reshape(-1, view.shape[2]) for c in data.step.copies])
                 first = data.snapshot_first_page
-                self.pools.snapshot[first:first + len(pages)].copy_(pages.view(torch.uint8))
+                bounce = getattr(self.pools, "bounce", None)
+                n = len(data.src)
+                if bounce is not None and bounce.shape[0] >= n:
+                    # Pages were laid out copy by copy, tensor-major inside each.
+                    at = 0
+                    for c in data.step.copies:
+                        k = len(c.src) * self.pools.tensors
+                        rows = bounce[at:at + k].view(torch.int64).view(self.pools.tensors, len(c.src), -1)
+                        gather_host_pages(self.pools, np.asarray(c.src.slots, dtype=np.int64), rows)
+                        at += k
+                    self.pools.snapshot[first:first + n].copy_(bounce[:n])  # pinned -> device, waits for it
+                else:
+                    from kvverify.executors.contents import _host_view
+
+                    view = _host_view(self.pools)
+                    pages = torch.cat([view.index_select(1, torch.tensor(c.src.slots, dtype=torch.int64))
+                                       .reshape(-1, view.shape[2]) for c in data.step.copies])
+                    self.pools.snapshot[first:first + len(pages)].copy_(pages.view(torch.uint8))
             else:
                 ops.swap_blocks_batch(data.cpu[0], data.extra["snapshot"], data.cpu[2], "STREAM")
         self._own_wait(self.snap_stream, "source snapshot")
@@ -130,18 +188,19 @@ class AdversarialExecutor(Executor):
         dst_pageable = pageable and data.dst_pool == "host"
         may_read_early = order in ("ANY", "DURING_API_CALL") or src_pageable
         read_at_call = may_read_early and (self.schedule != "late" or order == "DURING_API_CALL" or src_pageable)
-        hold = self.schedule != "early" and not dst_pageable
         rounds = self._rounds(data)
         if read_at_call:
+            # At call time, before anything here waits for compute or for the copy stream.
             self._snapshot(data)
-        if dst_pageable:
-            # The call returns with the copy complete: the host waits inside it, so nothing
-            # the copy may depend on can stay held.
+        if dst_pageable and self.dst_pageable_call_waits:
+            # This driver completes a copy into pageable memory inside the call: nothing the
+            # copy may depend on can stay held while it runs.
             self._before_host_wait()
-        elif hold:
+        elif self.schedule != "early":
             self.gate.hold(stream)
+        expired = self.gate.expired
         with torch.cuda.stream(stream):
             for src, snap, dst, sizes in rounds:
                 ops.swap_blocks_batch(snap if read_at_call else src, dst, sizes, "STREAM")
-        if dst_pageable:
-            self._host_wait([self._mark(stream)], "a copy into pageable memory")
+        if dst_pageable and self.gate.expired != expired:
+            self.dst_pageable_call_waits = True  # later copies into pageable memory are not held

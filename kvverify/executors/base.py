@@ -206,7 +206,8 @@ class Executor:
                     if isinstance(step, Expect):
                         on = compute if step.blocks.pool == GPU else self.host_stream
                         pending.append(self._verify(data, base, on))
-                torch.cuda.synchronize()
+                self._sync_all("the final checks")
+                self._check_trial()
                 if inject_fault:
                     raise HarnessError("injected fault (KVVERIFY_STRESS_FAIL_CELL)")
                 states = torch.cat([p.to(torch.int64) for p in pending]) if pending else torch.zeros(0, dtype=torch.int64)
@@ -224,7 +225,7 @@ class Executor:
                 self.contents.write_device(d.blocks, d.ids, d.cids, base + d.generation, 0)
         if prepared.setup_host:
             self._host_write(prepared.setup_host, base)
-        self.torch.cuda.synchronize()
+        self._sync_all("the setup")
 
     def _step(self, step, data, order: str, base: int, pending: list) -> None:
         from kvverify import kernels
@@ -315,6 +316,18 @@ class Executor:
     def _drain(self) -> None:
         self._host_wait([self._mark(s) for s in self._streams.values()] + [self._mark(self.host_stream)], "drain")
 
+    def _all_streams(self) -> list:
+        return [*self._streams.values(), self.host_stream, self.torch.cuda.current_stream(self.pools.device)]
+
+    def _sync_all(self, what: str) -> None:
+        """Wait, with the deadline, for everything issued to the executor's streams and the
+        current stream (a device-wide synchronize that cannot hang on a held stream)."""
+        self._host_wait([self._mark(s) for s in self._all_streams()], what)
+
+    def close(self) -> None:
+        """Release whatever the executor holds (every exit path of the runner calls it)."""
+        self._before_host_wait()
+
     # -- executor hooks ---------------------------------------------------------------------
 
     def _begin_trial(self, trial: int) -> None:
@@ -325,6 +338,9 @@ class Executor:
 
     def _end_trial(self) -> None:
         self._before_host_wait()
+
+    def _check_trial(self) -> None:
+        """Raise HarnessError when the trial did not run as scheduled (executor hook)."""
 
     def _before_host_wait(self) -> None:
         pass

@@ -128,22 +128,45 @@ def _bounce(pools: Pools, blocks: PreparedBlocks):
     return bounce, bounce.view(torch.int64).view(pools.tensors, len(blocks.slots), -1)
 
 
+def _runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
+    """(position in ``slots``, first slot, count) of each run of consecutive slots."""
+    slots = np.asarray(slots, dtype=np.int64)
+    if not len(slots):
+        return []
+    breaks = np.flatnonzero(np.diff(slots) != 1) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [len(slots)]])
+    return [(int(a), int(slots[a]), int(b - a)) for a, b in zip(starts, ends)]
+
+
+def gather_host_pages(pools: Pools, slots: np.ndarray, out) -> None:
+    """The host reads the pages of host ``slots`` into ``out`` (int64, (tensors, len(slots),
+    words)): one strided copy per run of consecutive slots (torch copies those on every
+    core; a gather by index is slower)."""
+    view = _host_view(pools)
+    for at, first, n in _runs(slots):
+        out[:, at:at + n].copy_(view[:, first:first + n])
+
+
+def scatter_host_pages(pools: Pools, slots: np.ndarray, pages) -> None:
+    """The host writes ``pages`` (int64, (tensors, len(slots), words)) into host ``slots``."""
+    view = _host_view(pools)
+    for at, first, n in _runs(slots):
+        view[:, first:first + n].copy_(pages[:, at:at + n])
+
+
 def _to_host(pools: Pools, blocks: PreparedBlocks, device_pages) -> None:
     """The host writes ``device_pages`` ((pages, page_bytes) uint8 on the device, tensor-major)
     into the host pages of ``blocks``, once the current stream has produced them."""
-    import torch
-
     bounce, pages = _bounce(pools, blocks)
     bounce.copy_(device_pages)  # waits for the current stream, then the DMA
-    _host_view(pools).index_copy_(1, torch.from_numpy(blocks.slots), pages)
+    scatter_host_pages(pools, blocks.slots, pages)
 
 
 def _from_host(pools: Pools, blocks: PreparedBlocks):
     """The host reads the host pages of ``blocks`` now; return staging page addresses holding them."""
-    import torch
-
     bounce, pages = _bounce(pools, blocks)
-    torch.index_select(_host_view(pools), 1, torch.from_numpy(blocks.slots), out=pages)
+    gather_host_pages(pools, blocks.slots, pages)
     pools.staging[: blocks.pages].copy_(bounce)
     return pools.staging_ptrs(blocks.pages)
 
