@@ -125,13 +125,14 @@ def test_graph_places_source_reads_by_order():
 
 def test_graph_pageable_and_events():
     b = builder()
-    b.copy("offload", GPU, ("page", 0, 4096))                  # 0: completes before the call returns
+    b.copy("offload", GPU, ("page", 0, 4096))                  # 0: stream-ordered (rule 6 as amended)
     b.wait_event("compute", "never")                           # 1
     b.record("e", "offload")                                   # 2
     b.query_event("e", False)                                  # 3
     b.sync_event("e")                                          # 4
     g = build_graph(b.build())
-    assert _reaches(g, "op 0 copy 0 dst", "ret 0") and _reaches(g, "op 0 copy 0 src", "ret 0")
+    assert not _reaches(g, "op 0 copy 0 dst", "ret 0") and not _reaches(g, "op 0 copy 0 src", "ret 0")
+    assert _reaches(g, "op 0 copy 0 dst", "ret 4")               # ...observed by the sync on op 2's event
     assert not _reaches(g, "record 2", "ret 3")                # a query that saw false
     assert _reaches(g, "record 2", "ret 4")
     assert [n for n, succ in enumerate(g.succ) if g.names.index("wait 1") in succ] == [g.names.index("call 1")]

@@ -12,7 +12,7 @@ rules of ``shared/TRACE_FORMAT.md`` are written again, as an explicit graph of m
 - an access is a node placed inside its window: kernel and STREAM reads / destination writes
   between ``begin`` and ``end``; DURING_API_CALL and pageable source reads between ``call`` and
   ``ret`` (and before ``end``); ANY source reads between ``call`` and ``end`` (rules 5, 6); a copy
-  to pageable memory also finishes before ``ret`` (rule 6). Nothing orders the nodes of one copy
+  to pageable memory is written in stream order like any other (rule 6 as amended). Nothing orders the nodes of one copy
   or one batch among themselves (rule 7).
 
 An execution is any order of the access nodes consistent with the graph (a linear extension of
@@ -142,8 +142,8 @@ def build_graph(trace: Trace) -> Graph:
                 else:                      # ANY: from the call until the copy completes
                     edge(call, s)
                 edge(s, end)
-                if space[tr.dst.buffer] == "host_pageable":
-                    later_ret += [s, d]    # the copy has completed when the call returns
+                # A pageable destination is written in stream order like any other (rule 6 as
+                # amended: no completion at return; docs/checker.md).
         elif isinstance(op, Record):
             r = node(f"record {i}")
             item(op.stream, r, r)

@@ -172,16 +172,15 @@ def analyze(trace: Trace) -> Ordering:
             pos = (t, k)
             order = op.order   # a plain copy (cudaMemcpyAsync) reads its source in stream order
             src_rule = "2" if isinstance(op, Copy) else f"5:{order}"
-            pageable_dst = False
             for c, tr in enumerate(op.copies):
                 src, dst = tr.src, tr.dst
-                # Rule 6, dst (CUDA Runtime API "API synchronization behavior", asynchronous
-                # memcpy; up to CUDA 11 it reads: transfers from device memory to pageable host
-                # memory return only once the copy has completed): the whole copy, source read
-                # included, completes before the host's next op.
-                dst_pageable = buffers[dst.buffer].space == "host_pageable"
-                pageable_dst |= dst_pageable
-                until = done if dst_pageable else pos
+                # Rule 6, dst, as amended here (NOTES.md, docs/checker.md): a copy to pageable
+                # memory is NOT taken to have completed when the call returns. The format's rule
+                # follows the old text of CUDA's "API synchronization behavior"; the current text
+                # says transfers between device and pageable memory "might be synchronous", and on
+                # an H200 (driver 580) a D2H cuMemcpyBatchAsync into pageable memory returned before
+                # the copy ran. The destination is written in stream order like any other.
+                until = pos
                 if buffers[src.buffer].space == "host_pageable":
                     # Rule 6, src (same section: pageable memory is staged into pinned memory by
                     # the call, and the driver *may* synchronize with the stream to do so): read
@@ -210,10 +209,6 @@ def analyze(trace: Trace) -> Ordering:
                 append(new(Access, (i, c, "dst") + dst + (True, sa, until, "2")))
             stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
             info = OpOrder(h, t, k, sa)
-            if pageable_dst:
-                # The call returned after a copy that ran in stream order completed, so the host
-                # has observed everything that copy started after (not the other copies).
-                host = _join(host, sa)
 
         elif isinstance(op, (HostWrite, HostRead)):
             w = isinstance(op, HostWrite)
