@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import bisect
 from itertools import groupby
-from operator import itemgetter
 
 from kvverify.trace.model import (
     CopyBatch,
@@ -158,9 +157,6 @@ def _coalesce(raw: list[Access]) -> list[Access]:
     return out
 
 
-_c0 = itemgetter(1)
-_c1 = itemgetter(2)
-
 
 def _find(order: Ordering, max_races: int | None):
     trace = order.trace
@@ -180,16 +176,16 @@ def _find(order: Ordering, max_races: int | None):
             continue
         raw = accesses[s:e]
         runs: list = []
-        run = key = None
+        run = buf = after = until = write = None
         for a in (_coalesce(raw) if e - s > 2 and raw[0][1] is not None else raw):
-            if key is None or a[3] is not key[0] or a[7] is not key[1] or a[8] is not key[2] or a[6] != key[3]:
-                key = (a[3], a[7], a[8], a[6])
-                run = []
-                runs.append((*key, run))
+            if a[3] is not buf or a[7] is not after or a[8] is not until or a[6] is not write:
+                buf, after, until, write, run = a[3], a[7], a[8], a[6], []
+                runs.append((buf, after, until, write, run))
             run.append(a)
-            pts = ends[a[3]]
-            pts.add(a[4])
-            pts.add(a[4] + a[5])
+        for buf, _, _, _, run in runs:
+            pts = ends[buf]
+            pts.update([a[4] for a in run])
+            pts.update([a[4] + a[5] for a in run])
         per_op.append((raw, runs))
 
     # Cells: the elementary intervals between those ends, and a map from byte to cell index.
@@ -234,9 +230,10 @@ def _find(order: Ordering, max_races: int | None):
             placed = []
             for buf, after, until, write, run in runs:
                 cells = cell_of[buf]
-                cs = [(b, cells[b[4]], cells[b[4] + b[5]]) for b in run]
+                c0s = [cells[b[4]] for b in run]            # each run's first and end cells
+                c1s = [cells[b[4] + b[5]] for b in run]
                 if until[0] != HOST:
-                    placed.append((buf, until, write, cs))
+                    placed.append((buf, until, write, run, c0s, c1s))
                 # The streams worth looking at depend only on the buffer and the clock (shadows
                 # change only between ops), and usually none is left once the run's hull of
                 # cells is compared with each stream's per-chunk maxima.
@@ -246,13 +243,13 @@ def _find(order: Ordering, max_races: int | None):
                     todo = [(w, r, after[t]) for t, w, r in lanes[buf] if w.last > after[t]]
                 if not todo:
                     continue
-                h0 = min(map(_c0, cs)) >> _CHUNK_BITS
-                h1 = ((max(map(_c1, cs)) - 1) >> _CHUNK_BITS) + 1
+                h0 = min(c0s) >> _CHUNK_BITS
+                h1 = ((max(c1s) - 1) >> _CHUNK_BITS) + 1
                 todo = [(w, r, th) for w, r, th in todo
                         if max(w.chunk[h0:h1]) > th or (write and max(r.chunk[h0:h1]) > th)]
                 # against everything remembered from earlier ops, stream by stream: a read
                 # against the writes, a write against both
-                for b, c0, c1 in cs if todo else ():
+                for b, c0, c1 in zip(run, c0s, c1s) if todo else ():
                     for sw, sr, th in todo:
                         if sw.last > th:
                             m = sw.k[c0] if c1 - c0 == 1 else max(sw.k[c0:c1])
@@ -267,11 +264,11 @@ def _find(order: Ordering, max_races: int | None):
             if raw[0][1] is not None and len(raw) > 1:
                 _intra(raw, buf_rank, record)       # rule 7, on the copies one by one
             # remember what is placed on a stream (the per-access part of _Shadow, inlined)
-            for buf, (t, k), write, cs in placed:
+            for buf, (t, k), write, run, c0s, c1s in placed:
                 sh = shadow(buf, t, write)
                 sh.last = k
                 entries, ks, eids, chunk = sh.entries, sh.k, sh.eid, sh.chunk
-                for a, c0, c1 in cs:
+                for a, c0, c1 in zip(run, c0s, c1s):
                     e = len(entries)
                     if c1 - c0 == 1:
                         entries.append((k, a, eids[c0]))
@@ -279,11 +276,18 @@ def _find(order: Ordering, max_races: int | None):
                         ks[c0] = k
                         chunk[c0 >> _CHUNK_BITS] = k
                     else:
-                        entries.append((k, a, _runs(eids, c0, c1)))
-                        eids[c0:c1] = [e] * (c1 - c0)
-                        ks[c0:c1] = [k] * (c1 - c0)
-                        h0, h1 = c0 >> _CHUNK_BITS, ((c1 - 1) >> _CHUNK_BITS) + 1
-                        chunk[h0:h1] = [k] * (h1 - h0)
+                        n = c1 - c0
+                        seg = eids[c0:c1]
+                        first = seg[0]
+                        # prev: one run where the cells had one latest entry (the usual case)
+                        entries.append((k, a, ((c0, c1, first),) if seg.count(first) == n else _runs(eids, c0, c1)))
+                        eids[c0:c1] = [e] * n
+                        ks[c0:c1] = [k] * n
+                        h0, h1 = c0 >> _CHUNK_BITS, (c1 - 1) >> _CHUNK_BITS
+                        if h0 == h1:
+                            chunk[h0] = k
+                        else:
+                            chunk[h0:h1 + 1] = [k] * (h1 + 1 - h0)
     except _Stop:
         return found, True
     return found, False
