@@ -7,7 +7,7 @@ The ordering comes from :mod:`kvverify.trace.rules` (one vector-clock pass). Fin
   access is visited: the earlier access ``a`` races with ``b`` when ``b.after[t] < p`` for
   ``a.until == (t, p)``.
 - An access that completes before the host's next op (host accesses, DURING_API_CALL and pageable
-  source reads, copies to pageable memory) is ordered before everything issued later, so only
+  source reads) is ordered before everything issued later, so only
   accesses placed on a stream are remembered.
 - They are remembered per buffer and per stream, on the buffer's *cells*: the elementary byte
   intervals between the range ends the trace uses on that buffer. A list per (buffer, stream,
