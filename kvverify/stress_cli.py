@@ -294,6 +294,9 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     report.render_table(console)
     if outcomes:
         console.print(_throughput_line(outcomes), markup=False, highlight=False)
+    console.print(f"NVTX: {annotate.state()}", markup=False, highlight=False)
+    if annotate.is_active():
+        console.print(annotate.HOST_SIDE_NOTE, markup=False, highlight=False)
     for e in errors:
         err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False)
     if skipped:
