@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from kvverify import _measure
-from kvverify.probe import DIRECTIONS, HOST_KINDS, ORDERS, parse_directions, parse_orders, _positive_float, _positive_int
-from kvverify.sizes import format_size, size_arg, size_list_arg
+from kvverify.probe import DIRECTIONS, HOST_KINDS, ORDERS, parse_directions, parse_orders, _positive_float
+from kvverify.sizes import format_size, positive_int_arg, size_arg, size_list_arg
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 DEFAULT_PAGE_SIZES = [4 * KiB * 2**i for i in range(10)]  # 4 KiB ... 2 MiB
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="take page sizes and pages per call from a model preset of kvverify.geometry (e.g. llama-3.1-8b)")
     g.add_argument("--block-tokens", type=_int_list, default=[16, 32, 64], metavar="LIST",
                    help="with --model: tokens per KV block (GPU page), one page size each (default 16,32,64)")
-    g.add_argument("--blocks-per-transfer", type=_positive_int, default=16,
+    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
                    help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
                         "layout's tensors (default 16)")
     g.add_argument("--directions", type=parse_directions, default=list(DIRECTIONS), help="h2d,d2h (default both)")
@@ -97,10 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
     g.add_argument("--host-memory", choices=HOST_KINDS, default="pinned", help="host pool kind (default pinned)")
     g = parser.add_argument_group("how much")
-    g.add_argument("--reps", type=_positive_int, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
+    g.add_argument("--reps", type=positive_int_arg, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
     g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
                    help="bytes per batch call without --model; pages/call = call bytes / page size (default 64MiB)")
-    g.add_argument("--calls-per-rep", type=_positive_int,
+    g.add_argument("--calls-per-rep", type=positive_int_arg,
                    help="batch calls per rep (default: the fewest that move at least 256 MiB)")
     g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, help="bytes of each pool, host and device (default 2GiB)")
     g.add_argument("--confidence", type=_confidence, default=0.95, help="confidence of the ANY/STREAM interval (default 0.95)")

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvverify import _measure
-from kvverify.sizes import format_size, size_arg
+from kvverify.sizes import format_size, positive_int_arg, size_arg
 
 DIRECTIONS = ("h2d", "d2h")
 ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
@@ -69,15 +69,6 @@ parse_orders = _choice_list(ORDERS, upper=True)
 parse_host_kinds = _choice_list(HOST_KINDS, upper=False)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 1")
-    return value
-
 
 def _positive_float(text: str) -> float:
     try:
@@ -92,10 +83,10 @@ def _positive_float(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
-    parser.add_argument("--reps", type=_positive_int, default=5, help="counted trials per cell; the majority decides (default 5)")
+    parser.add_argument("--reps", type=positive_int_arg, default=5, help="counted trials per cell; the majority decides (default 5)")
     parser.add_argument("--hold-ms", type=_positive_float, default=20.0, help="length of the pending work ahead of the copy, ms (default 20)")
     parser.add_argument("--page-bytes", type=size_arg, default=64 * 1024, help="bytes per copied page, a multiple of 8 (default 64KiB)")
-    parser.add_argument("--pages", type=_positive_int, default=16, help="pages in the one batch call (default 16)")
+    parser.add_argument("--pages", type=positive_int_arg, default=16, help="pages in the one batch call (default 16)")
     parser.add_argument("--directions", type=parse_directions, default=list(DIRECTIONS), help="h2d,d2h (default both)")
     parser.add_argument("--orders", type=parse_orders, default=list(ORDERS), help="STREAM,DURING_API_CALL,ANY (default all)")
     parser.add_argument("--host-memory", type=parse_host_kinds, default=list(HOST_KINDS), help="pinned,registered,pageable (default all)")

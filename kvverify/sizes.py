@@ -81,3 +81,14 @@ def format_size(nbytes: int) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale} {unit}"
     return f"{nbytes} B"
+
+
+def positive_int_arg(text: str) -> int:
+    """argparse ``type=``: an integer >= 1, else an ``ArgumentTypeError`` naming the text."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

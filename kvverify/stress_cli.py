@@ -24,7 +24,7 @@ from pathlib import Path
 
 from kvverify import annotate
 from kvverify.campaign import DATA_MODES, EXECUTORS, ORDERS, CampaignError
-from kvverify.sizes import size_arg
+from kvverify.sizes import positive_int_arg, size_arg
 
 HOST_KINDS = ("pinned", "registered", "pageable")
 
@@ -44,15 +44,6 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = __doc__.split("\n\n", 1)[1]
@@ -61,9 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--campaign", default="smoke", metavar="NAME|PATH", help="campaign name in stress/ or a .toml path (default: smoke)")
     a("--model", metavar="PRESET", help="model preset (e.g. llama-3.1-8b, qwen2.5-7b); overrides the campaign's models")
     a("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory) instead of a preset")
-    a("--block-size", type=_positive, metavar="TOKENS", help="tokens per KV page")
-    a("--tp", type=_positive, help="tensor-parallel ranks (KV heads per rank)")
-    a("--trials", type=_positive, help="at least this many trials per cell")
+    a("--block-size", type=positive_int_arg, metavar="TOKENS", help="tokens per KV page")
+    a("--tp", type=positive_int_arg, help="tensor-parallel ranks (KV heads per rank)")
+    a("--trials", type=positive_int_arg, help="at least this many trials per cell")
     a("--seed", type=int, help="block pattern seed")
     a("--gpu-mem", type=size_arg, metavar="SIZE", help="cap on device memory, e.g. 8GiB")
     a("--host-mem", type=size_arg, metavar="SIZE", help="cap on host memory, e.g. 6GiB")
@@ -71,8 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--orders", type=_choices(ORDERS), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY")
     a("--scenarios", type=_names, metavar="NAMES", help="comma list of scenarios (H1-broken, P2) or hazards (H3)")
     a("--executors", type=_choices(EXECUTORS), metavar="NAMES", help="comma list of native,adversarial")
-    a("--blocks-per-transfer", type=_positive, metavar="N", help="KV blocks per batched swap")
-    a("--transfers", type=_positive, metavar="N", help="transfers in flight (2..32)")
+    a("--blocks-per-transfer", type=positive_int_arg, metavar="N", help="KV blocks per batched swap")
+    a("--transfers", type=positive_int_arg, metavar="N", help="transfers in flight (2..32)")
     a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write")
     a("--data", choices=DATA_MODES, help="block contents: the generation pattern (default) or random bytes with checksums")
     a("--json", metavar="PATH", help="write the report as JSON (kvverify/schemas/stress-report-v1.json)")
