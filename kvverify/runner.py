@@ -90,6 +90,8 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
         staged = bool({"pageable", "registered"} & set(campaign.host_memory)) or campaign.data == "random"
         sizes = pool_sizes(programs, layout, staged)
         dev, host = sizes.device_bytes(layout), sizes.host_bytes(layout)
+        if "adversarial" in campaign.executors:  # its host snapshot area (AdversarialExecutor)
+            host += max(1, sizes.snapshot_pages) * layout.page_bytes
         if dev <= campaign.gpu_mem and host <= campaign.host_mem:
             note = None if n == campaign.blocks_per_transfer else (
                 f"blocks_per_transfer lowered from {campaign.blocks_per_transfer} to {n} to fit "
@@ -262,6 +264,11 @@ def _release_and_free(runners: dict, pools, device) -> None:
             pass
     release_everything()
     if settle(device, SETTLE_S):
+        for r in runners.values():
+            try:
+                r.free_memory()
+            except Exception:  # pragma: no cover - cleanup goes on
+                pass
         pools.close()
     else:
         import sys

@@ -23,9 +23,20 @@ Rules that bind every schedule (TRACE_FORMAT rule 6 for ``copy_batch``): a pagea
 source is read during the call, whatever the order; a pageable destination is written in
 stream order like any other, so it is held late like any other. An earliest read is a
 snapshot taken at call time, before anything in the call waits for compute or for the
-copy stream. Copies inside one batch run in an order other than issue order: later-issued
+copy stream: a host source (pinned, registered or pageable) is read by the host itself
+into a pinned host snapshot area, a device source is copied into the device snapshot area
+on a stream that waits on nothing. Copies inside one batch run in an order other than issue order: later-issued
 copies first wherever two copies touch the same block (``batch_rounds``), as the batch's
 lack of internal order allows (H7).
+
+No hold may ever be waited on by the host. Held streams therefore only ever carry H2D and
+D2H batches (which the H200's driver queues behind a hold and returns from at once), never
+a device-to-device batch: measured on the H200 (driver 580), a ``cuMemcpyBatchAsync`` of
+2048 device-to-device copies issued on a held stream (or on one waiting for a held stream)
+did not return until the hold was released (the driver does not coalesce device-to-device
+copies of a batch; its submission queue for the stream fills). That is why a host source
+is snapshot on the host, not into device memory: the destination write is then a pinned
+H2D batch, as in ``STREAM`` order.
 
 A hold the watchdog had to release (``StreamGate.deadline_s``: the host was blocked in a
 call that waited for a held stream) still leaves a permitted schedule (a hold only delays),
@@ -68,6 +79,15 @@ class AdversarialExecutor(Executor):
         super().__init__(pools, settings)
         self.gate = StreamGate(pools.device, deadline_s=min(settings.hold_timeout_s, GATE_DEADLINE_S))
         self.snap_stream = self.torch.cuda.Stream(device=pools.device)  # depends on nothing
+        # Host sources are snapshot here, by the host (pinned where there is a device, so the
+        # destination write is a pinned H2D batch); allocated now, before any hold, and freed by
+        # free_memory() once the device is idle. Page numbering as in the device snapshot area.
+        from kvverify.host_memory import allocate_host
+
+        pages = max(1, pools.sizes.snapshot_pages)
+        kind = "pinned" if self.torch.device(pools.device).type == "cuda" else "pageable"
+        self._host_snapshot_buffer = allocate_host(kind, pages * self.page_bytes)
+        self.host_snapshot = self.torch.from_numpy(self._host_snapshot_buffer.numpy(np.uint8)).view(pages, self.page_bytes)
         self.dst_pageable_call_waits = False  # seen: a copy into pageable memory waited for its stream
         self._expired_before = 0  # gate.expired already reported
 
@@ -105,6 +125,11 @@ class AdversarialExecutor(Executor):
         super().close()
         self.gate.close()
 
+    def free_memory(self) -> None:
+        """Free the host snapshot area (the caller made sure the device is idle)."""
+        self.host_snapshot = None
+        self._host_snapshot_buffer.free()
+
     def _before_host_wait(self) -> None:
         self.gate.release_all()
 
@@ -133,8 +158,11 @@ class AdversarialExecutor(Executor):
                     page_round += block_round[k:k + n]
                 k += n
             page_round = np.array(page_round)
-            snap = np.array([self.pools.snapshot_ptr(data.snapshot_first_page + p) for p in range(len(data.src))],
-                            dtype=np.int64)
+            pages = data.snapshot_first_page + np.arange(len(data.src), dtype=np.int64)
+            if data.src_pool == "host":  # snapshot by the host, into the pinned host snapshot area
+                snap = self.host_snapshot.data_ptr() + pages * self.page_bytes
+            else:  # snapshot into the device snapshot area
+                snap = np.array([self.pools.snapshot_ptr(int(p)) for p in pages], dtype=np.int64)
             out = []
             for r in range(page_round.max() + 1):
                 sel = page_round == r
@@ -145,38 +173,27 @@ class AdversarialExecutor(Executor):
         return data.extra["rounds"]
 
     def _snapshot(self, data: SwapData) -> None:
-        """Read every source of the batch now, into the snapshot area, and wait for it (the
-        call has read its sources when it returns). Device, pinned and registered sources:
-        a copy on a stream that waits on nothing. Pageable sources: the host itself reads
-        them (into the pinned bounce buffer, then to the device at full speed)."""
+        """Read every source of the batch now, into a snapshot area (the call has read its
+        sources when it returns). Host sources, whatever their kind: the host itself reads
+        them into the host snapshot area, so nothing here waits for the device and the
+        destination write is a pinned H2D batch. Device sources: a copy into the device
+        snapshot area on a stream that waits on nothing, which the host waits for."""
         from kvverify import ops
 
-        torch = self.torch
-        with torch.cuda.stream(self.snap_stream):
-            if data.src_pool == "host" and self.pools.host_kind == "pageable":
-                from kvverify.executors.contents import gather_host_pages
+        if data.src_pool == "host":
+            from kvverify.executors.contents import gather_host_pages
 
-                first = data.snapshot_first_page
-                bounce = getattr(self.pools, "bounce", None)
-                n = len(data.src)
-                if bounce is not None and bounce.shape[0] >= n:
-                    # Pages were laid out copy by copy, tensor-major inside each.
-                    at = 0
-                    for c in data.step.copies:
-                        k = len(c.src) * self.pools.tensors
-                        rows = bounce[at:at + k].view(torch.int64).view(self.pools.tensors, len(c.src), -1)
-                        gather_host_pages(self.pools, np.asarray(c.src.slots, dtype=np.int64), rows)
-                        at += k
-                    self.pools.snapshot[first:first + n].copy_(bounce[:n])  # pinned -> device, waits for it
-                else:
-                    from kvverify.executors.contents import _host_view
-
-                    view = _host_view(self.pools)
-                    pages = torch.cat([view.index_select(1, torch.tensor(c.src.slots, dtype=torch.int64))
-                                       .reshape(-1, view.shape[2]) for c in data.step.copies])
-                    self.pools.snapshot[first:first + len(pages)].copy_(pages.view(torch.uint8))
-            else:
-                ops.swap_blocks_batch(data.cpu[0], data.extra["snapshot"], data.cpu[2], "STREAM")
+            torch = self.torch
+            # Pages were laid out copy by copy, tensor-major inside each.
+            at = data.snapshot_first_page
+            for c in data.step.copies:
+                k = len(c.src) * self.pools.tensors
+                rows = self.host_snapshot[at:at + k].view(torch.int64).view(self.pools.tensors, len(c.src), -1)
+                gather_host_pages(self.pools, np.asarray(c.src.slots, dtype=np.int64), rows)
+                at += k
+            return
+        with self.torch.cuda.stream(self.snap_stream):
+            ops.swap_blocks_batch(data.cpu[0], data.extra["snapshot"], data.cpu[2], "STREAM")
         self._own_wait(self.snap_stream, "source snapshot")
 
     def _swap(self, stream, data: SwapData, order: str) -> None:

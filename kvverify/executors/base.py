@@ -328,6 +328,9 @@ class Executor:
         """Release whatever the executor holds (every exit path of the runner calls it)."""
         self._before_host_wait()
 
+    def free_memory(self) -> None:
+        """Free memory the executor owns; called only once the device is idle (after ``close``)."""
+
     # -- executor hooks ---------------------------------------------------------------------
 
     def _begin_trial(self, trial: int) -> None:
