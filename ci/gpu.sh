@@ -35,7 +35,9 @@ step build env KVVERIFY_REQUIRE_EXTENSION=1 MAX_JOBS="$(nproc)" python3 -m pip i
 step gpu-tests python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml"
 grep -E "passed|failed|error" "$LOG" | tail -n 1
 if has_command stress; then
-  step stress-smoke python3 -m kvverify stress --json "$OUT/stress.json" --junit "$OUT/stress-junit.xml"
+  # The smoke campaign (Llama-3.1-8B pages) and the same cells with a second preset's geometry.
+  step stress-smoke python3 -m kvverify stress --max-seconds 300 --json "$OUT/stress.json" --junit "$OUT/stress-junit.xml"
+  step stress-smoke-qwen python3 -m kvverify stress --model qwen2.5-7b --max-seconds 300 --json "$OUT/stress-qwen.json"
 fi
 if has_command probe; then
   step probe python3 -m kvverify probe --json "$OUT/probe.json"
