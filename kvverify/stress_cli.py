@@ -66,7 +66,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--transfers", type=positive_int_arg, metavar="N", help="transfers in flight (2..32)")
     a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write")
     a("--data", choices=DATA_MODES, help="block contents: the generation pattern (default) or random bytes with checksums")
-    a("--json", metavar="PATH", help="write the report as JSON (kvverify/schemas/stress-report-v1.json)")
+    a("--json", metavar="PATH", help="write the report as JSON (kvverify/schemas/stress-report-v1.json); '-' for stdout "
+                                     "(the table then goes to stderr)")
     a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
     a("--dump-traces", metavar="DIR", help="write each cell's trace, for `kvverify check`")
     a("--no-gpu", action="store_true", help="contract verdicts only, even where a CUDA device is present")
@@ -147,23 +148,48 @@ def _output_path(path: str | None, model: str, several: bool) -> str | None:
     return str(p.with_name(f"{p.stem}.{model}{p.suffix}"))
 
 
+def _check_writable(option: str, path: str | None) -> None:
+    """Fail before the campaign runs, not after it, when a report cannot be written to ``path``.
+
+    Raises ``_StartError`` naming the option and the reason.
+    """
+    if path is None or path == "-":
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise _StartError(f"{option} {path}: is a directory; give a file path")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        raise _StartError(f"{option} {path}: cannot be written ({exc.strerror})") from None
+    if not existed:
+        target.unlink()  # the probe file; the report replaces it at the end
+
+
 def run(args) -> int:
     from rich.console import Console
 
-    console = Console()
+    # In a log (not a terminal) the table keeps one line per cell instead of wrapping its labels.
+    console = Console(stderr=args.json == "-")
+    if not console.is_terminal:
+        console = Console(stderr=args.json == "-", width=max(console.width, 200))
     err = Console(stderr=True)
     try:
+        _check_writable("--json", args.json)
+        _check_writable("--junit", args.junit)
         c = _campaign(args)
         if c.data == "random" and "adversarial" in c.executors:
             raise _StartError("--data random checks by checksums and runs with the native executor only; "
                               "add --executors native")
         layouts = _layouts(args, c)
     except (CampaignError, ValueError, _StartError) as exc:
-        err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False)
+        err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
 
     if args.max_seconds is not None and args.max_seconds <= 0:
-        err.print("kvverify stress: cannot start: --max-seconds must be positive", markup=False, highlight=False)
+        err.print("kvverify stress: cannot start: --max-seconds must be positive", markup=False, highlight=False, soft_wrap=True)
         return 2
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
     with _interrupts():
@@ -253,10 +279,10 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         params, note = runner.fit_params(c, layout)
         planned = runner.plan(c, layout, params)
     except (CampaignError, ValueError) as exc:
-        err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False)
+        err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
     if note:
-        err.print(f"kvverify stress: {note}", markup=False, highlight=False)
+        err.print(f"kvverify stress: {note}", markup=False, highlight=False, soft_wrap=True)
     if args.dump_traces:
         _dump_traces(planned, Path(args.dump_traces))
     reason = "--no-gpu was given" if args.no_gpu else _gpu_unavailable()
@@ -284,16 +310,18 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     )
     report.render_table(console)
     if outcomes:
-        console.print(_throughput_line(outcomes), markup=False, highlight=False)
-    console.print(f"NVTX: {annotate.state()}", markup=False, highlight=False)
+        console.print(_throughput_line(outcomes), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"NVTX: {annotate.state()}", markup=False, highlight=False, soft_wrap=True)
     if annotate.is_active():
-        console.print(annotate.HOST_SIDE_NOTE, markup=False, highlight=False)
+        console.print(annotate.HOST_SIDE_NOTE, markup=False, highlight=False, soft_wrap=True)
     for e in errors:
-        err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False)
+        err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False, soft_wrap=True)
     if skipped:
         _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached: {len(skipped)} of {len(planned)} "
                   "cells not run (NOT_RUN)")
-    if args.json:
+    if args.json == "-":
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    elif args.json:
         report.write_json(_output_path(args.json, layout.geometry.name, several))
     if args.junit:
         report.write_junit(_output_path(args.junit, layout.geometry.name, several))

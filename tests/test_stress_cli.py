@@ -155,3 +155,21 @@ def test_no_gpu_flag_gives_contract_verdicts_only():
     p = stress("--no-gpu", "--scenarios", "P2", "--orders", "ANY")
     assert p.returncode == 0, p.stderr
     assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit"])
+@pytest.mark.parametrize("where", ["directory", "missing-folder"])
+def test_unwritable_report_paths_refuse_before_the_run(tmp_path, option, where):
+    path = tmp_path if where == "directory" else tmp_path / "no" / "such" / "report.out"
+    result = stress("--no-gpu", option, str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvverify stress: cannot start: {option} ")
+    assert "Traceback" not in result.stderr and "Contract" not in result.stdout  # nothing ran
+
+
+def test_json_dash_writes_the_report_to_stdout(tmp_path):
+    result = stress("--no-gpu", "--json", "-", cwd=tmp_path)
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
+    assert doc["cells"] and not (tmp_path / "-").exists()
