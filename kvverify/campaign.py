@@ -9,6 +9,7 @@ key, and say what would be accepted.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,11 @@ from kvverify.host_memory import HOST_MEMORY_KINDS
 ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
 EXECUTORS = ("native", "adversarial")
 DATA_MODES = ("pattern", "random")
-CAMPAIGN_DIR = Path(__file__).resolve().parent.parent / "stress"
+# stress/ beside the package in a checkout (editable install); a wheel ships the same files as
+# data files under <prefix>/share/kvverify/stress (pyproject.toml, [tool.setuptools.data-files]).
+_CHECKOUT_DIR = Path(__file__).resolve().parent.parent / "stress"
+_INSTALLED_DIR = Path(sys.prefix) / "share" / "kvverify" / "stress"
+CAMPAIGN_DIR = _CHECKOUT_DIR if _CHECKOUT_DIR.is_dir() else _INSTALLED_DIR
 
 
 class CampaignError(ValueError):
