@@ -273,7 +273,7 @@ def _dtype_bytes(config: Mapping[str, Any], override: str | None) -> int:
     if torch_dtype is not None and dtype is not None and torch_dtype != dtype:
         raise ConfigError("dtype", f"{dtype!r} contradicts torch_dtype {torch_dtype!r}")
     if torch_dtype is None and dtype is None:
-        raise ConfigError("torch_dtype", "missing (and no dtype); pass a KV-cache dtype")
+        raise ConfigError("torch_dtype", "missing (and no dtype); pass a KV-cache dtype (kv_cache_dtype=, or kvverify stress --kv-cache-dtype)")
     field = "torch_dtype" if torch_dtype is not None else "dtype"
     return _lookup_dtype(field, config[field])
 

@@ -50,8 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     a = parser.add_argument
     a("--campaign", default="smoke", metavar="NAME|PATH", help="campaign name in stress/ or a .toml path (default: smoke)")
-    a("--model", metavar="PRESET", help="model preset (e.g. llama-3.1-8b, qwen2.5-7b); overrides the campaign's models")
-    a("--model-config", metavar="PATH", help="a Hugging Face config.json (or its directory) instead of a preset")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--model", metavar="PRESET",
+                       help="model preset (e.g. llama-3.1-8b, qwen2.5-7b); overrides the campaign's models")
+    model.add_argument("--model-config", metavar="PATH",
+                       help="a Hugging Face config.json (or its directory) instead of a preset")
+    a("--kv-cache-dtype", metavar="DTYPE",
+      help="KV-cache dtype (e.g. bfloat16, float8_e4m3fn) where --model-config has no torch_dtype, or to override it")
     a("--block-size", type=positive_int_arg, metavar="TOKENS", help="tokens per KV page")
     a("--tp", type=positive_int_arg, help="tensor-parallel ranks (KV heads per rank)")
     a("--trials", type=positive_int_arg, help="at least this many trials per cell")
@@ -98,8 +103,10 @@ def _layouts(args, c):
     from kvverify import geometry
 
     if args.model_config:
-        geometries = [geometry.from_hf_config(args.model_config)]
+        geometries = [geometry.from_hf_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype)]
     else:
+        if args.kv_cache_dtype:
+            raise _StartError("--kv-cache-dtype goes with --model-config; a preset has its own dtype")
         geometries = [geometry.preset(m) for m in c.models]
     return [geometry.KVLayout(g, block_size=c.block_size, tp=c.tp) for g in geometries]
 

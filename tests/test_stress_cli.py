@@ -173,3 +173,14 @@ def test_json_dash_writes_the_report_to_stdout(tmp_path):
     assert result.returncode == 0
     doc = json.loads(result.stdout)
     assert doc["cells"] and not (tmp_path / "-").exists()
+
+
+def test_model_config_without_dtype_takes_kv_cache_dtype(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                  "hidden_size": 1024}))
+    missing = stress("--no-gpu", "--model-config", str(config))
+    assert missing.returncode == 2 and "--kv-cache-dtype" in missing.stderr
+    assert stress("--no-gpu", "--model-config", str(config), "--kv-cache-dtype", "bfloat16").returncode == 0
+    both = stress("--no-gpu", "--model", "llama-3.1-8b", "--model-config", str(config))
+    assert both.returncode == 2 and "not allowed with" in both.stderr
