@@ -48,6 +48,10 @@ def _names(text: str) -> tuple[str, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = __doc__.split("\n\n", 1)[1]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (
+        (parser.description or "") + ".\n\nOptions left out take the campaign's values: a bare "
+        "`kvverify stress` runs stress/smoke.toml\n(Llama-3.1-8B, every scenario, order, host memory "
+        "kind and executor, >= 1 GiB checked per cell).")
     a = parser.add_argument
     a("--campaign", default="smoke", metavar="NAME|PATH", help="campaign name in stress/ or a .toml path (default: smoke)")
     model = parser.add_mutually_exclusive_group()
