@@ -6,13 +6,14 @@ Nothing here imports torch at module level.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
 import sys
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 GB = 1e9  # GB/s in every report is 1e9 bytes per second (decimal), as vendors quote link rates
@@ -185,3 +186,29 @@ def console(stderr: bool = False):
     if probe.is_terminal:
         return probe
     return Console(stderr=stderr, width=max(probe.width, 160))
+
+
+@dataclasses.dataclass
+class Measurement:
+    """What probe and bench both start from: the NVTX module (or None), the platform (a dict from
+    ``platform_info.collect``), the output console, and a progress printer to stderr."""
+
+    annotate: Any
+    platform: dict[str, Any]
+    out: Any
+    progress: Callable[[str], None]
+
+
+def begin(command: str, args) -> Measurement | int:
+    """The common start of ``kvverify probe`` and ``kvverify bench``: the exit status of a refusal
+    (no CUDA device, no torch, no extension: one line, status 2), else a ``Measurement``."""
+    reason = gpu_refusal()
+    if reason is not None:
+        return refuse(command, reason)
+    from kvverify import platform_info
+
+    def progress(line: str) -> None:
+        print(f"[{command}] {line}", file=sys.stderr, flush=True)
+
+    return Measurement(load_annotate(args), platform_info.collect(args.device), console(stderr=args.json == "-"),
+                       progress)

@@ -737,18 +737,11 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("kvverify bench: --plot needs matplotlib (pip install 'kvverify[plot]')", file=sys.stderr)
             return 2
-    reason = _measure.gpu_refusal()
-    if reason is not None:
-        return _measure.refuse("bench", reason)
-
-    from kvverify import platform_info
-
-    annotate = _measure.load_annotate(args)
-    platform = platform_info.collect(args.device)
-    out = _measure.console(stderr=args.json == "-")
-
-    def progress(line: str) -> None:
-        print(f"[bench] {line}", file=sys.stderr, flush=True)
+    measurement = _measure.begin("bench", args)
+    if isinstance(measurement, int):
+        return measurement
+    annotate, platform, out, progress = (measurement.annotate, measurement.platform, measurement.out,
+                                         measurement.progress)
 
     from kvverify import stats
 

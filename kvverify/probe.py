@@ -373,18 +373,11 @@ def run(args: argparse.Namespace) -> int:
     if args.page_bytes % 8:
         print(f"kvverify probe: --page-bytes must be a multiple of 8, got {args.page_bytes}", file=sys.stderr)
         return 2
-    reason = _measure.gpu_refusal()
-    if reason is not None:
-        return _measure.refuse("probe", reason)
-
-    from kvverify import platform_info
-
-    annotate = _measure.load_annotate(args)
-    platform = platform_info.collect(args.device)
-    out = _measure.console(stderr=args.json == "-")
-
-    def progress(line: str) -> None:
-        print(f"[probe] {line}", file=sys.stderr, flush=True)
+    measurement = _measure.begin("probe", args)
+    if isinstance(measurement, int):
+        return measurement
+    annotate, platform, out, progress = (measurement.annotate, measurement.platform, measurement.out,
+                                         measurement.progress)
 
     backend = CudaProbe(args.device, args.page_bytes, args.pages, list(args.host_memory), annotate)
     try:
