@@ -273,8 +273,28 @@ def _release_and_free(runners: dict, pools, device) -> None:
     else:
         import sys
 
+        _abandon(runners, pools)
         print(f"kvverify stress: the device did not go idle within {SETTLE_S:g} s of the end of the "
               f"{pools.host_kind} cells; their memory is left to the process exit", file=sys.stderr, flush=True)
+
+
+# Memory of host memory kinds whose device work never finished: kept referenced until the
+# process exits, never freed (see _abandon).
+_ABANDONED: list = []
+
+
+def _abandon(runners: dict, pools) -> None:
+    """Leave the memory of ``runners`` and ``pools`` to the process exit. Dropping it would
+    free it at once (``HostBuffer.__del__``): ``cudaFreeHost`` and ``cudaHostUnregister``
+    synchronize the device, so the main thread would hang on the very work that did not
+    finish, and device memory or the gate's flag word would be reused while a stuck stream
+    may still touch it."""
+    buffers = [getattr(pools, "host", None), getattr(pools, "_bounce_host", None)]
+    buffers += [getattr(r, "_host_snapshot_buffer", None) for r in runners.values()]
+    for buf in buffers:
+        if buf is not None:
+            buf._live = False  # free() and __del__ become no-ops; the bytes stay mapped
+    _ABANDONED.append((runners, pools, buffers))
 
 
 def settle(device, timeout_s: float) -> bool:
@@ -319,7 +339,17 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
                 for name, seconds in result.phase_s.items():
                     phase_s[name] = phase_s.get(name, 0.0) + seconds
         except (HarnessError, RuntimeError, ValueError) as exc:
-            return CellOutcome(None, f"{pc.cell.label}: {type(exc).__name__}: {exc}")
+            # The failed trial may have left work on the device (a timed-out wait, a refused
+            # copy after others were queued): let it finish before the next cell writes the
+            # same pools, or it would land in that cell's blocks (a false UNEXPECTED_CORRUPTION).
+            note = ""
+            try:
+                executor._before_host_wait()  # release this executor's holds (the gate stays live)
+            except Exception:  # pragma: no cover - cleanup goes on
+                pass
+            if not settle(executor.pools.device, SETTLE_S):
+                note = f" (and the device did not go idle within {SETTLE_S:g} s: later cells may see its copies)"
+            return CellOutcome(None, f"{pc.cell.label}: {type(exc).__name__}: {exc}{note}")
     window: dict[str, int | float | str] = {
         "writer_spin_ns": campaign.writer_delay_us * 1000,
         "reader_ns": campaign.reader_us * 1000,

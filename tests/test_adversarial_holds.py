@@ -9,22 +9,36 @@ there. This test lays a model of what blocks on the H200 over it:
   calling thread until the hold is released (measured on the H200, driver 580: 2048
   device-to-device copies of one batch on a held stream, each call released only by the
   gate's watchdog 2 s later; H2D / D2H batches from pinned memory returned at once);
-- a host wait (an event query) on work behind a hold blocks until the hold is released.
+- a host wait (an event query, a stream or event synchronize) on work behind a hold blocks
+  until the hold is released;
+- a synchronous copy between host and device (``Tensor.to(device)``, ``copy_`` between a host
+  and a device tensor without ``non_blocking``: torch waits for the current stream) on a stream
+  that waits for a hold;
+- a ``DURING_API_CALL`` batch, or a host-to-device batch from pageable memory, on a stream that
+  waits for a hold: the call returns only once the stream's pending work has finished (H200);
+- ``torch.cuda.synchronize``, ``torch.cuda.empty_cache`` (``cudaFree``) and freeing host memory
+  (``cudaFreeHost`` / ``cudaHostUnregister``) while any hold is armed: they synchronize the device.
 
-Either one, on the device, is a watchdog expiry (2 s); here it is a recorded violation.
+The legacy default stream is modelled conservatively as waiting for every held stream (as it
+would for blocking streams; torch's pool streams are non-blocking, so on the device it does
+not), so harness code stays correct if a stream's flags ever change.
+
+Each one, on the device, is a watchdog expiry (2 s); here it is a recorded violation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 import fake_device
-from kvverify import kernels, ops, runner
+from kvverify import host_memory, kernels, ops, runner
 from kvverify.campaign import load
+from kvverify.executors import adversarial as adversarial_module
 from kvverify.executors import gate as gate_module
 from kvverify.executors import pools as pools_module
 from kvverify.geometry import KVLayout, ModelGeometry
@@ -39,14 +53,33 @@ class _Model:
         self.epoch = 0  # gate releases so far
         self.current = None  # the current stream
         self.device_ranges: list[tuple[int, int]] = []
+        self.pinned_ranges: list[tuple[int, int]] = []  # host memory that is pinned on the device
         self.violations: list[str] = []
         self.holds = 0
+        self.streams: list = []
+        self.default = None  # the legacy default stream
 
     def held(self, thing) -> bool:
         return thing is not None and getattr(thing, "gate", 0) > self.epoch
 
+    def armed(self) -> bool:
+        return any(self.held(s) for s in self.streams)
+
+    def waits_for_a_hold(self, stream) -> bool:
+        """Whether work on ``stream`` (None: the current one) waits for a hold; the legacy
+        default stream is taken to wait for every held stream (conservative, see above)."""
+        stream = stream if stream is not None else (self.current if self.current is not None else self.default)
+        return self.held(stream) or (stream is self.default and self.armed())
+
     def on_device(self, address: int) -> bool:
         return any(lo <= address < hi for lo, hi in self.device_ranges)
+
+    def pinned(self, address: int) -> bool:
+        return any(lo <= address < hi for lo, hi in self.pinned_ranges)
+
+
+def _is_device(arg) -> bool:
+    return isinstance(arg, (torch.device, str, torch.Tensor))
 
 
 @pytest.fixture
@@ -58,6 +91,7 @@ def model(monkeypatch):
         def __init__(self, device=None, **kw):
             super().__init__(device, **kw)
             self.gate = 0  # held while gate > m.epoch
+            m.streams.append(self)
 
         def wait_event(self, event):
             self.gate = max(self.gate, event.gate)
@@ -65,16 +99,24 @@ def model(monkeypatch):
         def wait_stream(self, stream):
             self.gate = max(self.gate, stream.gate)
 
+        def synchronize(self):
+            if m.waits_for_a_hold(self):
+                m.violations.append("the host synchronized a stream that waits for a hold")
+
     class Event(fake_device.FakeEvent):
         gate = 0
 
         def record(self, stream=None):
-            self.gate = getattr(stream if stream is not None else m.current, "gate", 0)
+            s = stream if stream is not None else (m.current if m.current is not None else m.default)
+            self.gate = max(getattr(s, "gate", 0), m.epoch + 1 if s is m.default and m.armed() else 0)
 
         def query(self):
             if m.held(self):
                 m.violations.append("the host waited on work behind a hold")
             return True
+
+        def synchronize(self):
+            self.query()
 
     @contextlib.contextmanager
     def stream_context(s=None):
@@ -84,7 +126,7 @@ def model(monkeypatch):
         finally:
             m.current = before
 
-    default = Stream()
+    default = m.default = Stream()
 
     def spin(*a, stream=None, **k):  # StreamGate.hold without cuda-python: the hold itself
         if stream is not None:
@@ -104,13 +146,58 @@ def model(monkeypatch):
         for t in (self.gpu, self.snapshot, self.staging):
             m.device_ranges.append((t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()))
 
+    real_adv_init = adversarial_module.AdversarialExecutor.__init__
+
+    def adv_init(self, *a, **k):
+        real_adv_init(self, *a, **k)
+        buf = self._host_snapshot_buffer  # pinned where there is a device
+        m.pinned_ranges.append((buf.ptr, buf.ptr + buf.nbytes))
+
     real_swap = ops.swap_blocks_batch
 
     def swap(src_ptrs, dst_ptrs, sizes, src_access_order=None, **k):
         src, dst = (np.asarray(torch.as_tensor(a), dtype=np.int64) for a in (src_ptrs, dst_ptrs))
         if m.held(m.current) and any(m.on_device(int(s)) and m.on_device(int(d)) for s, d in zip(src, dst)):
             m.violations.append("a device-to-device batch on a held stream")
+        if m.waits_for_a_hold(None):
+            if ops.resolve_order(src_access_order, k.get("is_src_access_order_any")) == ops.SrcAccessOrder.DURING_API_CALL:
+                m.violations.append("a DURING_API_CALL batch on a stream that waits for a hold")
+            if any(not m.on_device(int(s)) and not m.pinned(int(s)) and m.on_device(int(d)) for s, d in zip(src, dst)):
+                m.violations.append("a host-to-device batch from pageable memory on a stream that waits for a hold")
         real_swap(src_ptrs, dst_ptrs, sizes, src_access_order, **k)
+
+    # Host syncs torch makes on the caller's behalf.
+    real_to, real_copy = torch.Tensor.to, torch.Tensor.copy_
+
+    def to(self, *a, **k):
+        device = k.get("device", a[0] if a else None)
+        if _is_device(device) and not k.get("non_blocking", False) and m.waits_for_a_hold(None):
+            m.violations.append("a synchronous host-device copy (Tensor.to) on a stream that waits for a hold")
+        return real_to(self, *a, **k)
+
+    def copy_(self, src, non_blocking=False):
+        crosses = m.on_device(self.data_ptr()) != m.on_device(src.data_ptr())
+        if crosses and not non_blocking and m.waits_for_a_hold(None):
+            m.violations.append("a synchronous host-device copy (copy_) on a stream that waits for a hold")
+        return real_copy(self, src, non_blocking)
+
+    def device_wide(what):
+        def call(*a, **k):
+            if m.armed():
+                m.violations.append(f"{what} while a hold is armed")
+        return call
+
+    def pin_memory(self, *a, **k):  # torch's pinned cache: cudaHostAlloc on a miss
+        if m.armed():
+            m.violations.append("a pinned allocation (Tensor.pin_memory) while a hold is armed")
+        return self  # the stand-in has no pinned memory
+
+    real_free = host_memory.HostBuffer.free
+
+    def free(self):
+        if getattr(self, "_live", False) and m.armed():
+            m.violations.append("host memory freed (cudaFreeHost / cudaHostUnregister) while a hold is armed")
+        real_free(self)
 
     monkeypatch.setattr(torch.cuda, "Stream", Stream)
     monkeypatch.setattr(torch.cuda, "Event", Event)
@@ -120,6 +207,13 @@ def model(monkeypatch):
     monkeypatch.setattr(gate_module.StreamGate, "release_all", release_all)
     monkeypatch.setattr(pools_module.Pools, "__init__", pools_init)
     monkeypatch.setattr(ops, "swap_blocks_batch", swap)
+    monkeypatch.setattr(adversarial_module.AdversarialExecutor, "__init__", adv_init)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    monkeypatch.setattr(torch.Tensor, "copy_", copy_)
+    monkeypatch.setattr(torch.cuda, "synchronize", device_wide("torch.cuda.synchronize"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", device_wide("torch.cuda.empty_cache"))
+    monkeypatch.setattr(host_memory.HostBuffer, "free", free)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
     return m
 
 
@@ -164,3 +258,115 @@ def test_no_schedule_makes_the_host_wait_on_a_hold(model):
             assert obs.corrupted_trials == 3 and obs.garbage > 0, pc.cell.label
         else:
             assert not obs.corrupted, (pc.cell.label, obs.counts)
+
+
+def test_the_model_catches_each_kind_of_host_wait_on_a_hold(model):
+    """Every class of call the model forbids, issued once with a hold armed and once without."""
+    g = gate_module.StreamGate(torch.device("cpu"))
+    held, free_stream, waiter = torch.cuda.Stream(), torch.cuda.Stream(), torch.cuda.Stream()
+    dev, host = torch.zeros(64, dtype=torch.uint8), torch.ones(64, dtype=torch.uint8)
+    model.device_ranges.append((dev.data_ptr(), dev.data_ptr() + 64))
+    buf = host_memory.allocate_host("pageable", 64)
+
+    def provoke():
+        waiter.wait_stream(held)
+        held.synchronize()
+        with torch.cuda.stream(waiter):
+            host.to(torch.device("cpu"))  # an H2D copy from pageable memory: torch waits for the stream
+            dev.copy_(host)
+            ops.swap_blocks_batch([host.data_ptr()], [dev.data_ptr()], [64], "STREAM")  # from pageable
+            ops.swap_blocks_batch([dev.data_ptr()], [host.data_ptr()], [64], "DURING_API_CALL")
+        host.to(torch.device("cpu"))  # on the legacy default stream (modelled as waiting)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        host.pin_memory()
+        buf.free()
+
+    g.hold(held)
+    provoke()
+    assert sorted(set(model.violations)) == sorted({
+        "the host synchronized a stream that waits for a hold",
+        "a synchronous host-device copy (Tensor.to) on a stream that waits for a hold",
+        "a synchronous host-device copy (copy_) on a stream that waits for a hold",
+        "a host-to-device batch from pageable memory on a stream that waits for a hold",
+        "a DURING_API_CALL batch on a stream that waits for a hold",
+        "torch.cuda.synchronize while a hold is armed",
+        "torch.cuda.empty_cache while a hold is armed",
+        "a pinned allocation (Tensor.pin_memory) while a hold is armed",
+        "host memory freed (cudaFreeHost / cudaHostUnregister) while a hold is armed",
+    })
+    model.violations.clear()
+    g.release_all()
+    buf = host_memory.allocate_host("pageable", 64)
+    provoke()  # nothing held: every call is fine
+    with torch.cuda.stream(free_stream):
+        dev.copy_(host)
+    assert not model.violations, model.violations
+    g.close()
+
+
+def test_random_data_never_makes_the_host_wait_on_a_hold(model):
+    """--data random under the adversarial executor: its device writes run on held compute
+    streams (early schedule), so nothing there may wait for the current stream."""
+    c = _campaign(data="random", scenarios=("H1", "H2", "H4", "P1", "P2"))
+    planned = runner.plan(c, TINY, PARAMS)
+    outcomes = runner.execute(planned, c, TINY, PARAMS, device=torch.device("cpu"))
+    assert model.holds > 0
+    assert not model.violations, sorted(set(model.violations))
+    for pc in planned:
+        out = outcomes[pc.cell]
+        assert out.error is None, out.error
+        assert not out.observation.corrupted, pc.cell.label
+
+
+def test_memory_is_never_freed_when_the_device_does_not_settle(model, monkeypatch):
+    """Cleanup that finds the device busy leaves every host buffer alone (freeing it would
+    synchronize the device, i.e. hang on the work that did not finish) and keeps it referenced."""
+    freed = []
+    real_free = host_memory.HostBuffer.free
+
+    def free(self):
+        if getattr(self, "_live", False):
+            freed.append(self)
+        real_free(self)
+
+    monkeypatch.setattr(host_memory.HostBuffer, "free", free)
+    monkeypatch.setattr(runner, "settle", lambda device, timeout_s: False)
+    c = _campaign(scenarios=("P2",), orders=("ANY",))
+    planned = runner.plan(c, TINY, PARAMS)
+    before = len(runner._ABANDONED)
+    try:
+        runner.execute(planned, c, TINY, PARAMS, device=torch.device("cpu"))
+        import gc
+
+        gc.collect()
+        assert not freed
+        assert len(runner._ABANDONED) == before + 1
+        _runners, pools, buffers = runner._ABANDONED[-1]
+        assert pools.host is not None and all(b is not None for b in buffers[:1])
+    finally:
+        del runner._ABANDONED[before:]
+
+
+def test_executor_streams_stay_distinct_when_torch_pool_wraps(model, monkeypatch):
+    """torch.cuda.Stream() hands out a pool of 32 streams round robin: an executor with more
+    streams than that must still get distinct ones for its own."""
+    from kvverify import executors
+
+    pool = [torch.cuda.Stream() for _ in range(4)]
+    turn = iter(range(10**6))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pool[next(turn) % len(pool)])
+    c = _campaign()
+    sizes = runner.pool_sizes([pc.program for pc in runner.plan(c, TINY, PARAMS)], TINY, True)
+    pools = pools_module.Pools(TINY, "pageable", sizes, torch.device("cpu"))
+    try:
+        ex = executors.make("adversarial", pools, executors.Settings())
+        got = [ex.host_stream, ex.snap_stream, ex._stream("a"), ex._stream("b")]
+        assert len({s.cuda_stream for s in got}) == 4
+        monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # no cuda-python: no stream past the pool
+        with pytest.raises(executors.HarnessError, match="distinct streams"):
+            ex._stream("c")
+        ex.close()
+        ex.free_memory()
+    finally:
+        pools.close()

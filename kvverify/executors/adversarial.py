@@ -78,7 +78,7 @@ class AdversarialExecutor(Executor):
     def __init__(self, pools, settings) -> None:
         super().__init__(pools, settings)
         self.gate = StreamGate(pools.device, deadline_s=min(settings.hold_timeout_s, GATE_DEADLINE_S))
-        self.snap_stream = self.torch.cuda.Stream(device=pools.device)  # depends on nothing
+        self.snap_stream = self._new_stream()  # depends on nothing
         # Host sources are snapshot here, by the host (pinned where there is a device, so the
         # destination write is a pinned H2D batch); allocated now, before any hold, and freed by
         # free_memory() once the device is idle. Page numbering as in the device snapshot area.
@@ -90,6 +90,33 @@ class AdversarialExecutor(Executor):
         self.host_snapshot = self.torch.from_numpy(self._host_snapshot_buffer.numpy(np.uint8)).view(pages, self.page_bytes)
         self.dst_pageable_call_waits = False  # seen: a copy into pageable memory waited for its stream
         self._expired_before = 0  # gate.expired already reported
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """Launch every harness kernel once now, before any hold. torch sets
+        CUDA_MODULE_LOADING=LAZY: a kernel's module is loaded at its first launch, and loading
+        may synchronize the context (CUDA programming guide, lazy loading), i.e. wait for a
+        held stream until the watchdog releases it. The native cells that usually run first
+        load them too, but not in a run of adversarial cells only."""
+        from kvverify import kernels
+
+        torch, pools = self.torch, self.pools
+        try:
+            ptrs = torch.tensor([pools.snapshot_ptr(0)], dtype=torch.int64).to(pools.device)  # scratch page
+            ids = torch.zeros(1, dtype=torch.int64).to(pools.device)
+            with torch.cuda.stream(self.host_stream):
+                kernels.write_blocks(ptrs, self.page_bytes, ids, 1, self.settings.seed, 0)
+                kernels.read_blocks(ptrs, self.page_bytes, 0)
+                kernels.verify_blocks(ptrs, self.page_bytes, ids, 1, self.settings.seed)
+                kernels.checksum_blocks(ptrs, self.page_bytes)
+                kernels.spin(0)
+                if pools.sizes.staging_pages:
+                    pools.staging_ptrs(1)
+            self._own_wait(self.host_stream, "kernel warm-up")
+        except Exception as exc:  # pragma: no cover - a warm-up must never stop a run
+            import sys
+
+            print(f"kvverify: kernel warm-up failed ({type(exc).__name__}: {exc}); going on", file=sys.stderr)
 
     def _begin_trial(self, trial: int) -> None:
         self.schedule = SCHEDULES[trial % len(SCHEDULES)]

@@ -115,7 +115,8 @@ class Executor:
         self.pools, self.settings = pools, settings
         self.page_bytes = pools.page_bytes
         self._streams: dict[str, object] = {}
-        self.host_stream = torch.cuda.Stream(device=pools.device)  # the host's own writes and reads
+        self._owned: list = []  # every stream this executor made, each a distinct CUDA stream
+        self.host_stream = self._new_stream()  # the host's own writes and reads
         self._epoch = 0
         self.schedule = self.name
         from kvverify.executors import contents
@@ -286,8 +287,37 @@ class Executor:
 
     def _stream(self, name: str):
         if name not in self._streams:
-            self._streams[name] = self.torch.cuda.Stream(device=self.pools.device)
+            self._streams[name] = self._new_stream()
         return self._streams[name]
+
+    def _new_stream(self):
+        """A stream that is none of this executor's other streams. ``torch.cuda.Stream()``
+        hands out torch's pool of 32 streams round robin, so the 33rd request returns a stream
+        already in use: two program streams would then be one (an order the program does not
+        have, hiding races), or a held transfer stream would be the host's own stream (the
+        host would wait on a hold). Skip pool streams this executor has; past the pool, a
+        fresh non-blocking stream (cuda-python)."""
+        torch = self.torch
+        taken = {s.cuda_stream for s in self._owned}
+        stream = None
+        for _ in range(64):  # the pool has 32 per priority: one lap finds a free one if any
+            s = torch.cuda.Stream(device=self.pools.device)
+            if s.cuda_stream not in taken:
+                stream = s
+                break
+        if stream is None:
+            try:
+                from cuda.bindings import driver as d
+
+                err, handle = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+                if err != d.CUresult.CUDA_SUCCESS:
+                    raise RuntimeError(f"cuStreamCreate: {err}")
+                stream = torch.cuda.ExternalStream(int(handle), device=self.pools.device)
+            except Exception as exc:
+                raise HarnessError(f"{self.name} executor: needs more than {len(taken)} distinct streams and "
+                                   f"torch's pool has no more ({exc}); lower transfers") from None
+        self._owned.append(stream)
+        return stream
 
     def _mark(self, stream):
         event = self.torch.cuda.Event()

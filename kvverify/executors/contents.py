@@ -81,12 +81,15 @@ class RandomContents:
     def write_device(self, blocks: PreparedBlocks, ids, cids, generation: int, spin_ns: int) -> None:
         from kvverify import kernels
 
-        torch = self.torch
         if spin_ns:
             kernels.spin(spin_ns)
         view = self.pools.gpu.view(self.pools.tensors, self.pools.sizes.gpu_slots, self.pools.page_bytes)
         data = self._random(blocks.pages).view(self.pools.tensors, len(blocks.slots), -1)
-        view[:, torch.from_numpy(blocks.slots).to(self.pools.device)] = data
+        # One device-to-device copy per run of consecutive slots, on the current stream. Not an
+        # index tensor built from the host slots: ``.to(device)`` from pageable memory waits for
+        # the current stream, which the adversarial executor may hold (early schedule).
+        for at, first, n in _runs(blocks.slots):
+            view[:, first:first + n] = data[:, at:at + n]
         self._remember(kernels.checksum_blocks(blocks.ptrs_cuda, self.pools.page_bytes), cids, generation)
 
     def write_host(self, blocks: PreparedBlocks, ids, cids, generation: int) -> None:
