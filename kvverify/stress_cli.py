@@ -182,6 +182,11 @@ def _check_writable(option: str, path: str | None) -> None:
 def run(args) -> int:
     from rich.console import Console
 
+    # Each stream held by the adversarial executor's gate must not share a hardware work queue
+    # with a stream it waits for; CUDA's default is 8 queues per process, 32 the most. Read when
+    # the process first initializes CUDA, which happens later in this run.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
     # In a log (not a terminal) the table keeps one line per cell instead of wrapping its labels.
     console = Console(stderr=args.json == "-")
     if not console.is_terminal:
