@@ -10,11 +10,13 @@ Measures, per kind of range (run, cell, trial, phase), the cost of one ``with`` 
 
 Then estimates the share of a smoke run: ranges per run x cost / run time, where a run
 has 1 run range, C cell ranges, C x T trial ranges and 3 x C x T phase ranges. Give
-``--cells``, ``--trials`` and ``--run-seconds`` of the smoke run (or ``--smoke-cmd`` to
-time ``kvverify stress`` itself, with and without ``--no-nvtx``).
+``--cells``, ``--trials`` and ``--run-seconds`` of the smoke run, or ``--report`` (a
+``kvverify stress --json`` report: cells run, their trials and seconds), or ``--smoke-cmd`` to
+time ``kvverify stress`` itself, with and without ``--no-nvtx``.
 
     python benchmarks/bench_nvtx_overhead.py
-    python benchmarks/bench_nvtx_overhead.py --cells 306 --trials 3 --run-seconds 90
+    python benchmarks/bench_nvtx_overhead.py --cells 324 --trials 3 --run-seconds 90
+    python benchmarks/bench_nvtx_overhead.py --report out/stress.json
     python benchmarks/bench_nvtx_overhead.py --smoke-cmd "kvverify stress --campaign smoke --trials 1"
 """
 
@@ -114,28 +116,36 @@ def build_recorder() -> Path | None:
         return None
 
 
-def time_smoke(cmd: str, repeats: int) -> tuple[float, float]:
-    """Median wall seconds of ``cmd`` with annotation on (no tool) and with ``--no-nvtx``."""
+def time_smoke(cmd: str, repeats: int, report: Path) -> tuple[float, float]:
+    """Median wall seconds of ``cmd`` with annotation on (no tool) and with ``--no-nvtx``; the
+    last annotated run writes its JSON report to ``report``."""
     on, off = [], []
     for _ in range(repeats):  # interleaved, so drift hits both alike
-        for args, sink in ((shlex.split(cmd), on), (shlex.split(cmd) + ["--no-nvtx"], off)):
+        for args, sink in ((shlex.split(cmd) + ["--json", str(report)], on), (shlex.split(cmd) + ["--no-nvtx"], off)):
             t0 = time.perf_counter()
             subprocess.run(args, check=False, capture_output=True)
             sink.append(time.perf_counter() - t0)
     return statistics.median(on), statistics.median(off)
 
 
+def ranges_in(report: Path) -> tuple[int, int, float]:
+    """(cells run, trials run, seconds in cells) of a ``kvverify stress --json`` report."""
+    ran = [c["observed"] for c in json.loads(report.read_text())["cells"] if c["observed"]]
+    return len(ran), sum(o["trials"] for o in ran), sum(o["elapsed_s"] for o in ran)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, default=200_000, help="ranges per timing round (default 200000)")
-    # Defaults: stress/smoke.toml on the stress branch: 17 (scenario, direction) pairs x 3 orders
-    # x 3 host memory kinds x 2 executors = 306 cells, 3 trials each, "under 90 s on one H200".
-    p.add_argument("--cells", type=int, default=306, help="cells in the smoke run (default 306)")
+    # Defaults: stress/smoke.toml: 18 (scenario, direction) pairs x 3 orders x 3 host memory
+    # kinds x 2 executors = 324 cells, at least 3 trials each, "under 90 s on one H200".
+    p.add_argument("--cells", type=int, default=324, help="cells in the smoke run (default 324)")
     p.add_argument("--trials", type=int, default=3, help="trials per cell (default 3)")
+    p.add_argument("--report", help="a `kvverify stress --json` report: take cells, trials and run seconds from it")
     p.add_argument("--run-seconds", type=float, default=None,
                    help="wall time of a smoke run without annotation (default: from --smoke-cmd, else 90)")
-    p.add_argument("--smoke-cmd", help="time this command with and without --no-nvtx")
+    p.add_argument("--smoke-cmd", help="time this command with and without --no-nvtx (and count its ranges)")
     p.add_argument("--repeats", type=int, default=5, help="--smoke-cmd repeats (default 5)")
     p.add_argument("--json", help="also write the figures to this JSON file")
     args = p.parse_args(argv)
@@ -154,15 +164,18 @@ def main(argv=None) -> int:
     for r in results:
         print(f"{r['mode']:10} " + " ".join(f"{r['ns'][k]:9.0f}" for k in KINDS) + f"   {r['state']}")
 
-    counts = {"run": 1, "cell": args.cells, "trial": args.cells * args.trials,
-              "phase": 3 * args.cells * args.trials}
-    measured = None
+    measured, report = None, Path(args.report) if args.report else None
     if args.smoke_cmd:
-        measured = time_smoke(args.smoke_cmd, args.repeats)
-    run_seconds = args.run_seconds or (measured[1] if measured else 90.0)
+        report = Path(tempfile.mkdtemp(prefix="kvverify-nvtx-")) / "stress.json"
+        measured = time_smoke(args.smoke_cmd, args.repeats, report)
+    cells, trials, report_seconds = args.cells, args.cells * args.trials, None
+    if report is not None:
+        cells, trials, report_seconds = ranges_in(report)
+    counts = {"run": 1, "cell": cells, "trial": trials, "phase": 3 * trials}
+    run_seconds = args.run_seconds or (measured[1] if measured else report_seconds or 90.0)
     total_ranges = sum(counts.values())
-    print(f"\nsmoke run: {args.cells} cells x {args.trials} trials -> {total_ranges} ranges "
-          f"({counts['trial']} trials, {counts['phase']} phases), run time {run_seconds:.3f} s")
+    print(f"\nsmoke run: {cells} cells, {trials} trials -> {total_ranges} ranges "
+          f"({counts['phase']} phases), run time {run_seconds:.3f} s")
     summary = {"ranges": counts, "run_seconds": run_seconds, "modes": {}}
     for r in results:
         cost_s = sum(counts[k] * r["ns"][k] for k in KINDS) * 1e-9

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# One GPU round on a CUDA host: build the extension, run the GPU tests, a smoke stress run,
-# the probe and a quick bench. Every step runs even when an earlier one fails; the exit status
-# is non-zero when any failed. Logs and reports go under $OUT (default ./out); wheels carried
-# in .whl/ (e.g. nvtx for a bare GPU image) are installed first.
+# One GPU round on a CUDA host: build the extension, run the GPU tests, a smoke stress run
+# with two presets, the NVTX overhead A/B, the probe and a quick bench. Every step runs even
+# when an earlier one fails; the exit status is non-zero when any failed. Logs and reports go
+# under $OUT (default ./out); wheels carried in .whl/ (e.g. nvtx for a bare GPU image) are
+# installed first.
+#
+#   ci/gpu.sh                    every step, in order (about 15 minutes on one H200)
+#   ci/gpu.sh build gpu-tests    only the named steps (a later call on the same host may skip
+#                                `build`: the editable install stays)
+#
+# Steps: platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench
+#        swap-bandwidth kernel-bandwidth. Each has a wall-clock limit (SIGINT, then SIGKILL), so
+#        one stuck step cannot eat a lent device's whole call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -11,18 +20,25 @@ LOG="$OUT/gpu.log"
 : > "$LOG"
 failed=()
 
-step() {  # step NAME COMMAND...: run, log, remember a failure
-  local name=$1; shift
+ALL_STEPS=(platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench swap-bandwidth
+           kernel-bandwidth)
+SELECTED=("$@")
+[ ${#SELECTED[@]} -ne 0 ] || SELECTED=("${ALL_STEPS[@]}")
+for s in "${SELECTED[@]}"; do
+  [[ " ${ALL_STEPS[*]} " == *" $s "* ]] || { echo "ci/gpu.sh: unknown step '$s'; steps: ${ALL_STEPS[*]}" >&2; exit 2; }
+done
+
+step() {  # step NAME LIMIT_S COMMAND...: run if selected, under a time limit, log, remember a failure
+  local name=$1 limit=$2; shift 2
+  [[ " ${SELECTED[*]} " == *" $name "* ]] || return 0
   echo "== $name: $*" | tee -a "$LOG"
   local start=$SECONDS
-  "$@" >> "$LOG" 2>&1
+  timeout --signal=INT --kill-after=30 "$limit" "$@" >> "$LOG" 2>&1
   local rc=$?
   echo "== $name: exit $rc in $((SECONDS - start)) s" | tee -a "$LOG"
   [ $rc -eq 0 ] || failed+=("$name")
   return 0
 }
-
-has_command() { python3 -m kvverify --help 2>/dev/null | grep -qE "^    $1 "; }
 
 if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/kvverify-site .whl/*.whl
@@ -30,23 +46,21 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONUNBUFFERED=1
 
-step platform bash -c 'nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv; python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)"'
-step build env KVVERIFY_REQUIRE_EXTENSION=1 MAX_JOBS="$(nproc)" python3 -m pip install --no-build-isolation --no-deps -e .
-step gpu-tests python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml"
-grep -E "passed|failed|error" "$LOG" | tail -n 1
-if has_command stress; then
-  # The smoke campaign (Llama-3.1-8B pages) and the same cells with a second preset's geometry.
-  step stress-smoke python3 -m kvverify stress --max-seconds 300 --json "$OUT/stress.json" --junit "$OUT/stress-junit.xml"
-  step stress-smoke-qwen python3 -m kvverify stress --model qwen2.5-7b --max-seconds 300 --json "$OUT/stress-qwen.json"
-fi
-if has_command probe; then
-  step probe python3 -m kvverify probe --json "$OUT/probe.json"
-fi
-if has_command bench; then
-  step bench python3 -m kvverify bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png"
-fi
-step swap-bandwidth python3 benchmarks/bench_swap.py
-step kernel-bandwidth python3 benchmarks/bench_kernels.py
+step platform 30 bash -c 'nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv; python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)"'
+step build 300 env KVVERIFY_REQUIRE_EXTENSION=1 MAX_JOBS="$(nproc)" python3 -m pip install --no-build-isolation --no-deps -e .
+step gpu-tests 420 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml"
+grep -E "^=* ?[0-9]+ (passed|failed)|^[0-9]+ (passed|failed)" "$LOG" | tail -n 1
+# The smoke campaign (Llama-3.1-8B pages) and the same cells with a second preset's geometry; the
+# target is 90 s each, the cap leaves room to see by how much a slow run misses it.
+step stress-smoke 200 python3 -m kvverify stress --max-seconds 180 --json "$OUT/stress.json" --junit "$OUT/stress-junit.xml"
+step stress-smoke-qwen 200 python3 -m kvverify stress --model qwen2.5-7b --max-seconds 180 --json "$OUT/stress-qwen.json"
+# One interleaved pair of smoke runs, annotated and --no-nvtx, and the per-range cost.
+step nvtx-overhead 400 python3 benchmarks/bench_nvtx_overhead.py --repeats 1 --json "$OUT/nvtx-overhead.json" \
+  --smoke-cmd "python3 -m kvverify stress --max-seconds 180"
+step probe 200 python3 -m kvverify probe --json "$OUT/probe.json"
+step bench 300 python3 -m kvverify bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png"
+step swap-bandwidth 120 python3 benchmarks/bench_swap.py
+step kernel-bandwidth 120 python3 benchmarks/bench_kernels.py
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "ci/gpu.sh: failed steps: ${failed[*]}" | tee -a "$LOG"
