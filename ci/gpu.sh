@@ -8,6 +8,7 @@
 #   ci/gpu.sh                    every step, in order (about 15 minutes on one H200)
 #   ci/gpu.sh build gpu-tests    only the named steps (a later call on the same host may skip
 #                                `build`: the editable install stays)
+#   GPU_TESTS="tests/test_stress_gpu.py" ci/gpu.sh gpu-tests    only these GPU test files
 #
 # Steps: platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench
 #        swap-bandwidth kernel-bandwidth. Each has a wall-clock limit (SIGINT, then SIGKILL), so
@@ -48,7 +49,8 @@ export PYTHONUNBUFFERED=1
 
 step platform 30 bash -c 'nvidia-smi --query-gpu=name,driver_version,pcie.link.gen.max,pcie.link.width.max --format=csv; python3 -c "import torch; print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda)"'
 step build 300 env KVVERIFY_REQUIRE_EXTENSION=1 MAX_JOBS="$(nproc)" python3 -m pip install --no-build-isolation --no-deps -e .
-step gpu-tests 420 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml"
+# shellcheck disable=SC2086  # GPU_TESTS is a list of paths
+step gpu-tests 420 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ${GPU_TESTS:-}
 grep -E "^=* ?[0-9]+ (passed|failed)|^[0-9]+ (passed|failed)" "$LOG" | tail -n 1
 # The smoke campaign (Llama-3.1-8B pages) and the same cells with a second preset's geometry; the
 # target is 90 s each, the cap leaves room to see by how much a slow run misses it.

@@ -9,13 +9,15 @@ there. This test lays a model of what blocks on the H200 over it:
   calling thread until the hold is released (measured on the H200, driver 580: 2048
   device-to-device copies of one batch on a held stream, each call released only by the
   gate's watchdog 2 s later; H2D / D2H batches from pinned memory returned at once);
-- a host wait (an event query, a stream or event synchronize) on work behind a hold blocks
-  until the hold is released;
+- a host wait (a poll loop, a stream or event synchronize) on work behind a hold blocks
+  until the hold is released; a single event query does not (it answers "not yet");
 - a synchronous copy between host and device (``Tensor.to(device)``, ``copy_`` between a host
   and a device tensor without ``non_blocking``: torch waits for the current stream) on a stream
   that waits for a hold;
 - a ``DURING_API_CALL`` batch, or a host-to-device batch from pageable memory, on a stream that
   waits for a hold: the call returns only once the stream's pending work has finished (H200);
+- a device-to-host batch into pageable memory on a stream that waits for a hold (H200: a
+  batch of 2048 pages did not return until the watchdog released the hold);
 - ``torch.cuda.synchronize``, ``torch.cuda.empty_cache`` (``cudaFree``) and freeing host memory
   (``cudaFreeHost`` / ``cudaHostUnregister``) while any hold is armed: they synchronize the device.
 
@@ -39,6 +41,7 @@ import fake_device
 from kvverify import host_memory, kernels, ops, runner
 from kvverify.campaign import load
 from kvverify.executors import adversarial as adversarial_module
+from kvverify.executors import base as base_module
 from kvverify.executors import gate as gate_module
 from kvverify.executors import pools as pools_module
 from kvverify.geometry import KVLayout, ModelGeometry
@@ -111,12 +114,11 @@ def model(monkeypatch):
             self.gate = max(getattr(s, "gate", 0), m.epoch + 1 if s is m.default and m.armed() else 0)
 
         def query(self):
-            if m.held(self):
-                m.violations.append("the host waited on work behind a hold")
-            return True
+            return not m.held(self)
 
         def synchronize(self):
-            self.query()
+            if m.held(self):
+                m.violations.append("the host waited on work behind a hold")
 
     @contextlib.contextmanager
     def stream_context(s=None):
@@ -164,10 +166,19 @@ def model(monkeypatch):
                 m.violations.append("a DURING_API_CALL batch on a stream that waits for a hold")
             if any(not m.on_device(int(s)) and not m.pinned(int(s)) and m.on_device(int(d)) for s, d in zip(src, dst)):
                 m.violations.append("a host-to-device batch from pageable memory on a stream that waits for a hold")
+            if any(m.on_device(int(s)) and not m.on_device(int(d)) and not m.pinned(int(d)) for s, d in zip(src, dst)):
+                m.violations.append("a device-to-host batch into pageable memory on a stream that waits for a hold")
         real_swap(src_ptrs, dst_ptrs, sizes, src_access_order, **k)
 
     # Host syncs torch makes on the caller's behalf.
     real_to, real_copy = torch.Tensor.to, torch.Tensor.copy_
+
+    real_poll = base_module.Executor._poll
+
+    def poll(self, events, what):  # the executors' host wait: a loop of queries
+        if any(m.held(e) for e in events):
+            m.violations.append("the host waited on work behind a hold")
+        real_poll(self, [e for e in events if not m.held(e)], what)
 
     def to(self, *a, **k):
         device = k.get("device", a[0] if a else None)
@@ -207,6 +218,7 @@ def model(monkeypatch):
     monkeypatch.setattr(gate_module.StreamGate, "release_all", release_all)
     monkeypatch.setattr(pools_module.Pools, "__init__", pools_init)
     monkeypatch.setattr(ops, "swap_blocks_batch", swap)
+    monkeypatch.setattr(base_module.Executor, "_poll", poll)
     monkeypatch.setattr(adversarial_module.AdversarialExecutor, "__init__", adv_init)
     monkeypatch.setattr(torch.Tensor, "to", to)
     monkeypatch.setattr(torch.Tensor, "copy_", copy_)
@@ -241,6 +253,13 @@ def test_the_model_catches_a_device_to_device_batch_on_a_held_stream(model):
     g.close()
 
 
+# The stand-in runs work at issue, so the only late work is what the model holds: a copy into
+# pageable memory lands in pinned memory on its (held) stream and reaches the pageable block
+# when the host finds it landed. A host read of the destination before completion (H4) and a
+# reload of the host block while its store is pending (H5) see that; no other race can show.
+LATE_PAGEABLE_WRITE_SHOWS = ("H4-broken", "H5-broken")
+
+
 def test_no_schedule_makes_the_host_wait_on_a_hold(model):
     """Every scenario, order and schedule (three trials: early, mixed, late): no call the
     H200 would block on a hold, and the outcomes of the reference schedule still hold."""
@@ -254,7 +273,9 @@ def test_no_schedule_makes_the_host_wait_on_a_hold(model):
         assert out.error is None, out.error
         obs = out.observation
         assert obs.trials == 3 and obs.blocks_checked > 0
-        if pc.cell.scenario == "H7-broken":
+        if pc.cell.scenario in LATE_PAGEABLE_WRITE_SHOWS:
+            assert obs.corrupted_trials >= 1 and pc.contract == "RACY", (pc.cell.label, obs.counts)
+        elif pc.cell.scenario == "H7-broken":
             assert obs.corrupted_trials == 3 and obs.garbage > 0, pc.cell.label
         else:
             assert not obs.corrupted, (pc.cell.label, obs.counts)
@@ -275,7 +296,7 @@ def test_the_model_catches_each_kind_of_host_wait_on_a_hold(model):
             host.to(torch.device("cpu"))  # an H2D copy from pageable memory: torch waits for the stream
             dev.copy_(host)
             ops.swap_blocks_batch([host.data_ptr()], [dev.data_ptr()], [64], "STREAM")  # from pageable
-            ops.swap_blocks_batch([dev.data_ptr()], [host.data_ptr()], [64], "DURING_API_CALL")
+            ops.swap_blocks_batch([dev.data_ptr()], [host.data_ptr()], [64], "DURING_API_CALL")  # into pageable
         host.to(torch.device("cpu"))  # on the legacy default stream (modelled as waiting)
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
@@ -290,6 +311,7 @@ def test_the_model_catches_each_kind_of_host_wait_on_a_hold(model):
         "a synchronous host-device copy (copy_) on a stream that waits for a hold",
         "a host-to-device batch from pageable memory on a stream that waits for a hold",
         "a DURING_API_CALL batch on a stream that waits for a hold",
+        "a device-to-host batch into pageable memory on a stream that waits for a hold",
         "torch.cuda.synchronize while a hold is armed",
         "torch.cuda.empty_cache while a hold is armed",
         "a pinned allocation (Tensor.pin_memory) while a hold is armed",
@@ -316,7 +338,7 @@ def test_random_data_never_makes_the_host_wait_on_a_hold(model):
     for pc in planned:
         out = outcomes[pc.cell]
         assert out.error is None, out.error
-        assert not out.observation.corrupted, pc.cell.label
+        assert out.observation.corrupted == (pc.cell.scenario in LATE_PAGEABLE_WRITE_SHOWS), pc.cell.label
 
 
 def test_memory_is_never_freed_when_the_device_does_not_settle(model, monkeypatch):

@@ -30,19 +30,23 @@ copies first wherever two copies touch the same block (``batch_rounds``), as the
 lack of internal order allows (H7).
 
 No hold may ever be waited on by the host. Held streams therefore only ever carry H2D and
-D2H batches (which the H200's driver queues behind a hold and returns from at once), never
-a device-to-device batch: measured on the H200 (driver 580), a ``cuMemcpyBatchAsync`` of
-2048 device-to-device copies issued on a held stream (or on one waiting for a held stream)
-did not return until the hold was released (the driver does not coalesce device-to-device
-copies of a batch; its submission queue for the stream fills). That is why a host source
-is snapshot on the host, not into device memory: the destination write is then a pinned
-H2D batch, as in ``STREAM`` order.
+D2H batches between device and pinned memory (which the H200's driver queues behind a hold
+and returns from at once), never a device-to-device batch and never a batch into pageable
+memory. Measured on the H200 (driver 580): a ``cuMemcpyBatchAsync`` of 2048 device-to-device
+copies issued on a held stream (or on one waiting for a held stream) did not return until
+the hold was released (the driver does not coalesce device-to-device copies of a batch; its
+submission queue for the stream fills), and a D2H batch of 2048 pages into pageable memory
+behind a hold did not return either (the driver completes it inside the call). So a host
+source is snapshot on the host, not into device memory (the destination write is then a
+pinned H2D batch, as in ``STREAM`` order), and a copy into pageable memory lands in a pinned
+landing area on its stream (held like any other) and the host writes it into the pageable
+destination the first time it finds the landing done: at every host wait and before every
+host read, host write and host snapshot. That is a write between the copy's place in its
+stream and the host's observing its completion, which rule 6 (as kvverify reads it) allows.
 
 A hold the watchdog had to release (``StreamGate.deadline_s``: the host was blocked in a
 call that waited for a held stream) still leaves a permitted schedule (a hold only delays),
-so the trial stands; stderr and the cell's window say so. Where that call was a copy into
-pageable memory (a driver that completes such copies inside the call), later copies into
-pageable memory are issued with nothing held, as the call needs.
+so the trial stands; stderr and the cell's window say so.
 
 The physical copies are ``swap_blocks_batch`` in ``STREAM`` order: the executor, not the
 driver, decides when a source is read.
@@ -88,7 +92,7 @@ class AdversarialExecutor(Executor):
         kind = "pinned" if self.torch.device(pools.device).type == "cuda" else "pageable"
         self._host_snapshot_buffer = allocate_host(kind, pages * self.page_bytes)
         self.host_snapshot = self.torch.from_numpy(self._host_snapshot_buffer.numpy(np.uint8)).view(pages, self.page_bytes)
-        self.dst_pageable_call_waits = False  # seen: a copy into pageable memory waited for its stream
+        self._landings: list = []  # (event, data) of batches into pageable memory not yet written there
         self._expired_before = 0  # gate.expired already reported
         self._warm_up()
 
@@ -121,6 +125,7 @@ class AdversarialExecutor(Executor):
     def _begin_trial(self, trial: int) -> None:
         self.schedule = SCHEDULES[trial % len(SCHEDULES)]
         self.gate.reset()
+        self._landings = []  # a failed trial's leftovers belong to no schedule
 
     def _check_trial(self) -> None:
         # A hold released early is still a schedule the order permits (holds only delay), so
@@ -130,9 +135,7 @@ class AdversarialExecutor(Executor):
                 import sys
 
                 print(f"kvverify: a stream hold was released by the watchdog after {self.gate.deadline_s:g} s: "
-                      "the host was blocked in a call that waited for a held stream"
-                      + ("; it was a copy into pageable memory, so such copies are no longer held in this run"
-                         if self.dst_pageable_call_waits else ""), file=sys.stderr, flush=True)
+                      "the host was blocked in a call that waited for a held stream", file=sys.stderr, flush=True)
             self._expired_before = self.gate.expired
 
     @property
@@ -141,8 +144,8 @@ class AdversarialExecutor(Executor):
         note = self.gate.mechanism
         if self.gate.expired:
             note += f"; {self.gate.expired} hold(s) released by the watchdog after {self.gate.deadline_s:g} s"
-        if self.dst_pageable_call_waits:
-            note += "; copies into pageable memory not held (the call waited for the stream)"
+        if self.pools.host_kind == "pageable":
+            note += "; copies into pageable memory land in pinned memory, written by the host once landed"
         return note
 
     def _all_streams(self) -> list:
@@ -159,6 +162,29 @@ class AdversarialExecutor(Executor):
 
     def _before_host_wait(self) -> None:
         self.gate.release_all()
+
+    def _poll(self, events: list, what: str) -> None:
+        super()._poll(events, what)
+        self._land()
+
+    def _before_host_access(self) -> None:
+        self._land()
+
+    def _land(self) -> None:
+        """The host writes into pageable memory what every landed batch carries: those whose
+        landing event has completed (no waiting), in issue order, each batch's copies in its
+        rounds' order. Events are queried latest first: a batch ordered after another can only
+        be found landed if that one is found landed too, so their writes keep stream order."""
+        if not self._landings:
+            return
+        from kvverify.executors.contents import scatter_host_pages
+
+        landed = [event.query() for event, _ in reversed(self._landings)][::-1]
+        for (_, data), done in zip(self._landings, landed):
+            if done:
+                for slots, rows, blocks in data.extra["landing"]:
+                    scatter_host_pages(self.pools, slots, rows if blocks is None else rows[:, blocks])
+        self._landings = [entry for entry, done in zip(self._landings, landed) if not done]
 
     def _after_setup(self, prepared) -> None:
         if self.schedule == "early":
@@ -186,18 +212,46 @@ class AdversarialExecutor(Executor):
                 k += n
             page_round = np.array(page_round)
             pages = data.snapshot_first_page + np.arange(len(data.src), dtype=np.int64)
+            host_area = self.host_snapshot.data_ptr() + pages * self.page_bytes
+            dst = data.dst
             if data.src_pool == "host":  # snapshot by the host, into the pinned host snapshot area
-                snap = self.host_snapshot.data_ptr() + pages * self.page_bytes
+                snap = host_area
             else:  # snapshot into the device snapshot area
                 snap = np.array([self.pools.snapshot_ptr(int(p)) for p in pages], dtype=np.int64)
+                if self.pools.host_kind == "pageable" and data.dst_pool == "host":
+                    # Into the pinned landing area (the batch's pages of the host snapshot area,
+                    # which a device source leaves unused); _land writes the pageable pages.
+                    dst = host_area
+                    data.extra["landing"] = self._landing_writes(data, block_round)
             out = []
             for r in range(page_round.max() + 1):
                 sel = page_round == r
                 out.append(tuple(torch.from_numpy(np.ascontiguousarray(a[sel])) for a in
-                                 (data.src, snap, data.dst, np.full(len(data.src), self.page_bytes, np.int64))))
+                                 (data.src, snap, dst, np.full(len(data.src), self.page_bytes, np.int64))))
             data.extra["snapshot"] = torch.from_numpy(snap)
             data.extra["rounds"] = out
         return data.extra["rounds"]
+
+    def _landing_writes(self, data: SwapData, block_round: list[int]) -> list:
+        """(host slots, the copy group's landing rows as int64 (tensors, blocks, words), the
+        blocks of the group to take or None for all) per copy group and round, in round order:
+        what ``_land`` writes for this batch. Rows are views, read when ``_land`` runs."""
+        writes, at, k = [], data.snapshot_first_page, 0
+        groups = []
+        for c in data.step.copies:
+            n = len(c.src)
+            rows = self.host_snapshot[at:at + n * self.pools.tensors].view(self.torch.int64).view(
+                self.pools.tensors, n, -1)
+            groups.append((np.asarray(c.dst.slots, dtype=np.int64), rows, np.asarray(block_round[k:k + n])))
+            at, k = at + n * self.pools.tensors, k + n
+        for r in range(max(block_round) + 1):
+            for slots, rows, rounds in groups:
+                sel = np.flatnonzero(rounds == r)
+                if len(sel) == len(rounds):
+                    writes.append((slots, rows, None))
+                elif len(sel):
+                    writes.append((slots[sel], rows, self.torch.from_numpy(sel)))
+        return writes
 
     def _snapshot(self, data: SwapData) -> None:
         """Read every source of the batch now, into a snapshot area (the call has read its
@@ -210,6 +264,7 @@ class AdversarialExecutor(Executor):
         if data.src_pool == "host":
             from kvverify.executors.contents import gather_host_pages
 
+            self._land()
             torch = self.torch
             # Pages were laid out copy by copy, tensor-major inside each.
             at = data.snapshot_first_page
@@ -227,24 +282,17 @@ class AdversarialExecutor(Executor):
         from kvverify import ops
 
         torch = self.torch
-        pageable = self.pools.host_kind == "pageable"
-        src_pageable = pageable and data.src_pool == "host"
-        dst_pageable = pageable and data.dst_pool == "host"
+        src_pageable = self.pools.host_kind == "pageable" and data.src_pool == "host"
         may_read_early = order in ("ANY", "DURING_API_CALL") or src_pageable
         read_at_call = may_read_early and (self.schedule != "late" or order == "DURING_API_CALL" or src_pageable)
         rounds = self._rounds(data)
         if read_at_call:
             # At call time, before anything here waits for compute or for the copy stream.
             self._snapshot(data)
-        if dst_pageable and self.dst_pageable_call_waits:
-            # This driver completes a copy into pageable memory inside the call: nothing the
-            # copy may depend on can stay held while it runs.
-            self._before_host_wait()
-        elif self.schedule != "early":
+        if self.schedule != "early":
             self.gate.hold(stream)
-        expired = self.gate.expired
         with torch.cuda.stream(stream):
             for src, snap, dst, sizes in rounds:
                 ops.swap_blocks_batch(snap if read_at_call else src, dst, sizes, "STREAM")
-        if dst_pageable and self.gate.expired != expired:
-            self.dst_pageable_call_waits = True  # later copies into pageable memory are not held
+        if "landing" in data.extra:
+            self._landings.append((self._mark(stream), data))

@@ -262,8 +262,10 @@ class Executor:
         elif isinstance(step, Poll):
             self._host_wait([self._events[e] for e in step.events if e in self._events], "polling end events")
         elif isinstance(step, HostWrite):
+            self._before_host_access()
             self._host_write(data, base)
         elif isinstance(step, HostRead):
+            self._before_host_access()
             pending.append(self._verify(data, base, self.host_stream))
             self._own_wait(self.host_stream, "host read")
         else:  # pragma: no cover
@@ -377,6 +379,9 @@ class Executor:
 
     def _before_host_wait(self) -> None:
         pass
+
+    def _before_host_access(self) -> None:
+        """The host is about to read or write host blocks of the program (executor hook)."""
 
     def _swap(self, stream, data: SwapData, order: str) -> None:
         raise NotImplementedError
