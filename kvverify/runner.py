@@ -120,6 +120,9 @@ def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) 
 # Rough rates of one H200 host (PCIe Gen5 x16): DMA and kernel access over PCIe, the device's
 # own memory, and host-side passes over pageable memory (driver staging, CPU copies).
 PCIE_BPS, DEVICE_BPS, PAGEABLE_BPS = 50e9, 2e12, 10e9
+# A device-to-host batch into pageable memory pays per page, whatever its size: ~30 µs per page
+# on the H200 (driver 580; the smoke's native pageable store cells, docs/stress.md).
+PAGEABLE_D2H_PAGE_S = 30e-6
 TRIAL_FIXED_S = 4e-3  # Python issue, syncs and polls of one trial
 
 
@@ -138,8 +141,8 @@ class Estimate:
 
 def program_blocks(program: Program) -> dict[str, int]:
     """Per trial, in blocks: checked (``Read`` twice, as ``Executor.prepare`` counts), of them on
-    the host, copied, written by the host (setup and ``HostWrite``); and the writer / reader
-    kernels (each spins or scans for its window)."""
+    the host, copied, of them into host memory, written by the host (setup and ``HostWrite``);
+    and the writer / reader kernels (each spins or scans for its window)."""
     from kvverify.scenarios.program import GPU, Read, Write
 
     checked = host_checked = copied = 0
@@ -157,8 +160,9 @@ def program_blocks(program: Program) -> dict[str, int]:
         elif isinstance(s, Read):
             reads += 1
     copied = sum(len(c.src) for sw in program.swaps() for c in sw.copies)
-    return {"checked": checked, "host_checked": host_checked, "copied": copied, "host_written": host_written,
-            "writes": writes, "reads": reads}
+    copied_to_host = sum(len(c.dst) for sw in program.swaps() for c in sw.copies if c.dst.pool != GPU)
+    return {"checked": checked, "host_checked": host_checked, "copied": copied, "copied_to_host": copied_to_host,
+            "host_written": host_written, "writes": writes, "reads": reads}
 
 
 def estimate(planned: list[PlannedCell], campaign: Campaign, layout: KVLayout) -> Estimate:
@@ -170,9 +174,13 @@ def estimate(planned: list[PlannedCell], campaign: Campaign, layout: KVLayout) -
         b = program_blocks(pc.program)
         n = trials_for(campaign, b["checked"] * block, pc.cell.executor)
         host_rate = PAGEABLE_BPS if pc.cell.host_memory == "pageable" else PCIE_BPS
+        # The adversarial executor lands copies into pageable memory in pinned memory (a host pass).
+        per_page_d2h = pc.cell.host_memory == "pageable" and pc.cell.executor == "native"
+        copy_s = (b["copied_to_host"] * layout.num_tensors * PAGEABLE_D2H_PAGE_S
+                  + (b["copied"] - b["copied_to_host"]) * block / host_rate) if per_page_d2h else b["copied"] * block / host_rate
         per_trial = (TRIAL_FIXED_S
                      + (b["writes"] * campaign.writer_delay_us + b["reads"] * campaign.reader_us) * 1e-6
-                     + b["copied"] * block / host_rate
+                     + copy_s
                      + (b["host_checked"] + b["host_written"]) * block / host_rate
                      + (b["checked"] - b["host_checked"]) * block / DEVICE_BPS)
         trials += n

@@ -95,3 +95,25 @@ def test_bad_sizes_in_campaigns(value):
 def test_parse_defaults_fit_a_24_gib_host():
     c = parse({}, "empty", "test")
     assert c.host_mem + 4 * 2**30 <= 24 * 2**30
+
+
+def test_estimate_charges_native_copies_into_pageable_memory_per_page():
+    """The plan line's model: a native D2H batch into pageable memory costs per page
+    (runner.PAGEABLE_D2H_PAGE_S); the adversarial executor's landing does not."""
+    from kvverify import geometry, runner
+
+    c = load("smoke").override(scenarios=("P1",), orders=("STREAM",))
+    layout = geometry.KVLayout(geometry.preset("llama-3.1-8b"), block_size=16)
+    params, _ = runner.fit_params(c, layout)
+    by_cell = {(pc.cell.host_memory, pc.cell.executor): pc for pc in runner.plan(c, layout, params)}
+
+    def seconds(host, executor):
+        return runner.estimate([by_cell[(host, executor)]], c, layout).seconds
+
+    pc = by_cell[("pageable", "native")]
+    pages = runner.program_blocks(pc.program)["copied_to_host"] * layout.num_tensors
+    trials = runner.trials_for(c, runner.program_blocks(pc.program)["checked"] * layout.block_bytes, "native")
+    assert pages > 0
+    per_page = seconds("pageable", "native") - seconds("pageable", "adversarial")
+    assert per_page == pytest.approx(trials * pages * (runner.PAGEABLE_D2H_PAGE_S - layout.page_bytes / runner.PAGEABLE_BPS))
+    assert seconds("pinned", "native") < seconds("pageable", "adversarial") < seconds("pageable", "native")
