@@ -392,3 +392,48 @@ def test_executor_streams_stay_distinct_when_torch_pool_wraps(model, monkeypatch
         ex.free_memory()
     finally:
         pools.close()
+
+
+def test_streams_made_past_torch_pool_are_destroyed_once_idle(model, monkeypatch):
+    """Past torch's pool the executor makes streams with cuStreamCreate; free_memory (device
+    idle) destroys exactly those, once."""
+    import enum
+    import types
+
+    from kvverify import executors
+
+    made, destroyed = [], []
+
+    class CUresult(enum.Enum):
+        CUDA_SUCCESS = 0
+
+    class CUstream_flags(enum.Enum):
+        CU_STREAM_NON_BLOCKING = 1
+
+    def cuStreamCreate(flags):
+        made.append(10_000 + len(made))
+        return CUresult.CUDA_SUCCESS, made[-1]
+
+    driver = types.SimpleNamespace(CUresult=CUresult, CUstream_flags=CUstream_flags, cuStreamCreate=cuStreamCreate,
+                                   cuStreamDestroy=lambda handle: destroyed.append(handle))
+    monkeypatch.setitem(sys.modules, "cuda", types.ModuleType("cuda"))
+    monkeypatch.setitem(sys.modules, "cuda.bindings", types.SimpleNamespace(driver=driver))
+    monkeypatch.setattr(torch.cuda, "ExternalStream",
+                        lambda handle, device=None: types.SimpleNamespace(cuda_stream=handle), raising=False)
+    pool = [torch.cuda.Stream() for _ in range(2)]
+    turn = iter(range(10**6))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pool[next(turn) % len(pool)])
+    c = _campaign()
+    sizes = runner.pool_sizes([pc.program for pc in runner.plan(c, TINY, PARAMS)], TINY, True)
+    pools = pools_module.Pools(TINY, "pageable", sizes, torch.device("cpu"))
+    try:
+        ex = executors.make("adversarial", pools, executors.Settings())  # host stream + snapshot stream: the pool
+        got = [ex._stream("a"), ex._stream("b")]
+        assert [s.cuda_stream for s in got] == made and len(made) == 2
+        ex.close()
+        ex.free_memory()
+        assert destroyed == made
+        ex.free_memory()
+        assert destroyed == made  # once
+    finally:
+        pools.close()

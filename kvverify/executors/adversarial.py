@@ -156,9 +156,10 @@ class AdversarialExecutor(Executor):
         self.gate.close()
 
     def free_memory(self) -> None:
-        """Free the host snapshot area (the caller made sure the device is idle)."""
+        """Free the host snapshot area and the base's streams (the caller made sure the device is idle)."""
         self.host_snapshot = None
         self._host_snapshot_buffer.free()
+        super().free_memory()
 
     def _before_host_wait(self) -> None:
         self.gate.release_all()

@@ -116,6 +116,7 @@ class Executor:
         self.page_bytes = pools.page_bytes
         self._streams: dict[str, object] = {}
         self._owned: list = []  # every stream this executor made, each a distinct CUDA stream
+        self._created: list = []  # handles of streams made with cuStreamCreate (past torch's pool)
         self.host_stream = self._new_stream()  # the host's own writes and reads
         self._epoch = 0
         self.schedule = self.name
@@ -314,6 +315,7 @@ class Executor:
                 err, handle = d.cuStreamCreate(d.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
                 if err != d.CUresult.CUDA_SUCCESS:
                     raise RuntimeError(f"cuStreamCreate: {err}")
+                self._created.append(handle)
                 stream = torch.cuda.ExternalStream(int(handle), device=self.pools.device)
             except Exception as exc:
                 raise HarnessError(f"{self.name} executor: needs more than {len(taken)} distinct streams and "
@@ -361,7 +363,14 @@ class Executor:
         self._before_host_wait()
 
     def free_memory(self) -> None:
-        """Free memory the executor owns; called only once the device is idle (after ``close``)."""
+        """Free what the executor owns: the streams it made past torch's pool
+        (``cuStreamDestroy``); called only once the device is idle (after ``close``)."""
+        if self._created:
+            from cuda.bindings import driver as d
+
+            for handle in self._created:
+                d.cuStreamDestroy(handle)
+            self._created = []
 
     # -- executor hooks ---------------------------------------------------------------------
 
