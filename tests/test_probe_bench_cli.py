@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvverify import _measure, bench, cli, platform_info, probe
+from kvverify import _measure, bench, bench_render, cli, platform_info, probe
 from kvverify.sizes import format_size, parse_size, parse_size_list
 
 REPO = Path(__file__).resolve().parents[1]
@@ -457,7 +457,7 @@ def test_bench_tables_and_json(bench_doc, tmp_path):
 
     doc, _ = bench_doc
     console = Console(record=True, width=250)
-    bench.render_tables(doc, console)
+    bench_render.render_tables(doc, console)
     text = console.export_text()
     assert "ANY/STREAM" in text and "1.010 [1.010, 1.010]" in text and "55.0" in text and "40.0*" in text
     assert "end-to-end" in text
@@ -473,7 +473,7 @@ def test_bench_plot(bench_doc, tmp_path):
     pytest.importorskip("matplotlib")
     doc, _ = bench_doc
     path = tmp_path / "bench.png"
-    bench.plot(doc, str(path))
+    bench_render.plot(doc, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -526,7 +526,7 @@ def test_bench_keeps_going_when_a_method_raises(annotate_off):
     ratio = doc["points"][0]["any_over_stream"]
     assert ratio["n"] == 2 and ratio["low"] is None  # only the rounds where both ran: too few for an interval
     console = Console(record=True, width=250)
-    bench.render_tables(doc, console)
+    bench_render.render_tables(doc, console)
     text = console.export_text()
     assert "error" in text and "stopped after 0 reps: cuMemcpyBatchAsync" in text and "(n=2: no CI)" in text
 

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 import kvverify
-from kvverify import _measure, bench, probe
+from kvverify import _measure, bench, bench_cuda, probe
 
 
 class _Event:
@@ -169,7 +169,7 @@ def test_bench_end_to_end_on_the_stand_in(simulated, tmp_path, capsys):
 
 
 def test_bench_page_draws_move_the_right_bytes(simulated):
-    backend = bench.CudaBench(0, "pinned", 1 << 20)
+    backend = bench_cuda.CudaBench(0, "pinned", 1 << 20)
     try:
         host = backend.host.numpy(np.uint8)
         host[:] = np.arange(host.size, dtype=np.uint64).astype(np.uint8)
