@@ -370,19 +370,27 @@ def test_memory_is_never_freed_when_the_device_does_not_settle(model, monkeypatc
         del runner._ABANDONED[before:]
 
 
-def test_executor_streams_stay_distinct_when_torch_pool_wraps(model, monkeypatch):
-    """torch.cuda.Stream() hands out a pool of 32 streams round robin: an executor with more
-    streams than that must still get distinct ones for its own."""
+def _executor_with_torch_pool(monkeypatch, streams: int):
+    """An adversarial executor (and its pools) whose torch.cuda.Stream() hands out a pool of
+    ``streams`` streams round robin, as torch's pool of 32 does."""
     from kvverify import executors
 
-    pool = [torch.cuda.Stream() for _ in range(4)]
+    pool = [torch.cuda.Stream() for _ in range(streams)]
     turn = iter(range(10**6))
     monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pool[next(turn) % len(pool)])
     c = _campaign()
     sizes = runner.pool_sizes([pc.program for pc in runner.plan(c, TINY, PARAMS)], TINY, True)
     pools = pools_module.Pools(TINY, "pageable", sizes, torch.device("cpu"))
+    return executors.make("adversarial", pools, executors.Settings()), pools
+
+
+def test_executor_streams_stay_distinct_when_torch_pool_wraps(model, monkeypatch):
+    """torch.cuda.Stream() hands out a pool of 32 streams round robin: an executor with more
+    streams than that must still get distinct ones for its own."""
+    from kvverify import executors
+
+    ex, pools = _executor_with_torch_pool(monkeypatch, 4)
     try:
-        ex = executors.make("adversarial", pools, executors.Settings())
         got = [ex.host_stream, ex.snap_stream, ex._stream("a"), ex._stream("b")]
         assert len({s.cuda_stream for s in got}) == 4
         monkeypatch.setitem(sys.modules, "cuda.bindings", None)  # no cuda-python: no stream past the pool
@@ -399,8 +407,6 @@ def test_streams_made_past_torch_pool_are_destroyed_once_idle(model, monkeypatch
     idle) destroys exactly those, once."""
     import enum
     import types
-
-    from kvverify import executors
 
     made, destroyed = [], []
 
@@ -420,14 +426,8 @@ def test_streams_made_past_torch_pool_are_destroyed_once_idle(model, monkeypatch
     monkeypatch.setitem(sys.modules, "cuda.bindings", types.SimpleNamespace(driver=driver))
     monkeypatch.setattr(torch.cuda, "ExternalStream",
                         lambda handle, device=None: types.SimpleNamespace(cuda_stream=handle), raising=False)
-    pool = [torch.cuda.Stream() for _ in range(2)]
-    turn = iter(range(10**6))
-    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pool[next(turn) % len(pool)])
-    c = _campaign()
-    sizes = runner.pool_sizes([pc.program for pc in runner.plan(c, TINY, PARAMS)], TINY, True)
-    pools = pools_module.Pools(TINY, "pageable", sizes, torch.device("cpu"))
+    ex, pools = _executor_with_torch_pool(monkeypatch, 2)  # host stream + snapshot stream: the pool
     try:
-        ex = executors.make("adversarial", pools, executors.Settings())  # host stream + snapshot stream: the pool
         got = [ex._stream("a"), ex._stream("b")]
         assert [s.cuda_stream for s in got] == made and len(made) == 2
         ex.close()
