@@ -92,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
                    help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
                         "layout's tensors (default 16)")
-    g.add_argument("--directions", type=parse_directions, default=list(DIRECTIONS), help="h2d,d2h (default both)")
-    g.add_argument("--orders", type=parse_orders, default=list(ORDERS), help="STREAM,DURING_API_CALL,ANY (default all)")
+    g.add_argument("--directions", type=parse_directions, default=DIRECTIONS, help="h2d,d2h (default both)")
+    g.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
     g.add_argument("--host-memory", choices=HOST_KINDS, default="pinned", help="host pool kind (default pinned)")
     g = parser.add_argument_group("how much")

@@ -16,9 +16,9 @@ from typing import Any
 
 from kvverify import sizes
 from kvverify.host_memory import HOST_MEMORY_KINDS
+from kvverify.report import EXECUTORS
+from kvverify.trace.model import ORDERS
 
-ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
-EXECUTORS = ("native", "adversarial")
 DATA_MODES = ("pattern", "random")
 # stress/ beside the package in a checkout (editable install); a wheel ships the same files as
 # data files under <prefix>/share/kvverify/stress (pyproject.toml, [tool.setuptools.data-files]).

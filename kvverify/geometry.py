@@ -248,9 +248,13 @@ def _load_config(source: str | os.PathLike | Mapping[str, Any]) -> tuple[Mapping
     if path.is_dir():
         path = path / "config.json"
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("config.json", f"cannot read {path}: {exc}") from exc
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError("config.json", f"{path} is not valid JSON: {exc}") from exc
     if not isinstance(config, dict):
         raise ConfigError("config.json", f"{path} does not hold a JSON object")
     # A checkpoint directory's name is the usual way people tell models apart.

@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvverify import _measure
-from kvverify.sizes import format_size, positive_int_arg, size_arg
+from kvverify.host_memory import HOST_MEMORY_KINDS as HOST_KINDS
+from kvverify.sizes import choice_list_arg, format_size, positive_int_arg, size_arg
+from kvverify.trace.model import ORDERS
 
 DIRECTIONS = ("h2d", "d2h")
-ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
-HOST_KINDS = ("pinned", "registered", "pageable")
 
 # Generations as whole 64-bit words; every word of the buffer holds one of them.
 OLD = 0x0101010101010101
@@ -50,23 +50,9 @@ SENTINEL = 0x5E5E5E5E5E5E5E5E
 READ_VALUES = ("call", "stream", "torn", "not-landed", "garbage", "inconclusive", "error")
 
 
-def _choice_list(allowed: tuple[str, ...], *, upper: bool):
-    def parse(text: str) -> list[str]:
-        items = [t.strip() for t in text.split(",") if t.strip()]
-        items = [t.upper() if upper else t.lower() for t in items]
-        if "ALL" in (i.upper() for i in items):
-            return list(allowed)
-        bad = [i for i in items if i not in allowed]
-        if bad or not items:
-            raise argparse.ArgumentTypeError(f"{text!r}: choose from {','.join(allowed)} (comma-separated) or all")
-        return list(dict.fromkeys(items))
-
-    return parse
-
-
-parse_directions = _choice_list(DIRECTIONS, upper=False)
-parse_orders = _choice_list(ORDERS, upper=True)
-parse_host_kinds = _choice_list(HOST_KINDS, upper=False)
+parse_directions = choice_list_arg(DIRECTIONS, upper=False)
+parse_orders = choice_list_arg(ORDERS, upper=True)
+parse_host_kinds = choice_list_arg(HOST_KINDS, upper=False)
 
 
 
@@ -87,9 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hold-ms", type=_positive_float, default=20.0, help="length of the pending work ahead of the copy, ms (default 20)")
     parser.add_argument("--page-bytes", type=size_arg, default=64 * 1024, help="bytes per copied page, a multiple of 8 (default 64KiB)")
     parser.add_argument("--pages", type=positive_int_arg, default=16, help="pages in the one batch call (default 16)")
-    parser.add_argument("--directions", type=parse_directions, default=list(DIRECTIONS), help="h2d,d2h (default both)")
-    parser.add_argument("--orders", type=parse_orders, default=list(ORDERS), help="STREAM,DURING_API_CALL,ANY (default all)")
-    parser.add_argument("--host-memory", type=parse_host_kinds, default=list(HOST_KINDS), help="pinned,registered,pageable (default all)")
+    parser.add_argument("--directions", type=parse_directions, default=DIRECTIONS, help="h2d,d2h (default both)")
+    parser.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
+    parser.add_argument("--host-memory", type=parse_host_kinds, default=HOST_KINDS, help="pinned,registered,pageable (default all)")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     parser.add_argument("--json", metavar="PATH", help="write the cells and the platform as JSON (- for stdout)")
     from kvverify import annotate

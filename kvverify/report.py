@@ -22,7 +22,9 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from kvverify import __version__
+from kvverify.host_memory import HOST_MEMORY_KINDS as HOST_MEMORY
 from kvverify.stats import clopper_pearson_upper
+from kvverify.trace.model import ORDERS
 
 __all__ = [
     "BLOCK_STATES",
@@ -47,8 +49,6 @@ SCHEMA_VERSION = 1
 CONFIDENCE = 0.95  # of the upper bound on the corruption rate, as the issue asks
 # direction -> the copy it makes; "store" moves a GPU block to the host, "load" back.
 DIRECTIONS: dict[str, str] = {"store": "D2H", "load": "H2D"}
-ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
-HOST_MEMORY = ("pinned", "registered", "pageable")
 EXECUTORS = ("native", "adversarial")
 CONTRACTS = ("SAFE", "RACY")
 # The names of kvverify.pattern.BlockState, in its order; spelled out here so that the

@@ -112,12 +112,15 @@ def render_table(report: StressReport, console: Console) -> None:
             f"Observed columns not run: {report.not_run_reason}; contract verdicts only.",
             markup=False,
         )
+    ran = {(r.cell.order, r.cell.direction) for r in report.cells}
     for order, directions in report.summary().items():
         parts = []
         for direction, scenarios in directions.items():
+            if (order, direction) not in ran:
+                continue  # no cell of it in this run: "nowhere" would be a finding it did not make
             names = ", ".join(f"{s} [{'/'.join(h)}]" for s, h in scenarios.items()) or "nowhere"
             parts.append(f"{direction}: {names}")
-        console.print(f"{order} safe in  " + "; ".join(parts), markup=False, highlight=False)
+        console.print(f"{order} safe in " + "; ".join(parts), markup=False, highlight=False)
     headline = report.headline()
     style = {True: "bold green", False: "bold red", None: "bold yellow"}[headline.holds]
     console.print(Text(f"Headline: {headline.text}", style=style))

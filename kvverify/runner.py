@@ -83,26 +83,35 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
     """The largest ``blocks_per_transfer`` (up to the campaign's) whose pools fit
     ``gpu_mem`` / ``host_mem``; a note when it had to shrink. Raises CampaignError when
     not even one block per transfer fits."""
-    n = campaign.blocks_per_transfer
-    while n >= 1:
+    staged = bool({"pageable", "registered"} & set(campaign.host_memory)) or campaign.data == "random"
+    scenarios = select(list(campaign.scenarios))
+
+    def fits(n: int) -> bool:
         params = Params(n, campaign.transfers)
-        programs = [s.program(d, params) for s in select(list(campaign.scenarios)) for d in s.directions]
-        staged = bool({"pageable", "registered"} & set(campaign.host_memory)) or campaign.data == "random"
-        sizes = pool_sizes(programs, layout, staged)
+        sizes = pool_sizes([s.program(d, params) for s in scenarios for d in s.directions], layout, staged)
         dev, host = sizes.device_bytes(layout), sizes.host_bytes(layout)
         if "adversarial" in campaign.executors:  # its host snapshot area (AdversarialExecutor)
             host += max(1, sizes.snapshot_pages) * layout.page_bytes
-        if dev <= campaign.gpu_mem and host <= campaign.host_mem:
-            note = None if n == campaign.blocks_per_transfer else (
-                f"blocks_per_transfer lowered from {campaign.blocks_per_transfer} to {n} to fit "
-                f"--gpu-mem {campaign.gpu_mem / 2**30:.1f} GiB / --host-mem {campaign.host_mem / 2**30:.1f} GiB")
-            return params, note
-        n //= 2
-    raise CampaignError(
-        f"one block per transfer of {layout.geometry.name} ({layout.block_bytes / 2**20:.1f} MiB per block, "
-        f"{campaign.transfers} transfers) does not fit --gpu-mem {campaign.gpu_mem} / --host-mem {campaign.host_mem} "
-        "bytes; raise them or lower transfers"
-    )
+        return dev <= campaign.gpu_mem and host <= campaign.host_mem
+
+    # Every scenario moves n blocks per transfer from one pool to the other, so each pool holds
+    # at least n blocks: a bound that spares building programs for absurd requests.
+    high = min(campaign.blocks_per_transfer,
+               campaign.gpu_mem // layout.block_bytes, campaign.host_mem // layout.block_bytes)
+    if high < 1 or not fits(1):
+        raise CampaignError(
+            f"one block per transfer of {layout.geometry.name} ({layout.block_bytes / 2**20:.1f} MiB per block, "
+            f"{campaign.transfers} transfers) does not fit --gpu-mem {campaign.gpu_mem} / --host-mem "
+            f"{campaign.host_mem} bytes; raise them or lower transfers"
+        )
+    low = 1  # fits; pool sizes grow with n, so the largest fitting n is found by bisection
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    note = None if low == campaign.blocks_per_transfer else (
+        f"blocks_per_transfer lowered from {campaign.blocks_per_transfer} to {low} to fit "
+        f"--gpu-mem {campaign.gpu_mem / 2**30:.1f} GiB / --host-mem {campaign.host_mem / 2**30:.1f} GiB")
+    return Params(low, campaign.transfers), note
 
 
 def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) -> int:

@@ -1,4 +1,5 @@
-"""Byte sizes on the command line: ``4KiB``, ``2MiB``, ``64MB``, ``4096``.
+"""Values on the command line: byte sizes (``4KiB``, ``2MiB``, ``64MB``, ``4096``), positive
+counts, and comma lists of choices (``STREAM,ANY``, ``all``).
 
 Binary units (``K``, ``KiB``, ``M``, ``MiB``, ``G``, ``GiB``) are powers of 1024; decimal
 units (``KB``, ``MB``, ``GB``) are powers of 1000; a bare number or ``B`` is bytes. Units
@@ -92,3 +93,22 @@ def positive_int_arg(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def choice_list_arg(allowed: tuple[str, ...], *, upper: bool):
+    """An argparse ``type`` for a comma list of ``allowed`` values (or ``all``), matched
+    without regard to case; returns the values as a tuple in the order given, without repeats.
+    Raises ``argparse.ArgumentTypeError`` for an unknown, an empty or a missing value."""
+    def parse(text: str) -> tuple[str, ...]:
+        items = [t.strip() for t in text.split(",")]
+        if any(i.lower() == "all" for i in items) and len(items) == 1:
+            return tuple(allowed)
+        items = [i.upper() if upper else i.lower() for i in items]
+        bad = [i for i in items if i not in allowed]
+        if bad:
+            what = ("no value given" if not text.strip() else f"an empty name in {text!r}" if "" in bad
+                    else f"unknown {', '.join(repr(b) for b in bad)} in {text!r}")
+            raise argparse.ArgumentTypeError(f"{what}; choose from {','.join(allowed)} (comma-separated) or all")
+        return tuple(dict.fromkeys(items))
+
+    return parse

@@ -5,8 +5,9 @@ only); 1 when a cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE, or a cell 
 be run; 2 when the run could not start (bad options, campaign or model config, memory
 that does not fit), with the reason on stderr.
 
-Campaign files live in the repository's ``stress/`` folder; options given here override
-the campaign's values.
+Campaigns: smoke (the default), nightly (every preset, more trials), soak (long, for leaks),
+or a TOML file of your own (--campaign PATH; the shipped ones are in the repository's stress/
+folder and show every key). Options given here override the campaign's values.
 """
 
 from __future__ import annotations
@@ -24,20 +25,9 @@ from pathlib import Path
 
 from kvverify import annotate
 from kvverify.campaign import DATA_MODES, EXECUTORS, ORDERS, CampaignError
-from kvverify.sizes import positive_int_arg, size_arg
+from kvverify.host_memory import HOST_MEMORY_KINDS
+from kvverify.sizes import choice_list_arg, positive_int_arg, size_arg
 
-HOST_KINDS = ("pinned", "registered", "pageable")
-
-
-def _choices(allowed: tuple[str, ...]):
-    def parse(text: str) -> tuple[str, ...]:
-        values = tuple(v.strip() for v in text.split(",") if v.strip())
-        bad = [v for v in values if v not in allowed]
-        if bad or not values:
-            raise argparse.ArgumentTypeError(f"{','.join(bad) or 'nothing'} not in {','.join(allowed)}")
-        return values
-
-    return parse
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -67,10 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--seed", type=int, help="block pattern seed")
     a("--gpu-mem", type=size_arg, metavar="SIZE", help="cap on device memory, e.g. 8GiB")
     a("--host-mem", type=size_arg, metavar="SIZE", help="cap on host memory, e.g. 6GiB")
-    a("--host-memory", type=_choices(HOST_KINDS), metavar="KINDS", help="comma list of pinned,registered,pageable")
-    a("--orders", type=_choices(ORDERS), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY")
+    a("--host-memory", type=choice_list_arg(HOST_MEMORY_KINDS, upper=False), metavar="KINDS", help="comma list of pinned,registered,pageable, or all")
+    a("--orders", type=choice_list_arg(ORDERS, upper=True), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY, or all")
     a("--scenarios", type=_names, metavar="NAMES", help="comma list of scenarios (H1-broken, P2) or hazards (H3)")
-    a("--executors", type=_choices(EXECUTORS), metavar="NAMES", help="comma list of native,adversarial")
+    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES", help="comma list of native,adversarial, or all")
     a("--blocks-per-transfer", type=positive_int_arg, metavar="N", help="KV blocks per batched swap")
     a("--transfers", type=positive_int_arg, metavar="N", help="transfers in flight (2..32)")
     a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write")
@@ -107,7 +97,10 @@ def _layouts(args, c):
     from kvverify import geometry
 
     if args.model_config:
-        geometries = [geometry.from_hf_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype)]
+        try:
+            geometries = [geometry.from_hf_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype)]
+        except geometry.ConfigError as exc:
+            raise _StartError(f"--model-config {args.model_config}: {exc}") from None
     else:
         if args.kv_cache_dtype:
             raise _StartError("--kv-cache-dtype goes with --model-config; a preset has its own dtype")
@@ -179,6 +172,24 @@ def _check_writable(option: str, path: str | None) -> None:
         target.unlink()  # the probe file; the report replaces it at the end
 
 
+def _check_folder(option: str, path: str | None) -> None:
+    """Fail before the campaign runs when ``path`` cannot be (or become) a folder to write in.
+
+    Raises ``_StartError`` naming the option and the reason.
+    """
+    if path is None:
+        return
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise _StartError(f"{option} {path}: exists and is not a folder; give a folder path")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _StartError(f"{option} {path}: cannot be created ({exc.strerror})") from None
+    if not os.access(target, os.W_OK):
+        raise _StartError(f"{option} {path}: the folder is not writable")
+
+
 def run(args) -> int:
     from rich.console import Console
 
@@ -195,6 +206,7 @@ def run(args) -> int:
     try:
         _check_writable("--json", args.json)
         _check_writable("--junit", args.junit)
+        _check_folder("--dump-traces", args.dump_traces)
         c = _campaign(args)
         if c.data == "random" and "adversarial" in c.executors:
             raise _StartError("--data random checks by checksums and runs with the native executor only; "

@@ -1,4 +1,4 @@
-"""Every example of shared/TRACE_FORMAT.md (copied here verbatim), and every example of
+"""Every example of docs/trace-format.md (copied here verbatim), and every example of
 docs/checker.md (read from the file, with the expectation in the comment after each)."""
 
 from __future__ import annotations

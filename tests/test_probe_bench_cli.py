@@ -110,17 +110,18 @@ def test_subcommand_help(monkeypatch, capsys, command, options):
 def test_probe_defaults_and_lists():
     args = parse(probe, [])
     assert args.reps == 5 and args.hold_ms == 20.0 and args.page_bytes == 64 * KiB and args.pages == 16
-    assert args.directions == ["h2d", "d2h"]
-    assert args.orders == ["STREAM", "DURING_API_CALL", "ANY"]
-    assert args.host_memory == ["pinned", "registered", "pageable"]
+    assert args.directions == ("h2d", "d2h")
+    assert args.orders == ("STREAM", "DURING_API_CALL", "ANY")
+    assert args.host_memory == ("pinned", "registered", "pageable")
     args = parse(probe, ["--orders", "any,stream", "--directions", "D2H", "--host-memory", "pinned", "--page-bytes", "4KiB"])
-    assert args.orders == ["ANY", "STREAM"] and args.directions == ["d2h"] and args.host_memory == ["pinned"]
+    assert args.orders == ("ANY", "STREAM") and args.directions == ("d2h",) and args.host_memory == ("pinned",)
     assert args.page_bytes == 4096
-    assert parse(probe, ["--orders", "all"]).orders == list(probe.ORDERS)
+    assert parse(probe, ["--orders", "all"]).orders == probe.ORDERS
 
 
 @pytest.mark.parametrize("argv", [
-    ["--orders", "FAST"], ["--directions", "sideways"], ["--host-memory", "managed"], ["--reps", "0"],
+    ["--orders", "FAST"], ["--orders", "STREAM,,ANY"], ["--orders", ""], ["--directions", "sideways"],
+    ["--host-memory", "managed"], ["--reps", "0"],
     ["--hold-ms", "-1"], ["--page-bytes", "4KiX"], ["--reps", "x"],
 ])
 def test_probe_rejects_bad_options(argv, capsys):

@@ -75,7 +75,9 @@ def test_model_config(tmp_path):
 @pytest.mark.parametrize(
     "args, reason",
     [
-        (["--orders", "FOO"], "argument --orders: FOO not in STREAM,DURING_API_CALL,ANY"),
+        (["--orders", "FOO"], "argument --orders: unknown 'FOO' in 'FOO'; choose from STREAM,DURING_API_CALL,ANY"),
+        (["--orders", "STREAM,,ANY"], "argument --orders: an empty name in 'STREAM,,ANY'"),
+        (["--host-memory", "managed"], "choose from pinned,registered,pageable (comma-separated) or all"),
         (["--gpu-mem", "lots"], "argument --gpu-mem: 'lots' is not a size"),
         (["--trials", "0"], "argument --trials: must be at least 1"),
         (["--campaign", "nope"], "no campaign named 'nope'"),
@@ -143,6 +145,27 @@ def test_fit_params_shrinks_blocks_to_the_memory_caps():
         runner.fit_params(c.override(gpu_mem=2**20), layout)
 
 
+def test_fit_params_finds_the_largest_fitting_blocks_quickly():
+    """Asking for more never gives fewer: the result is the largest count that fits, and an
+    absurd request is bounded by the memory caps before any program is built."""
+    import time
+
+    layout = KVLayout(preset("llama-3.1-8b"))
+    small = load("smoke").override(host_mem=64 * 2**20)
+    got = {n: runner.fit_params(small.override(blocks_per_transfer=n), layout)[0].blocks_per_transfer
+           for n in (3, 5, 200, 1000, 5000)}
+    best = got[5000]
+    assert got == {3: min(3, best), 5: min(5, best), 200: best, 1000: best, 5000: best}
+    programs = [s.program(d, Params(best + 1, small.transfers)) for s in SCENARIOS.values() for d in s.directions]
+    sizes = runner.pool_sizes(programs, layout, staged=True)
+    host = sizes.host_bytes(layout) + sizes.snapshot_pages * layout.page_bytes  # + the adversarial snapshot area
+    assert host > small.host_mem  # best + 1 would not fit
+    start = time.monotonic()
+    params, note = runner.fit_params(load("smoke").override(blocks_per_transfer=10**8), layout)
+    assert time.monotonic() - start < 30 and "lowered from 100000000" in note
+    assert params.blocks_per_transfer <= load("smoke").gpu_mem // layout.block_bytes
+
+
 def test_pool_sizes_cover_every_program():
     programs = [s.program(d, Params(4, 3)) for s in SCENARIOS.values() for d in s.directions]
     sizes = runner.pool_sizes(programs, TINY, staged=True)
@@ -184,3 +207,11 @@ def test_model_config_without_dtype_takes_kv_cache_dtype(tmp_path):
     assert stress("--no-gpu", "--model-config", str(config), "--kv-cache-dtype", "bfloat16").returncode == 0
     both = stress("--no-gpu", "--model", "llama-3.1-8b", "--model-config", str(config))
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_dump_traces_into_a_file_refuses_before_the_run(tmp_path):
+    existing = tmp_path / "afile"
+    existing.write_text("")
+    result = stress("--no-gpu", "--dump-traces", str(existing))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"kvverify stress: cannot start: --dump-traces {existing}: exists and is not a folder; give a folder path"

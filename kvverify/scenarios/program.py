@@ -3,7 +3,7 @@
 A program touches two pools of KV blocks: ``gpu`` (device memory) and ``host`` (host
 memory of the cell's kind). A block is one slot of a pool; on the device it is spread over
 the layout's ``num_tensors`` pages, as an engine's KV cache is. Steps mirror the trace ops
-(``shared/TRACE_FORMAT.md``) but carry what the GPU must do:
+(``docs/trace-format.md``) but carry what the GPU must do:
 
 - ``Write`` is the compute writer (block pattern of a generation, after an optional spin);
 - ``Read`` is a compute reader: it checks the blocks at the start and at the end of a long

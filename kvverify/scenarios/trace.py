@@ -1,4 +1,4 @@
-"""One mapping from a scenario's program to a trace (``shared/TRACE_FORMAT.md``), and the
+"""One mapping from a scenario's program to a trace (``docs/trace-format.md``), and the
 contract verdict the checker gives it.
 
 Byte ranges come from the layout the executors use: the GPU pool is ``num_tensors``

@@ -1,6 +1,6 @@
 """Traces of stream work and the happens-before checker behind ``kvverify check``.
 
-- :mod:`~kvverify.trace.model`: the trace format (``shared/TRACE_FORMAT.md``), parsing, validation,
+- :mod:`~kvverify.trace.model`: the trace format (``docs/trace-format.md``), parsing, validation,
   :class:`TraceBuilder`;
 - :mod:`~kvverify.trace.rules`: the ordering rules 1–7 as vector clocks (one definition);
 - :mod:`~kvverify.trace.checker`: :func:`check`, the race finder;

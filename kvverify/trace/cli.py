@@ -15,7 +15,7 @@ exit status:
      and the field, e.g.
        kvverify check: invalid trace: op 2 (copy_batch), field 'order': unknown order "FAST" ...
 
-The trace format is shared/TRACE_FORMAT.md (version 1); docs/checker.md explains the rules
+The trace format is docs/trace-format.md (version 1); docs/checker.md explains the rules
 and the CUDA behaviour each follows. One deliberate difference: a copy INTO pageable host
 memory is not taken to have completed when the call returns (rule 6 as amended, after the
 current CUDA docs and a measurement on an H200): the host must synchronize before it reads.

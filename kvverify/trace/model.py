@@ -1,4 +1,4 @@
-"""The trace model of ``shared/TRACE_FORMAT.md`` (version 1): parsing, validation, building.
+"""The trace model of ``docs/trace-format.md`` (version 1): parsing, validation, building.
 
 A :class:`Trace` is what a program asked a CUDA device to do, in the order the host thread
 issued it. Every op is a small frozen dataclass; a byte range is a :class:`Range` named tuple

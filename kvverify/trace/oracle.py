@@ -1,7 +1,7 @@
 """The checker's oracle: enumerate every execution the rules allow, simulate the bytes, compare.
 
 Deliberately simple and independent of :mod:`kvverify.trace.rules` (no vector clocks): the ordering
-rules of ``shared/TRACE_FORMAT.md`` are written again, as an explicit graph of moments:
+rules of ``docs/trace-format.md`` are written again, as an explicit graph of moments:
 
 - the host thread: ``call i`` → ``ret i`` → ``call i+1`` … (rule 1);
 - each stream: a chain of items (kernels, copies, records, waits), each from ``begin`` to ``end``;

@@ -1,4 +1,4 @@
-"""The ordering rules of ``shared/TRACE_FORMAT.md``: the one place they are written down.
+"""The ordering rules of ``docs/trace-format.md``: the one place they are written down.
 
 :func:`analyze` walks a trace once, in program order, with vector clocks over the *timelines*:
 timeline 0 is the host thread, timeline ``1 + n`` is ``trace.streams[n]``. A clock entry ``c[t] = p``
