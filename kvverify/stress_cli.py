@@ -206,12 +206,12 @@ def run(args) -> int:
     try:
         _check_writable("--json", args.json)
         _check_writable("--junit", args.junit)
-        _check_folder("--dump-traces", args.dump_traces)
         c = _campaign(args)
         if c.data == "random" and "adversarial" in c.executors:
             raise _StartError("--data random checks by checksums and runs with the native executor only; "
                               "add --executors native")
         layouts = _layouts(args, c)
+        _check_folder("--dump-traces", args.dump_traces)  # last: it creates the folder
     except (CampaignError, ValueError, _StartError) as exc:
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2

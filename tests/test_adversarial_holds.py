@@ -46,6 +46,7 @@ from kvverify.executors import gate as gate_module
 from kvverify.executors import pools as pools_module
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import Params
+from kvverify.scenarios.program import GPU, HOST, Blocks, Copy, HostRead, HostWrite, Program, Swap
 
 TINY = KVLayout(ModelGeometry("tiny", 2, 1, 16, 2), block_size=4)  # 128-byte pages, 4 tensors
 PARAMS = Params(blocks_per_transfer=2, transfers=3)
@@ -436,4 +437,119 @@ def test_streams_made_past_torch_pool_are_destroyed_once_idle(model, monkeypatch
         ex.free_memory()
         assert destroyed == made  # once
     finally:
+        pools.close()
+
+
+# -- the landing of copies into pageable memory, piece by piece ---------------------------------
+
+
+def _landing_setup(program):
+    """An adversarial executor on pageable pools sized for ``program``, its prepared swaps."""
+    from kvverify import executors
+
+    sizes = runner.pool_sizes([program], TINY, True)
+    pools = pools_module.Pools(TINY, "pageable", sizes, torch.device("cpu"))
+    ex = executors.make("adversarial", pools, executors.Settings())
+    swaps = [data for step, data in ex.prepare(program).steps if isinstance(step, Swap)]
+    for data in swaps:
+        ex._rounds(data)  # computes the landing writes
+    return ex, pools, swaps
+
+
+def _fill_landing(ex, data, first_value: int) -> None:
+    """Landing page k of ``data`` holds the word ``first_value + k`` throughout."""
+    pages = ex.host_snapshot[data.snapshot_first_page:data.snapshot_first_page + len(data.src)]
+    values = torch.arange(first_value, first_value + len(data.src), dtype=torch.int64)
+    pages.view(torch.int64).copy_(values[:, None].expand(-1, ex.page_bytes // 8))
+
+
+def _host_word(pools, tensor: int, slot: int) -> int:
+    page = pools.host_pages()[tensor, slot]
+    assert (page == page[0]).all()
+    return int(page[0])
+
+
+class _Event:
+    def __init__(self, query):
+        self.query = query
+
+
+def test_landing_writes_rounds_in_order_with_a_partly_colliding_copy_group(model):
+    """One batch: gpu 0,1 -> host 0,1 (one copy group) and gpu 2 -> host 1. The batch's rounds run
+    the later copy to host 1 first, so the earlier one (gpu 1) is what host 1 ends with; the
+    first group has a block in each round (the partial-group path)."""
+    program = Program(("compute", "xfer0"), 3, 2, (
+        Swap("xfer0", (Copy(Blocks(GPU, (0, 1)), Blocks(HOST, (0, 1))), Copy(Blocks(GPU, (2,)), Blocks(HOST, (1,))))),
+    ))
+    ex, pools, (data,) = _landing_setup(program)
+    try:
+        tensors = TINY.num_tensors
+        _fill_landing(ex, data, 1)  # group 1: page t*2 + b (tensor-major); group 2: 2*tensors + t
+        ex._landings = [(_Event(lambda: True), data)]
+        ex._land()
+        assert not ex._landings
+        for t in range(tensors):
+            assert _host_word(pools, t, 0) == 1 + t * 2  # gpu 0
+            assert _host_word(pools, t, 1) == 1 + t * 2 + 1  # gpu 1, not gpu 2 (1 + 2 * tensors + t)
+    finally:
+        ex.close()
+        ex.free_memory()
+        pools.close()
+
+
+def test_landings_found_done_keep_issue_order_when_one_completes_during_the_queries(model):
+    """Two batches into host 0, the second ordered after the first. The first completes while
+    ``_land`` is querying: found done latest first, both land, in issue order, so host 0 ends
+    with the second's bytes, also after a later ``_land``."""
+    program = Program(("compute", "xfer0"), 2, 1, (
+        Swap("xfer0", (Copy(Blocks(GPU, (0,)), Blocks(HOST, (0,))),)),
+        Swap("xfer0", (Copy(Blocks(GPU, (1,)), Blocks(HOST, (0,))),)),
+    ))
+    ex, pools, (first, second) = _landing_setup(program)
+    try:
+        _fill_landing(ex, first, 100)
+        _fill_landing(ex, second, 200)
+        asked = []
+
+        def second_done():
+            asked.append("second")
+            return True
+
+        ex._landings = [(_Event(lambda: "second" in asked), first), (_Event(second_done), second)]
+        ex._land()
+        ex._land()
+        assert not ex._landings
+        assert [_host_word(pools, t, 0) for t in range(TINY.num_tensors)] == [200 + t for t in range(TINY.num_tensors)]
+    finally:
+        ex.close()
+        ex.free_memory()
+        pools.close()
+
+
+def test_the_host_lands_copies_before_it_touches_host_blocks(model, monkeypatch):
+    """A host write, a host read and a host-source snapshot each write landed copies first."""
+    from kvverify.executors import contents
+
+    program = Program(("compute", "xfer0"), 1, 1, (
+        Swap("xfer0", (Copy(Blocks(HOST, (0,)), Blocks(GPU, (0,))),)),
+        HostWrite(Blocks(HOST, (0,)), 2),
+        HostRead(Blocks(HOST, (0,)), 2),
+    ))
+    ex, pools, (load_swap,) = _landing_setup(program)
+    calls = []
+    monkeypatch.setattr(ex, "_land", lambda: calls.append("land"))
+    monkeypatch.setattr(ex, "_host_write", lambda *a: calls.append("host write"))
+    monkeypatch.setattr(ex, "_verify", lambda *a: calls.append("host read"))
+    monkeypatch.setattr(ex, "_own_wait", lambda *a: None)
+    monkeypatch.setattr(contents, "gather_host_pages", lambda *a: calls.append("snapshot"))
+    try:
+        prepared = ex.prepare(program)
+        for step, data in prepared.steps[1:]:
+            ex._step(step, data, "ANY", 0, [])
+        ex._snapshot(load_swap)
+        assert calls == ["land", "host write", "land", "host read", "land", "snapshot"]
+    finally:
+        monkeypatch.undo()
+        ex.close()
+        ex.free_memory()
         pools.close()

@@ -7,7 +7,8 @@ under at least one:
 - ``early``: every copy as early as possible against the compute around it. Sources read at
   API-call time for ``ANY`` and ``DURING_API_CALL`` (a snapshot on a stream that waits on
   nothing, or by the host for a host source; the host waits for it, as the call would), in
-  stream order for ``STREAM``; destinations written as soon as stream order allows; and the
+  stream order for ``STREAM``; destinations written as soon as stream order allows (a
+  pageable one when the host next looks, see below: only the host can observe it); and the
   compute streams (those that run writers and readers) held until the host next waits, so
   a copy not ordered after a writer reads before it, and a load not ordered against compute
   lands before compute touches the block (H1, H2, and stores under ``ANY``), on any GPU and
@@ -19,9 +20,10 @@ under at least one:
 - ``late``: sources read as late as possible too (``STREAM`` and ``ANY`` read after the
   hold; ``DURING_API_CALL`` still at the call), widening the window for host rewrites (H3).
 
-Rules that bind every schedule (TRACE_FORMAT rule 6 for ``copy_batch``): a pageable
-source is read during the call, whatever the order; a pageable destination is written in
-stream order like any other, so it is held late like any other. An earliest read is a
+Rules that bind every schedule (trace rule 6 for ``copy_batch``, docs/trace-format.md): a
+pageable source is read during the call, whatever the order; a pageable destination is
+written after the copy's place in its stream and before the host observes its completion
+(held late like any other; below, how). An earliest read is a
 snapshot taken at call time, before anything in the call waits for compute or for the
 copy stream: a host source (pinned, registered or pageable) is read by the host itself
 into a pinned host snapshot area, a device source is copied into the device snapshot area
