@@ -23,7 +23,7 @@ import threading
 import time
 from pathlib import Path
 
-from kvverify import annotate
+from kvverify import _measure, annotate
 from kvverify.campaign import DATA_MODES, EXECUTORS, ORDERS, CampaignError
 from kvverify.host_memory import HOST_MEMORY_KINDS
 from kvverify.sizes import choice_list_arg, positive_int_arg, size_arg
@@ -106,21 +106,6 @@ def _layouts(args, c):
             raise _StartError("--kv-cache-dtype goes with --model-config; a preset has its own dtype")
         geometries = [geometry.preset(m) for m in c.models]
     return [geometry.KVLayout(g, block_size=c.block_size, tp=c.tp) for g in geometries]
-
-
-def _gpu_unavailable() -> str | None:
-    """Why the observed columns cannot run here (short: it is printed in one line), or None."""
-    from kvverify import _extension
-
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if not torch.cuda.is_available():
-        return "no CUDA device is visible"
-    if _extension.load_error() is not None:
-        return "the CUDA extension kvverify._C is not built (pip install --no-build-isolation --no-deps -e .)"
-    return None
 
 
 def _platform(gpu: bool):
@@ -313,7 +298,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         err.print(f"kvverify stress: {note}", markup=False, highlight=False, soft_wrap=True)
     if args.dump_traces:
         _dump_traces(planned, Path(args.dump_traces))
-    reason = "--no-gpu was given" if args.no_gpu else _gpu_unavailable()
+    reason = "--no-gpu was given" if args.no_gpu else _measure.gpu_refusal()
     outcomes: dict = {}
     with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
         if reason is None:

@@ -93,6 +93,21 @@ def install(monkeypatch) -> torch.device:
     return torch.device("cpu")
 
 
+def install_for_stress(monkeypatch) -> torch.device:
+    """``install``, and make ``kvverify stress`` run its cells on the stand-in: a GPU counts as
+    present, the platform is the stand-in's, the runner executes on its device."""
+    import functools
+
+    from kvverify import _measure, runner, stress_cli
+    from kvverify.report import Platform
+
+    device = install(monkeypatch)
+    monkeypatch.setattr(_measure, "gpu_refusal", lambda: None)
+    monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
+    monkeypatch.setattr(runner, "execute", functools.partial(runner.execute, device=device))
+    return device
+
+
 @pytest.fixture
 def fake_device(monkeypatch):
     return install(monkeypatch)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 
+import fake_device as stand_in
 from fake_device import fake_device  # noqa: F401  (fixture)
 from kvverify import runner
 from kvverify.campaign import load
@@ -75,18 +76,15 @@ def test_injected_fault_fails_one_cell_and_the_run_goes_on(fake_device, monkeypa
     assert outcomes[planned[0].cell].observation is None
 
 
-def test_stress_cli_with_observations_on_the_stand_in_device(fake_device, monkeypatch, tmp_path, capsys):
+def test_stress_cli_with_observations_on_the_stand_in_device(monkeypatch, tmp_path, capsys):
     """The CLI's GPU path end to end (progress, table, throughput line, JSON, JUnit, exit
     status) with observations from the stand-in device."""
-    import functools
     import json
 
-    from kvverify import cli, stress_cli
-    from kvverify.report import Platform, load_schema
+    from kvverify import cli
+    from kvverify.report import load_schema
 
-    monkeypatch.setattr(stress_cli, "_gpu_unavailable", lambda: None)
-    monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
-    monkeypatch.setattr(runner, "execute", functools.partial(runner.execute, device=fake_device))
+    stand_in.install_for_stress(monkeypatch)
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
                                   "hidden_size": 32, "torch_dtype": "bfloat16"}))
@@ -211,16 +209,12 @@ def test_gate_watchdog_and_release_everything():
     g.close()
 
 
-def test_max_seconds_stops_cleanly_with_not_run_cells(fake_device, monkeypatch, tmp_path, capsys):
-    import functools
+def test_max_seconds_stops_cleanly_with_not_run_cells(monkeypatch, tmp_path, capsys):
     import json
 
-    from kvverify import cli, stress_cli
-    from kvverify.report import Platform
+    from kvverify import cli
 
-    monkeypatch.setattr(stress_cli, "_gpu_unavailable", lambda: None)
-    monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
-    monkeypatch.setattr(runner, "execute", functools.partial(runner.execute, device=fake_device))
+    stand_in.install_for_stress(monkeypatch)
     campaign = tmp_path / "c.toml"
     campaign.write_text('trials = 3\nmax_trials = 3\nmin_checked = "1KiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
                         'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["P2"]\nmodels = ["qwen2.5-7b"]\n')
@@ -234,19 +228,15 @@ def test_max_seconds_stops_cleanly_with_not_run_cells(fake_device, monkeypatch, 
 
 
 SIGNAL_DRIVER = """
-import functools, sys, time
+import sys, time
 import pytest
 sys.path.insert(0, sys.argv[1])
 import fake_device
-from kvverify import cli, ops, runner, stress_cli
+from kvverify import cli, ops
 from kvverify.executors import pools
-from kvverify.report import Platform
 
 mp = pytest.MonkeyPatch()
-device = fake_device.install(mp)
-mp.setattr(stress_cli, "_gpu_unavailable", lambda: None)
-mp.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
-mp.setattr(runner, "execute", functools.partial(runner.execute, device=device))
+fake_device.install_for_stress(mp)
 
 def stuck(*a, **k):
     print("SWAP", flush=True)

@@ -473,18 +473,14 @@ def test_stress_cpu_run_with_a_failing_cell_stays_balanced(recorder, tmp_path):
 # recorder: cells run trials with their three phases, as on a GPU.
 STAND_IN_DRIVER = textwrap.dedent(
     """
-    import functools, json, sys
+    import sys
     import pytest
     sys.path.insert(0, sys.argv[1])
     import fake_device
-    from kvverify import cli, runner, stress_cli
-    from kvverify.report import Platform
+    from kvverify import cli
 
     mp = pytest.MonkeyPatch()
-    device = fake_device.install(mp)
-    mp.setattr(stress_cli, "_gpu_unavailable", lambda: None)
-    mp.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
-    mp.setattr(runner, "execute", functools.partial(runner.execute, device=device))
+    fake_device.install_for_stress(mp)
     sys.exit(cli.main(["stress", "--campaign", sys.argv[2], "--model-config", sys.argv[3], "--json", sys.argv[4]]))
     """
 )
