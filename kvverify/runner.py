@@ -98,13 +98,16 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
     # at least n blocks: a bound that spares building programs for absurd requests.
     high = min(campaign.blocks_per_transfer,
                campaign.gpu_mem // layout.block_bytes, campaign.host_mem // layout.block_bytes)
-    if high < 1 or not fits(1):
+    if high >= 1 and fits(high):  # the usual case: one evaluation
+        low = high
+    elif high < 1 or not fits(1):
         raise CampaignError(
             f"one block per transfer of {layout.geometry.name} ({layout.block_bytes / 2**20:.1f} MiB per block, "
             f"{campaign.transfers} transfers) does not fit --gpu-mem {campaign.gpu_mem} / --host-mem "
             f"{campaign.host_mem} bytes; raise them or lower transfers"
         )
-    low = 1  # fits; pool sizes grow with n, so the largest fitting n is found by bisection
+    else:
+        low = 1  # fits; pool sizes grow with n, so the largest fitting n is found by bisection
     while low < high:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if fits(mid) else (low, mid - 1)
