@@ -70,6 +70,34 @@ __device__ __forceinline__ const ulonglong2* pairs_of(const Span& s) {
   return reinterpret_cast<const ulonglong2*>(s.words + s.head);
 }
 
+// Calls visit(word, index) for every word of the span this thread owns: 16-byte pairs strided
+// over the CTA with four loads in flight per thread, then the unaligned head (thread 0) and the
+// odd tail (the last thread). Verify and checksum share it; write and read have their own
+// loops (stores, volatile loads).
+template <typename Visit>
+__device__ __forceinline__ void for_each_word(const Span& s, uint32_t n_words, Visit visit) {
+  const ulonglong2* v = pairs_of(s);
+  uint32_t k = threadIdx.x;
+  for (; k + 3 * kThreads < s.pairs; k += 4 * kThreads) {
+    ulonglong2 x[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) x[u] = v[k + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const uint32_t i = s.head + 2 * (k + u * kThreads);
+      visit(x[u].x, i);
+      visit(x[u].y, i + 1);
+    }
+  }
+  for (; k < s.pairs; k += kThreads) {
+    const ulonglong2 x = v[k];
+    visit(x.x, s.head + 2 * k);
+    visit(x.y, s.head + 2 * k + 1);
+  }
+  if (threadIdx.x == 0 && s.head) visit(s.words[0], 0u);
+  if (threadIdx.x == kThreads - 1 && s.tail) visit(s.words[n_words - 1], n_words - 1);
+}
+
 // Loads that the compiler may neither drop, merge nor hoist out of a loop (read_blocks must
 // touch memory on every pass). Generic addressing: the pointer may be device or UVA host memory.
 __device__ __forceinline__ ulonglong2 load_volatile_pair(const ulonglong2* p) {
@@ -198,26 +226,7 @@ __global__ void __launch_bounds__(kThreads) verify_blocks_kernel(const int64_t* 
     gmin = min(gmin, g);
     gmax = max(gmax, g);
   };
-  const ulonglong2* v = pairs_of(s);
-  uint32_t k = threadIdx.x;
-  for (; k + 3 * kThreads < s.pairs; k += 4 * kThreads) {
-    ulonglong2 x[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) x[u] = v[k + u * kThreads];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const uint32_t i = s.head + 2 * (k + u * kThreads);
-      check(x[u].x, i);
-      check(x[u].y, i + 1);
-    }
-  }
-  for (; k < s.pairs; k += kThreads) {
-    const ulonglong2 x = v[k];
-    check(x.x, s.head + 2 * k);
-    check(x.y, s.head + 2 * k + 1);
-  }
-  if (threadIdx.x == 0 && s.head) check(s.words[0], 0);
-  if (threadIdx.x == kThreads - 1 && s.tail) check(s.words[n_words - 1], n_words - 1);
+  for_each_word(s, n_words, check);
 
   const bool any_bad = __syncthreads_or(bad) != 0;
   block_min_max(gmin, gmax);
@@ -249,25 +258,7 @@ __global__ void __launch_bounds__(kThreads) checksum_blocks_kernel(const int64_t
     return;
   }
   uint64_t sum = 0;
-  const ulonglong2* v = pairs_of(s);
-  uint32_t k = threadIdx.x;
-  for (; k + 3 * kThreads < s.pairs; k += 4 * kThreads) {
-    ulonglong2 x[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) x[u] = v[k + u * kThreads];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) {
-      const uint64_t i = s.head + 2ull * (k + u * kThreads);
-      sum += checksum_term(x[u].x, i) + checksum_term(x[u].y, i + 1);
-    }
-  }
-  for (; k < s.pairs; k += kThreads) {
-    const ulonglong2 x = v[k];
-    const uint64_t i = s.head + 2ull * k;
-    sum += checksum_term(x.x, i) + checksum_term(x.y, i + 1);
-  }
-  if (threadIdx.x == 0 && s.head) sum += checksum_term(s.words[0], 0);
-  if (threadIdx.x == kThreads - 1 && s.tail) sum += checksum_term(s.words[n_words - 1], n_words - 1);
+  for_each_word(s, n_words, [&](uint64_t w, uint32_t i) { sum += checksum_term(w, i); });
   sum = block_sum(sum);
   if (threadIdx.x == 0) out[b] = static_cast<int64_t>(sum);
 }
