@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvverify.trace import Trace, check
+from kvverify.check import Trace, check
 
 BLOCK = 16 * 1024          # bytes per KV block (one page of all layers, scaled down)
 SLOT = BLOCK // 16         # bytes one token adds to a block

@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from kvverify import kernels
+from kvverify.device import kernels
 
 
 def best_ms(fn, repeat: int) -> float:

@@ -5,7 +5,7 @@
 
 Prints MB/s (10**6 bytes of blocks per second, best of --repeat) for fill_blocks,
 classify_blocks (all OK, the common case; and all STALE) and checksum_blocks_reference.
---tile-words sweeps kvverify.pattern.TILE_WORDS, the tile that bounds temporaries.
+--tile-words sweeps kvverify.device.pattern.TILE_WORDS, the tile that bounds temporaries.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from kvverify import pattern
+from kvverify.device import pattern
 
 
 def best_seconds(fn, repeat: int) -> float:

@@ -16,9 +16,9 @@ import statistics
 import numpy as np
 import torch
 
-from kvverify import ops
-from kvverify.host_memory import allocate_host
-from kvverify.ops import SrcAccessOrder
+from kvverify.device import ops
+from kvverify.device.host_memory import allocate_host
+from kvverify.device.ops import SrcAccessOrder
 
 
 def timed(fn, stream, reps):

@@ -16,19 +16,19 @@ import sys
 # module, so that `kvverify --help` does not import torch.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": (
-        "kvverify.trace.cli",
+        "kvverify.check.cli",
         "decide from CUDA's ordering rules alone whether a trace of stream work races",
     ),
     "stress": (
-        "kvverify.stress_cli",
+        "kvverify.stress.cli",
         "run every hazard scenario on the GPU under each source access order and check every block",
     ),
     "probe": (
-        "kvverify.probe",
+        "kvverify.measure.probe",
         "measure, per direction, order and host memory, whether a batch copy blocks the host and when it reads its source",
     ),
     "bench": (
-        "kvverify.bench",
+        "kvverify.measure.bench",
         "measure swap_blocks_batch bandwidth per direction, order and page size against a contiguous copy and a per-copy loop",
     ),
 }

@@ -301,7 +301,7 @@ class Transfer(NamedTuple):
 
     ``src_ptrs`` and ``dst_ptrs`` are raw byte addresses, ``sizes`` are bytes; the order is
     tensor-major (all pages of tensor 0, then tensor 1, ...), the order in which an engine
-    issues them. Hand them to ``kvverify.ops.swap_blocks_batch``.
+    issues them. Hand them to ``kvverify.device.ops.swap_blocks_batch``.
     """
 
     src_ptrs: np.ndarray

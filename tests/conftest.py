@@ -10,9 +10,9 @@ import pytest
 @functools.cache
 def gpu_unavailable_reason() -> str | None:
     """Why GPU tests cannot run here, or None when they can (the check probe and bench refuse by)."""
-    from kvverify import _measure
+    from kvverify.measure import common
 
-    return _measure.gpu_refusal()
+    return common.gpu_refusal()
 
 
 def pytest_collection_modifyitems(config, items):

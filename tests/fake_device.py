@@ -1,7 +1,7 @@
 """A serial stand-in for the GPU, so the executors' plumbing runs on any CPU host.
 
 Every "device" op runs at once, on the host, in issue order: streams, events and waits are
-no-ops, the harness kernels are their numpy references (``kvverify.pattern``) applied to the
+no-ops, the harness kernels are their numpy references (``kvverify.device.pattern``) applied to the
 raw addresses, ``swap_blocks_batch`` is a memmove per copy in list order. Device memory is
 host memory (``device="cpu"``), host memory is pageable (the only kind that needs no CUDA).
 
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvverify import kernels, ops, pattern
+from kvverify.device import kernels, ops, pattern
 
 _ids = itertools.count(1)
 
@@ -98,13 +98,14 @@ def install_for_stress(monkeypatch) -> torch.device:
     present, the platform is the stand-in's, the runner executes on its device."""
     import functools
 
-    from kvverify import _measure, runner, stress_cli
-    from kvverify.report import Platform
+    from kvverify.measure import common
+    from kvverify.stress import cli as stress_cli, running
+    from kvverify.stress.report import Platform
 
     device = install(monkeypatch)
-    monkeypatch.setattr(_measure, "gpu_refusal", lambda: None)
+    monkeypatch.setattr(common, "gpu_refusal", lambda: None)
     monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
-    monkeypatch.setattr(runner, "execute", functools.partial(runner.execute, device=device))
+    monkeypatch.setattr(running, "execute", functools.partial(running.execute, device=device))
     return device
 
 

@@ -436,7 +436,7 @@ def check_contract_only_ranges(events, report: Path) -> ns.RangeForest:
 
 
 def _label(c: dict) -> str:
-    from kvverify.report import Cell
+    from kvverify.stress.report import Cell
 
     return Cell(c["scenario"], c["direction"], c["order"], c["host_memory"], c["executor"]).label
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from kvverify.trace import Report, TraceBuilder, check
-from kvverify.trace.oracle import build_graph, explore
+from kvverify.check import Report, TraceBuilder, check
+from kvverify.check.oracle import build_graph, explore
 
 ORACLE_LIMIT = 9   # access nodes; the oracle's search grows quickly beyond
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from kvverify.trace.model import ORDERS, Trace
+from kvverify.check.model import ORDERS, Trace
 
 STREAMS = ("s0", "s1", "s2")
 EVENTS = ("e0", "e1")

@@ -6,7 +6,7 @@
 
 from kvverify.scenarios.catalogue import COPY_KIND, DIRECTIONS, LOAD, SCENARIOS, STORE, Params, Scenario, get, select
 from kvverify.scenarios.program import Program, ProgramError
-from kvverify.scenarios.trace import contract, to_trace
+from kvverify.scenarios.contract import contract, to_trace
 
 __all__ = ["COPY_KIND", "DIRECTIONS", "LOAD", "SCENARIOS", "STORE", "Params", "Program", "ProgramError", "Scenario",
            "contract", "get", "select", "to_trace"]

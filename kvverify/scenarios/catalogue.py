@@ -36,7 +36,7 @@ from kvverify.scenarios.program import (
     validate,
 )
 
-# Directions as kvverify.report spells them: a store copies GPU -> host (D2H), a load back (H2D).
+# Directions as kvverify.stress.report spells them: a store copies GPU -> host (D2H), a load back (H2D).
 STORE, LOAD = "store", "load"
 DIRECTIONS = (STORE, LOAD)
 COPY_KIND = {STORE: "D2H", LOAD: "H2D"}

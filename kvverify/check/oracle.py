@@ -1,0 +1,312 @@
+"""The checker's oracle: enumerate every execution the rules allow, simulate the bytes, compare.
+
+Deliberately simple and independent of :mod:`kvverify.check.rules` (no vector clocks): the ordering
+rules of ``docs/trace-format.md`` are written again, as an explicit graph of moments:
+
+- the host thread: ``call i`` → ``ret i`` → ``call i+1`` … (rule 1);
+- each stream: a chain of items (kernels, copies, records, waits), each from ``begin`` to ``end``;
+  an item begins after its ``call`` (rule 1) and after the previous item's ``end`` (rule 2);
+- a record is an item of its stream; a wait is an item that also follows the event's latest
+  record (rules 2, 3); ``wait_stream`` is a record on ``on`` and a wait on ``stream``;
+- a host synchronization makes ``ret`` follow what it observed (rule 4);
+- an access is a node placed inside its window: kernel and STREAM reads / destination writes
+  between ``begin`` and ``end``; DURING_API_CALL and pageable source reads between ``call`` and
+  ``ret`` (and before ``end``); ANY source reads between ``call`` and ``end`` (rules 5, 6); a copy
+  to pageable memory is written in stream order like any other (rule 6 as amended). Nothing orders the nodes of one copy
+  or one batch among themselves (rule 7).
+
+An execution is any order of the access nodes consistent with the graph (a linear extension of
+the reachability order). Each is simulated on the buffers' cells: every write stores a value of
+its own; a read observes the values it reads, a write observes the values it overwrites (so two
+unordered writes disagree even when a later write hides both). Two executions *disagree* when an
+access observes different values or the final bytes differ. The search is a depth-first walk over
+(placed accesses, memory) states with memoisation; it stops at the first disagreement.
+
+Kept small on purpose: it refuses traces with more than ``max_accesses`` access nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvverify.check.model import (
+    Copy,
+    CopyBatch,
+    HostRead,
+    HostWrite,
+    Kernel,
+    QueryEvent,
+    Record,
+    SyncDevice,
+    SyncEvent,
+    SyncStream,
+    Trace,
+    WaitEvent,
+    WaitStream,
+)
+
+
+@dataclass(frozen=True)
+class AccessNode:
+    """One atomic access of the oracle: a kernel (all its reads and writes at once), one host
+    op, or one side (``src`` / ``dst``) of one copy."""
+
+    id: int                                   # node id in the graph
+    op: int
+    label: str                                # e.g. "op 2 copy 0 src"
+    rank: tuple                               # issue order: (op, copy, 0 for src / 1 for dst)
+    reads: tuple[tuple[str, int, int], ...]   # (buffer, start, end)
+    writes: tuple[tuple[str, int, int], ...]
+
+
+@dataclass
+class Graph:
+    names: list[str]                    # node id -> name ("call 3", "begin 3", "op 3 src 0" ...)
+    succ: list[list[int]]               # edges; node ids are a topological order
+    accesses: list[AccessNode]
+
+    def reach(self) -> list[int]:
+        """Per node, the bit set of nodes reachable from it (strictly after it)."""
+        out = [0] * len(self.names)
+        for u in range(len(self.names) - 1, -1, -1):
+            r = 0
+            for v in self.succ[u]:
+                r |= out[v] | (1 << v)
+            out[u] = r
+        return out
+
+
+def build_graph(trace: Trace) -> Graph:
+    """The graph of moments of ``trace`` (see the module docstring)."""
+    names: list[str] = []
+    succ: list[list[int]] = []
+    accesses: list[AccessNode] = []
+    space = {name: b.space for name, b in trace.buffers.items()}
+
+    def node(name: str) -> int:
+        names.append(name)
+        succ.append([])
+        return len(names) - 1
+
+    def edge(u: int | None, v: int) -> None:
+        if u is not None:
+            assert u < v, "edges go forward in creation order"
+            succ[u].append(v)
+
+    last: dict[str, int | None] = {s: None for s in trace.streams}   # last item end per stream
+    capture: dict[str, int] = {}                                      # event -> its latest record node
+    prev_ret = None
+
+    def access(i: int, label: str, rank: tuple, reads, writes) -> int:
+        n = node(label)
+        accesses.append(AccessNode(n, i, label, rank,
+                                   tuple((r.buffer, r.offset, r.offset + r.length) for r in reads),
+                                   tuple((r.buffer, r.offset, r.offset + r.length) for r in writes)))
+        return n
+
+    for i, op in enumerate(trace.ops):
+        call = node(f"call {i}")
+        edge(prev_ret, call)
+        later_ret: list[int] = []          # nodes that must come before this op's ret
+
+        def item(stream: str, begin: int, end: int, call: int = call) -> None:
+            edge(call, begin)              # nothing starts before it is issued
+            edge(last[stream], begin)      # stream order
+            last[stream] = end
+
+        if isinstance(op, Kernel):
+            begin = node(f"begin {i}")
+            k = access(i, f"op {i} kernel", (i, 0, 0), op.reads, op.writes)
+            end = node(f"end {i}")
+            item(op.stream, begin, end)
+            edge(begin, k)
+            edge(k, end)
+        elif isinstance(op, (Copy, CopyBatch)):
+            order = op.order if isinstance(op, CopyBatch) else "STREAM"
+            begin = node(f"begin {i}")
+            sides = []
+            for c, tr in enumerate(op.copies):
+                s = access(i, f"op {i} copy {c} src", (i, c, 0), (tr.src,), ())
+                d = access(i, f"op {i} copy {c} dst", (i, c, 1), (), (tr.dst,))
+                sides.append((tr, s, d))
+            end = node(f"end {i}")
+            item(op.stream, begin, end)
+            for tr, s, d in sides:
+                edge(begin, d)             # the destination is written in stream order
+                edge(d, end)
+                if space[tr.src.buffer] == "host_pageable" or order == "DURING_API_CALL":
+                    edge(call, s)          # read during the call (rule 6 / rule 5)
+                    later_ret.append(s)
+                elif order == "STREAM":
+                    edge(begin, s)
+                else:                      # ANY: from the call until the copy completes
+                    edge(call, s)
+                edge(s, end)
+                # A pageable destination is written in stream order like any other (rule 6 as
+                # amended: no completion at return; docs/checker.md).
+        elif isinstance(op, Record):
+            r = node(f"record {i}")
+            item(op.stream, r, r)
+            capture[op.event] = r
+        elif isinstance(op, WaitEvent):
+            w = node(f"wait {i}")
+            item(op.stream, w, w)
+            edge(capture.get(op.event), w)   # never recorded: nothing to wait for
+        elif isinstance(op, WaitStream):
+            r = node(f"record {i} (wait_stream)")
+            item(op.on, r, r)
+            w = node(f"wait {i}")
+            item(op.stream, w, w)
+            edge(r, w)
+        elif isinstance(op, SyncEvent) or (isinstance(op, QueryEvent) and op.result):
+            if op.event in capture:
+                later_ret.append(capture[op.event])
+        elif isinstance(op, SyncStream):
+            if last[op.stream] is not None:
+                later_ret.append(last[op.stream])
+        elif isinstance(op, SyncDevice):
+            later_ret += [e for e in last.values() if e is not None]
+        elif isinstance(op, (HostWrite, HostRead)):
+            ranges = op.ranges
+            h = access(i, f"op {i} host", (i, 0, 0), () if isinstance(op, HostWrite) else ranges,
+                       ranges if isinstance(op, HostWrite) else ())
+            edge(call, h)
+            later_ret.append(h)
+        ret = node(f"ret {i}")
+        edge(call, ret)
+        for u in later_ret:
+            edge(u, ret)
+        prev_ret = ret
+    return Graph(names, succ, accesses)
+
+
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class OracleResult:
+    disagree: bool
+    states: int                                   # (placed, memory) states explored
+    witness: dict | None = None                   # on disagreement: the two executions and where
+    unordered: dict = field(default_factory=dict)  # (op, op) -> kinds of conflicting unordered nodes
+
+    @property
+    def verdict(self) -> str:
+        return "RACY" if self.disagree else "SAFE"
+
+
+class _Disagree(Exception):
+    pass
+
+
+def _overlaps(xs, ys) -> bool:
+    return any(b == b2 and lo < hi2 and lo2 < hi for b, lo, hi in xs for b2, lo2, hi2 in ys)
+
+
+def unordered_conflicts(trace: Trace, graph: Graph | None = None) -> dict[tuple[int, int], set[str]]:
+    """Pairs of ops with two conflicting access nodes that the graph leaves unordered, with the
+    kinds (RAW / WAR / WAW, by issue order) those nodes show."""
+    g = graph or build_graph(trace)
+    reach = g.reach()
+    out: dict[tuple[int, int], set[str]] = {}
+    acc = sorted(g.accesses, key=lambda a: a.rank)
+    for x in range(len(acc)):
+        for y in range(x + 1, len(acc)):
+            a, b = acc[x], acc[y]
+            if reach[a.id] >> b.id & 1 or reach[b.id] >> a.id & 1:
+                continue
+            kinds = set()
+            if _overlaps(a.writes, b.writes):
+                kinds.add("WAW")
+            if _overlaps(a.writes, b.reads):
+                kinds.add("RAW")
+            if _overlaps(a.reads, b.writes):
+                kinds.add("WAR")
+            if kinds:
+                out.setdefault((a.op, b.op), set()).update(kinds)
+    return out
+
+
+def explore(trace: Trace, max_accesses: int = 10) -> OracleResult:
+    """Run every execution of ``trace`` the rules allow; report whether two can disagree."""
+    g = build_graph(trace)
+    nodes = g.accesses
+    n = len(nodes)
+    if n > max_accesses:
+        raise ValueError(f"the oracle enumerates at most {max_accesses} accesses; this trace has {n}")
+    reach = g.reach()
+
+    # cells: elementary intervals between the range ends used on each buffer
+    pts: dict[str, set] = {}
+    for a in nodes:
+        for b, lo, hi in a.reads + a.writes:
+            pts.setdefault(b, set()).update((lo, hi))
+    cells: list[tuple[str, int, int]] = []
+    for b in sorted(pts):
+        p = sorted(pts[b])
+        cells += [(b, p[k], p[k + 1]) for k in range(len(p) - 1)]
+
+    def cover(ranges) -> tuple[int, ...]:
+        return tuple(sorted({c for c, (b, lo, hi) in enumerate(cells)
+                             for b2, lo2, hi2 in ranges if b == b2 and lo2 <= lo and hi <= hi2}))
+
+    reads = [cover(a.reads) for a in nodes]
+    writes = [cover(a.writes) for a in nodes]
+    preds = [0] * n
+    for x in range(n):
+        for y in range(n):
+            if reach[nodes[x].id] >> nodes[y].id & 1:
+                preds[y] |= 1 << x
+    full = (1 << n) - 1
+    initial = tuple(-1 - c for c in range(len(cells)))   # a distinct value per cell before any write
+
+    ref: dict[int, tuple] = {}
+    ref_path: list[int] = []
+    seen: set = set()
+    witness: dict = {}
+
+    def step(x: int, mem: tuple) -> tuple[tuple, tuple]:
+        obs = (tuple(mem[c] for c in reads[x]), tuple(mem[c] for c in writes[x]))
+        if writes[x]:
+            m = list(mem)
+            for c in writes[x]:
+                m[c] = x            # the value this write stores: its own
+            mem = tuple(m)
+        return obs, mem
+
+    def dfs(placed: int, mem: tuple, path: list[int]) -> None:
+        if placed == full:
+            if "final" not in ref:
+                ref["final"] = mem
+                ref_path[:] = path
+            elif ref["final"] != mem:
+                witness.update(at="final bytes", path=list(path))
+                raise _Disagree
+            return
+        key = (placed, mem)
+        if key in seen:
+            return
+        for x in range(n):
+            if placed >> x & 1 or preds[x] & ~placed:
+                continue
+            obs, mem2 = step(x, mem)
+            if x in ref and ref[x] != obs:
+                witness.update(at=nodes[x].label, path=path + [x])
+                raise _Disagree
+            ref.setdefault(x, obs)
+            path.append(x)
+            dfs(placed | 1 << x, mem2, path)
+            path.pop()
+        seen.add(key)
+
+    unordered = unordered_conflicts(trace, g)
+    try:
+        dfs(0, initial, [])
+    except _Disagree:
+        w = {
+            "observed_at": witness["at"],
+            "execution_1": [nodes[x].label for x in ref_path],
+            "execution_2": [nodes[x].label for x in witness["path"]],
+        }
+        return OracleResult(True, len(seen), w, unordered)
+    return OracleResult(False, len(seen), None, unordered)

@@ -1,0 +1,100 @@
+"""What ``kvverify check`` reports: a verdict and the races behind it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kvverify.check.model import Range
+
+if TYPE_CHECKING:
+    from kvverify.check.model import Trace
+
+SAFE = "SAFE"
+RACY = "RACY"
+
+
+@dataclass(frozen=True)
+class Race:
+    """Two ops whose accesses to the same bytes no rule orders.
+
+    ``first`` < ``second`` are op indices (equal for two copies of one copy_batch or for a copy
+    whose source and destination overlap). ``kind`` is RAW / WAR / WAW by issue order (the
+    earlier-issued access first; inside one op, by copy index, source before destination).
+    ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer declaration order;
+    ranges one op lists back to back count as one);
+    ``rule`` the number of the rule that leaves them unordered ("2", "4", "5", "6" or "7");
+    ``reason`` says why in words and ``fix`` gives one concrete change that orders them."""
+
+    first: int
+    second: int
+    kind: str
+    overlap: Range
+    rule: str
+    reason: str
+    fix: str
+
+    def to_json(self) -> dict:
+        return {
+            "first": self.first,
+            "second": self.second,
+            "kind": self.kind,
+            "overlap": self.overlap.to_json(),
+            "rule": self.rule,
+            "reason": self.reason,
+            "fix": self.fix,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    """The checker's answer. ``races`` is sorted by (first, second); each op pair appears once.
+    ``truncated`` is True when the checker stopped after ``max_races`` races (the verdict is
+    RACY either way)."""
+
+    races: tuple[Race, ...] = ()
+    truncated: bool = False
+
+    @property
+    def verdict(self) -> str:
+        return RACY if self.races else SAFE
+
+    @property
+    def safe(self) -> bool:
+        return not self.races
+
+    def pairs(self) -> set[tuple[int, int]]:
+        return {(r.first, r.second) for r in self.races}
+
+    def to_json(self) -> dict:
+        """The object ``kvverify check --json`` prints."""
+        out: dict = {"verdict": self.verdict, "races": [r.to_json() for r in self.races]}
+        if self.truncated:
+            out["truncated"] = True
+        return out
+
+    def render(self, trace: Trace | None = None, source: str | None = None) -> str:
+        """A human report: the verdict, then each race with both ops, bytes, kind, why and fix."""
+        where = f" in {source}" if source else ""
+        if trace is not None:
+            where += f" ({len(trace.ops)} ops, {len(trace.streams)} streams)"
+        n = len(self.races)
+        if not n:
+            return f"SAFE{where}: no two accesses to the same bytes can run in either order.\n"
+        more = " (stopped there: --max-races)" if self.truncated else ""
+        lines = [f"RACY{where}: {n} race{'s' if n != 1 else ''}{more}", ""]
+
+        def op(i: int) -> str:
+            return trace.describe(i) if trace is not None else f"op {i}"
+
+        for k, r in enumerate(self.races, 1):
+            lines.append(f"race {k}: {r.kind} on {r.overlap} ({r.overlap.length} bytes), rule {r.rule}")
+            if r.first == r.second:
+                lines.append(f"  op:     {op(r.first)}")
+            else:
+                lines.append(f"  first:  {op(r.first)}")
+                lines.append(f"  second: {op(r.second)}")
+            lines.append(f"  why:    {r.reason}")
+            lines.append(f"  fix:    {r.fix}")
+            lines.append("")
+        return "\n".join(lines)

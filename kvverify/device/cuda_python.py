@@ -1,0 +1,64 @@
+"""An independent implementation of the batched swap through cuda-python.
+
+It shares nothing with ``csrc/swap_blocks.cpp`` but the CUDA driver: the GPU tests run the
+same batches through both and compare the bytes, so a bug in either shows as a mismatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvverify.device.ops import SrcAccessOrder
+
+
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError as exc:
+        raise ImportError(
+            "the cuda-python backend needs the cuda-python package (`pip install cuda-python`)"
+        ) from exc
+    if not hasattr(driver, "cuMemcpyBatchAsync"):
+        raise RuntimeError("this cuda-python is older than CUDA 12.8 and has no cuMemcpyBatchAsync")
+    return driver
+
+
+def swap_blocks_batch(src_ptrs: Sequence[int], dst_ptrs: Sequence[int], sizes: Sequence[int], order: SrcAccessOrder) -> None:
+    """Issue one ``cuMemcpyBatchAsync`` with one ``CUmemcpyAttributes`` for all copies, on the
+    current torch stream (a side stream on the legacy default stream, as the extension does).
+
+    Arguments are validated by the caller (``kvverify.device.ops.validate_batch``): byte addresses and
+    sizes in bytes, equal lengths, ``n > 0``.
+
+    Raises:
+        RuntimeError: the driver's CUresult name and, where the binding returns it, the failing copy.
+    """
+    import torch
+
+    driver = _driver()
+    attr = driver.CUmemcpyAttributes()
+    attr.srcAccessOrder = driver.CUmemcpySrcAccessOrder(int(order))
+    dsts = [driver.CUdeviceptr(p) for p in dst_ptrs]
+    srcs = [driver.CUdeviceptr(p) for p in src_ptrs]
+    current = torch.cuda.current_stream()
+
+    def issue(stream: torch.cuda.Stream) -> None:
+        out = driver.cuMemcpyBatchAsync(
+            dsts, srcs, list(sizes), len(sizes), [attr], [0], 1, driver.CUstream(stream.cuda_stream)
+        )
+        # cuda-python 12.x returns (CUresult, failIdx); 13.x returns (CUresult,).
+        result = out[0]
+        if result != driver.CUresult.CUDA_SUCCESS:
+            where = f" at copy {out[1]} of {len(sizes)}" if len(out) > 1 else ""
+            _, name = driver.cuGetErrorName(result)
+            label = name.decode() if isinstance(name, bytes) else str(result)
+            raise RuntimeError(f"cuMemcpyBatchAsync failed{where}: {label} (srcAccessOrder={int(order)})")
+
+    if current.cuda_stream != 0:
+        issue(current)
+        return
+    # Legacy NULL stream: refused by the batch API (CUDA Driver API, cuMemcpyBatchAsync).
+    side = torch.cuda.Stream()
+    side.wait_stream(current)
+    issue(side)
+    current.wait_stream(side)

@@ -1,0 +1,223 @@
+"""The batched swap op: ``swap_blocks_batch`` under the three source access orders.
+
+Thin wrapper over ``torch.ops.kvverify.swap_blocks_batch`` (the extension, ``csrc/swap_blocks.cpp``)
+with a second, independent backend through cuda-python (``kvverify.device.cuda_python``); the GPU
+tests cross-check the two. Semantics follow the CUDA Driver API reference of
+``cuMemcpyBatchAsync`` (CUDA 12.8+): the batch as a whole runs in stream order, the copies
+inside it in no particular order, and ``srcAccessOrder`` says when the source may be read.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from kvverify.device import extension
+
+if TYPE_CHECKING:
+    import torch
+
+
+class SrcAccessOrder(enum.IntEnum):
+    """``CUmemcpySrcAccessOrder``, with CUDA's values (cuda.h, CUDA 12.8+).
+
+    - ``STREAM``: the source is read in stream order, after all work issued earlier to the stream.
+    - ``DURING_API_CALL``: the source may be read out of stream order, during the call; all reads
+      are complete when the call returns.
+    - ``ANY``: the source may be read out of stream order, at any time from the call until the
+      copy completes in stream order.
+    """
+
+    STREAM = 1
+    DURING_API_CALL = 2
+    ANY = 3
+
+
+BACKENDS = ("extension", "cuda-python")
+
+IndexLike = "torch.Tensor | Sequence[int]"
+
+
+def resolve_order(
+    src_access_order: SrcAccessOrder | int | str | None, is_src_access_order_any: bool | None
+) -> SrcAccessOrder:
+    """Return the order the caller asked for, from either argument (never both).
+
+    ``src_access_order`` may be a ``SrcAccessOrder``, its integer value or its name (any case);
+    ``None`` means ``STREAM`` unless ``is_src_access_order_any`` is given (``True``: ``ANY``,
+    ``False``: ``STREAM``), the serving-engine spelling this op is a drop-in for.
+
+    Raises:
+        ValueError: both arguments given, or an unknown order.
+        TypeError: an order of another type (a bool included: it is not an order).
+    """
+    if is_src_access_order_any is not None:
+        if src_access_order is not None:
+            raise ValueError(
+                "give either src_access_order or is_src_access_order_any, not both "
+                f"(got {src_access_order!r} and {is_src_access_order_any!r})"
+            )
+        if not isinstance(is_src_access_order_any, bool):
+            raise TypeError(f"is_src_access_order_any must be a bool, got {type(is_src_access_order_any).__name__}")
+        return SrcAccessOrder.ANY if is_src_access_order_any else SrcAccessOrder.STREAM
+    if src_access_order is None:
+        return SrcAccessOrder.STREAM
+    if isinstance(src_access_order, bool):
+        raise TypeError("src_access_order must be a SrcAccessOrder, int or name, got a bool")
+    if isinstance(src_access_order, str):
+        try:
+            return SrcAccessOrder[src_access_order.upper()]
+        except KeyError:
+            raise ValueError(
+                f"unknown src_access_order {src_access_order!r}; use one of {[o.name for o in SrcAccessOrder]}"
+            ) from None
+    if isinstance(src_access_order, int):
+        try:
+            return SrcAccessOrder(src_access_order)
+        except ValueError:
+            raise ValueError(
+                f"unknown src_access_order {src_access_order}; use 1 (STREAM), 2 (DURING_API_CALL) or 3 (ANY)"
+            ) from None
+    raise TypeError(f"src_access_order must be a SrcAccessOrder, int or name, got {type(src_access_order).__name__}")
+
+
+def _as_index_tensor(values: IndexLike, name: str) -> torch.Tensor:
+    """A sequence of ints becomes an int64 CPU tensor; a tensor is passed through unchanged
+    (a tensor of the wrong dtype, shape or device is the caller's mistake, reported by
+    ``validate_batch``, not silently converted)."""
+    import torch
+
+    if isinstance(values, torch.Tensor):
+        return values
+    try:
+        return torch.as_tensor(values, dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise TypeError(f"{name} must be an int64 tensor or a sequence of ints ({exc})") from None
+
+
+def validate_batch(src_ptrs: torch.Tensor, dst_ptrs: torch.Tensor, sizes: torch.Tensor) -> int:
+    """Check a batch before anything is issued; return the number of copies.
+
+    Mirrors the checks the C++ op makes for direct ``torch.ops`` callers, for the cuda-python
+    backend (which has no C++ in front of it).
+
+    Raises:
+        TypeError: a tensor that is not int64.
+        ValueError: a tensor that is not 1-D or not on the CPU, lengths that differ, a size
+            ``<= 0`` bytes, a null pointer, or no CUDA device for a non-empty batch.
+    """
+    import torch
+
+    for name, t in (("src_ptrs", src_ptrs), ("dst_ptrs", dst_ptrs), ("sizes", sizes)):
+        if t.dtype != torch.int64:
+            raise TypeError(f"{name} must be an int64 tensor, got {t.dtype}")
+        if t.dim() != 1:
+            raise ValueError(f"{name} must be 1-D, got {t.dim()} dimensions")
+        if t.device.type != "cpu":
+            raise ValueError(f"{name} must be on the CPU (it is read by the host), got {t.device}")
+    n = src_ptrs.numel()
+    if dst_ptrs.numel() != n or sizes.numel() != n:
+        raise ValueError(
+            f"src_ptrs, dst_ptrs and sizes must have the same length, got {n}, {dst_ptrs.numel()} and {sizes.numel()}"
+        )
+    if n == 0:
+        return 0
+    for name, t, bad in (("sizes", sizes, sizes <= 0), ("src_ptrs", src_ptrs, src_ptrs == 0), ("dst_ptrs", dst_ptrs, dst_ptrs == 0)):
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            what = f"must be > 0 bytes, got {int(t[i])}" if name == "sizes" else "is a null pointer"
+            raise ValueError(f"{name}[{i}] {what}")
+    if not torch.cuda.is_available():
+        raise ValueError("swap_blocks_batch needs a CUDA device, and none is visible")
+    return n
+
+
+def swap_blocks_batch(
+    src_ptrs: IndexLike,
+    dst_ptrs: IndexLike,
+    sizes: IndexLike,
+    src_access_order: SrcAccessOrder | int | str | None = None,
+    *,
+    is_src_access_order_any: bool | None = None,
+    use_batch_api: bool = True,
+    backend: str = "extension",
+    check_pointers: bool = True,
+) -> None:
+    """Copy ``sizes[i]`` bytes from ``src_ptrs[i]`` to ``dst_ptrs[i]`` for every ``i``, asynchronously,
+    on the current torch CUDA stream of the current device.
+
+    Args:
+        src_ptrs, dst_ptrs: raw byte addresses (device, pinned, registered or pageable host
+            memory), 1-D int64 CPU tensors of shape ``(n,)`` or sequences of ints.
+        sizes: bytes per copy, same shape, each ``> 0``.
+        src_access_order: when the driver may read each source (``SrcAccessOrder``, its value or
+            its name; default ``STREAM``). Follows CUDA Driver API ``cuMemcpyBatchAsync``.
+        is_src_access_order_any: the serving-engine spelling: ``True`` means ``ANY``, ``False``
+            ``STREAM``. Giving both order arguments is an error.
+        use_batch_api: ``False`` forces one ``cudaMemcpyAsync(cudaMemcpyDefault)`` per copy. That
+            path, also taken when the driver lacks ``cuMemcpyBatchAsync`` (before CUDA 12.8), is
+            always stream-ordered whatever order was asked: the order is then a no-op.
+        backend: ``"extension"`` (``kvverify._C``) or ``"cuda-python"``
+            (``cuda.bindings.driver.cuMemcpyBatchAsync``, an independent implementation).
+        check_pointers: look every address up first (``cuPointerGetAttributes``; a host read
+            probe for addresses CUDA does not know) and reject, with a ``ValueError`` naming the
+            copy, a device copy running past its allocation or an address that is neither CUDA
+            memory nor mapped host memory. The driver treats such an address as pageable host
+            memory and the process dies with SIGSEGV (seen on H200, driver 580; docs/op.md).
+            Costs a lookup per address; ``False`` skips it. Direct ``torch.ops`` callers never get
+            it, nor does the cuda-python backend where the extension is not built.
+
+    An empty batch is a no-op. On torch's default stream (the legacy NULL stream, which
+    ``cuMemcpyBatchAsync`` refuses) the batch runs on a side stream joined to the current
+    stream by events both ways, which keeps every order's semantics.
+
+    Raises:
+        TypeError, ValueError: bad arguments (named in the message), before any copy is issued.
+        RuntimeError: the driver refused the batch; the message names the CUresult and, where
+            the driver reports it (12.8 signature), the failing copy. The context stays usable.
+        kvverify.device.extension.ExtensionUnavailableError: torch or the extension is missing.
+    """
+    order = resolve_order(src_access_order, is_src_access_order_any)
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; use one of {BACKENDS}")
+    if backend == "extension":
+        kv = extension.ops()
+        src, dst, size = (_as_index_tensor(v, n) for v, n in ((src_ptrs, "src_ptrs"), (dst_ptrs, "dst_ptrs"), (sizes, "sizes")))
+        if check_pointers and validate_batch(src, dst, size) > 0:
+            kv.check_pointers(src, dst, size)
+        if use_batch_api:
+            kv.swap_blocks_batch(src, dst, size, int(order))
+        else:
+            kv.swap_blocks_loop(src, dst, size)
+        return
+    if not use_batch_api:
+        raise ValueError("use_batch_api=False is served by the extension backend only; use backend='extension'")
+    src, dst, size = (_as_index_tensor(v, n) for v, n in ((src_ptrs, "src_ptrs"), (dst_ptrs, "dst_ptrs"), (sizes, "sizes")))
+    if validate_batch(src, dst, size) == 0:
+        return
+    if check_pointers and extension.load_error() is None:  # the check lives in the extension
+        extension.ops().check_pointers(src, dst, size)
+    from kvverify.device import cuda_python
+
+    cuda_python.swap_blocks_batch(src.tolist(), dst.tolist(), size.tolist(), order)
+
+
+def batch_api_available() -> bool:
+    """Whether this host's driver offers ``cuMemcpyBatchAsync`` (CUDA 12.8+ drivers).
+
+    Raises ``ExtensionUnavailableError`` where the extension is missing.
+    """
+    return bool(extension.ops().batch_api_available())
+
+
+def _register_fakes() -> None:
+    # torch.compile and opcheck trace the op with fake tensors: it has no outputs to shape.
+    import torch
+
+    for name in ("swap_blocks_batch", "swap_blocks_loop"):
+        torch.library.register_fake(f"kvverify::{name}")(lambda *args, **kwargs: None)
+
+
+if extension.load_error() is None:
+    _register_fakes()

@@ -1,0 +1,523 @@
+"""``kvverify bench``: bandwidth of ``swap_blocks_batch`` per direction, source access order and page size.
+
+Method (docs/bench.md has the long form):
+
+* **Pool and pages.** One host pool (``--host-memory``, pinned by default) and one device pool of
+  ``--pool-bytes`` each (default 2 GiB: more than 4x the L2 of any current GPU and more than
+  1 GiB). A point is (direction, page size). Each batch call copies ``pages/call`` pages whose
+  source and destination slots are drawn at random, without replacement, from the pool's
+  page-aligned slots; a repetition ("rep") is ``calls/rep`` such calls, each with its own draw
+  (at least 256 MiB per rep by default), and the same draws serve every method of the point.
+* **Methods.** The three orders through ``cuMemcpyBatchAsync`` (``STREAM``, ``DURING_API_CALL``,
+  ``ANY``); ``loop``: the same copies as one ``cudaMemcpyAsync`` each (``use_batch_api=False``);
+  ``ceiling``: one contiguous ``cudaMemcpyAsync`` of the rep's bytes between the same two pools.
+* **Event-timed bandwidth.** A spin kernel holds the copy stream; the start event is recorded
+  behind it, the rep's calls are queued, the stop event follows. If the spin is still running once
+  everything is queued (the start event has not completed: "hold covered"), the events enclose
+  the copies alone, without launch or call gaps. The hold is sized from the measured queueing time
+  (twice it plus 1 ms); a method whose calls wait for the held work (no hold can cover them) is
+  marked and then run behind a 1 ms hold, so its event time includes its call gaps.
+* **End-to-end bandwidth.** The same rep without a hold: host clock from before the first call to
+  the completion of a stop event recorded after the last.
+* **Paired ANY / STREAM.** Within a point the reps of all methods are interleaved round by round;
+  ANY and STREAM run next to each other in every round, alternating which goes first. The ratio
+  ANY / STREAM of each round's pair gives the median ratio and its confidence interval
+  (``kvverify.stats.paired_ratio_ci``).
+* **Repeatability.** After all points, STREAM is measured again at every point as an independent
+  series (new random draws, new hold sizing); the relative difference of the two medians is
+  reported, and checked against 3% for pages of 256 KiB and up.
+
+GB/s is 1e9 bytes per second throughout. Bytes per rep count each byte once (read or written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from kvverify.measure import common
+from kvverify.measure.probe import DIRECTIONS, HOST_KINDS, ORDERS, parse_directions, parse_orders, _positive_float
+from kvverify.units import format_size, positive_int_arg, size_arg, size_list_arg
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+DEFAULT_PAGE_SIZES = [4 * KiB * 2**i for i in range(10)]  # 4 KiB ... 2 MiB
+QUICK_PAGE_SIZES = [16 * KiB, 64 * KiB, 256 * KiB, 2 * MiB]
+DEFAULT_REPS, QUICK_REPS = 10, 8
+QUICK_MAX_SECONDS = 120.0
+MIN_REP_BYTES = 256 * MiB  # calls/rep defaults to the fewest calls that move this much
+REPEAT_CHECK_MIN_PAGE = 256 * KiB
+REPEAT_TOLERANCE = 0.03
+BASELINES = ("loop", "ceiling")
+WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
+
+
+class PlanError(ValueError):
+    """The options name an impossible or unknown benchmark (reported as one line, exit status 2)."""
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers")
+    return values
+
+
+def _confidence(text: str) -> float:
+    value = _positive_float(text)
+    if not value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a confidence is between 0 and 1, e.g. 0.95")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
+    g = parser.add_argument_group("what to measure")
+    g.add_argument("--quick", action="store_true",
+                   help=f"page sizes {','.join(format_size(p).replace(' ', '') for p in QUICK_PAGE_SIZES)}, "
+                        f"{QUICK_REPS} reps, stop starting points after {QUICK_MAX_SECONDS:g} s (options given explicitly win)")
+    g.add_argument("--page-sizes", type=size_list_arg, metavar="LIST",
+                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB in powers of two)")
+    g.add_argument("--model", metavar="PRESET",
+                   help="take page sizes and pages per call from a model preset of kvverify.geometry (e.g. llama-3.1-8b)")
+    g.add_argument("--block-tokens", type=_int_list, default=[16, 32, 64], metavar="LIST",
+                   help="with --model: tokens per KV block (GPU page), one page size each (default 16,32,64)")
+    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
+                   help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
+                        "layout's tensors (default 16)")
+    g.add_argument("--directions", type=parse_directions, default=DIRECTIONS, help="h2d,d2h (default both)")
+    g.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
+    g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
+    g.add_argument("--host-memory", choices=HOST_KINDS, default="pinned", help="host pool kind (default pinned)")
+    g = parser.add_argument_group("how much")
+    g.add_argument("--reps", type=positive_int_arg, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
+    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
+                   help="bytes per batch call without --model; pages/call = call bytes / page size (default 64MiB)")
+    g.add_argument("--calls-per-rep", type=positive_int_arg,
+                   help="batch calls per rep (default: the fewest that move at least 256 MiB)")
+    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, help="bytes of each pool, host and device (default 2GiB)")
+    g.add_argument("--confidence", type=_confidence, default=0.95, help="confidence of the ANY/STREAM interval (default 0.95)")
+    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (the repeatability check)")
+    g.add_argument("--max-seconds", type=_positive_float,
+                   help=f"start no new point after this many seconds; the report says it was cut short (--quick: {QUICK_MAX_SECONDS:g})")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random page draws (default 0)")
+    g = parser.add_argument_group("output")
+    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform as JSON (- for stdout)")
+    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib: pip install 'kvverify[plot]')")
+    g.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    from kvverify import annotate
+
+    annotate.add_cli_option(g)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Point:
+    """One benchmark point: a direction and a page geometry. Sizes in bytes."""
+
+    direction: str
+    page_bytes: int
+    pages_per_call: int
+    calls_per_rep: int
+    label: str
+
+    @property
+    def call_bytes(self) -> int:
+        return self.page_bytes * self.pages_per_call
+
+    @property
+    def rep_bytes(self) -> int:
+        return self.call_bytes * self.calls_per_rep
+
+
+def resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill the options that ``--quick`` changes; an option given explicitly wins. Returns ``args``."""
+    if args.page_sizes is None:
+        args.page_sizes = list(QUICK_PAGE_SIZES if args.quick else DEFAULT_PAGE_SIZES)
+    if args.reps is None:
+        args.reps = QUICK_REPS if args.quick else DEFAULT_REPS
+    if args.max_seconds is None and args.quick:
+        args.max_seconds = QUICK_MAX_SECONDS
+    return args
+
+
+def methods_for(args: argparse.Namespace, batch_api: bool = True) -> list[str]:
+    """Methods measured at every point: the selected orders (when the batch API exists), loop, ceiling."""
+    methods = list(args.orders) if batch_api else []
+    if not args.no_loop:
+        methods.append("loop")
+    methods.append("ceiling")
+    return methods
+
+
+def _model_shapes(args: argparse.Namespace) -> list[tuple[int, int, str]]:
+    try:
+        from kvverify import geometry
+    except ImportError as exc:
+        raise PlanError(f"--model needs kvverify.geometry ({exc})") from None
+    try:
+        preset = geometry.preset(args.model)
+    except ValueError as exc:
+        raise PlanError(f"--model: {exc}") from None
+    shapes = []
+    for tokens in args.block_tokens:
+        try:
+            layout = geometry.KVLayout(geometry=preset, block_size=tokens)
+        except ValueError as exc:
+            raise PlanError(f"--model {preset.name} --block-tokens {tokens}: {exc}") from None
+        page = int(layout.page_bytes)
+        pages = int(layout.num_tensors) * args.blocks_per_transfer
+        shapes.append((page, pages, f"{preset.name} {tokens} tok"))
+    return shapes
+
+
+def plan_points(args: argparse.Namespace) -> list[Point]:
+    """The points to measure, page sizes outermost (so a run cut short still covers both directions).
+
+    Raises ``PlanError`` when a call's pages do not fit the pool or a rep exceeds it.
+    """
+    if args.model:
+        shapes = _model_shapes(args)
+    else:
+        shapes = []
+        for page in args.page_sizes:
+            if page > args.call_bytes:
+                raise PlanError(f"page size {format_size(page)} is larger than --call-bytes {format_size(args.call_bytes)}")
+            shapes.append((page, args.call_bytes // page, format_size(page)))
+    points = []
+    for page, pages, label in shapes:
+        slots = args.pool_bytes // page
+        if pages > slots:
+            raise PlanError(
+                f"{label}: {pages} pages per call of {format_size(page)} do not fit a pool of {format_size(args.pool_bytes)} "
+                "(raise --pool-bytes or lower --call-bytes / --blocks-per-transfer)"
+            )
+        call_bytes = page * pages
+        calls = args.calls_per_rep or max(1, math.ceil(MIN_REP_BYTES / call_bytes))
+        if call_bytes * calls > args.pool_bytes:
+            if args.calls_per_rep:
+                raise PlanError(f"{label}: a rep of {calls} calls moves more than the pool of {format_size(args.pool_bytes)}")
+            calls = max(1, args.pool_bytes // call_bytes)
+        for direction in args.directions:
+            points.append(Point(direction, page, pages, calls, label))
+    return points
+
+
+def round_order(round_index: int, methods: list[str]) -> list[str]:
+    """Methods in the order of one round: ANY and STREAM first, adjacent, alternating which leads."""
+    pair = [m for m in ("ANY", "STREAM") if m in methods]
+    if len(pair) == 2 and round_index % 2 == 1:
+        pair.reverse()
+    return pair + [m for m in methods if m not in pair]
+
+
+# --------------------------------------------------------------------------- measurement core
+
+
+class HoldController:
+    """Sizes the stream hold (nanoseconds) so that it outlasts the queueing of one rep.
+
+    After a covered rep the hold becomes ``2 x queue time + 1 ms``. After an uncovered one it grows
+    to at least ``4 x queue time + 2 ms``; three uncovered reps in a row, or the cap, mean the calls
+    wait for the held work (no hold can cover them): the method is ``blocking`` and runs behind the
+    minimum hold from then on.
+    """
+
+    MIN_NS = 1_000_000
+    MAX_NS = 500_000_000
+    INITIAL_NS = 5_000_000
+    BLOCKING_AFTER = 3
+
+    def __init__(self) -> None:
+        self.hold_ns = self.INITIAL_NS
+        self.uncovered_in_a_row = 0
+        self.blocking = False
+
+    def update(self, queue_s: float, covered: bool) -> None:
+        if self.blocking:
+            return
+        queue_ns = queue_s * 1e9
+        if covered:
+            self.uncovered_in_a_row = 0
+            self.hold_ns = int(min(self.MAX_NS, max(self.MIN_NS, 2 * queue_ns + 1_000_000)))
+            return
+        self.uncovered_in_a_row += 1
+        if self.uncovered_in_a_row >= self.BLOCKING_AFTER or self.hold_ns >= self.MAX_NS:
+            self.blocking = True
+            self.hold_ns = self.MIN_NS
+            return
+        self.hold_ns = int(min(self.MAX_NS, max(4 * queue_ns, 2 * self.hold_ns) + 2_000_000))
+
+
+@dataclass
+class Rep:
+    """One rep of one method: ``copy_s`` event-timed seconds behind the hold, ``queue_s`` host seconds to
+    queue the calls, ``covered`` whether the hold outlasted the queueing, ``hold_s`` the hold used,
+    ``e2e_s`` end-to-end seconds of the same rep without a hold."""
+
+    copy_s: float
+    queue_s: float
+    covered: bool
+    hold_s: float
+    e2e_s: float
+
+
+@dataclass
+class Series:
+    """The counted reps of one method at one point; ``error``: why the method stopped early (its op raised)."""
+
+    reps: list[Rep] = field(default_factory=list)
+    blocking: bool = False
+    error: str | None = None
+
+
+def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate) -> Rep:
+    hold_ns = hold.hold_ns
+    with annotate.phase_range("swap"):  # held: spin, start event, the calls, stop event, wait
+        copy_s, queue_s, covered = backend.held(issue, hold_ns)
+    hold.update(queue_s, covered)
+    with annotate.phase_range("swap"):  # end-to-end: the calls on an idle stream, wait
+        e2e_s = backend.end_to_end(issue)
+    return Rep(copy_s, queue_s, covered, hold_ns / 1e9, e2e_s)
+
+
+def measure_point(backend, point: Point, methods: list[str], reps: int, seed: int, annotate) -> dict[str, Series]:
+    """Measure ``methods`` at ``point``: one warm-up rep each (sizes the hold, not counted), then
+    ``reps`` interleaved rounds (``round_order``). A method whose op raises is dropped from the
+    point's remaining rounds with the error kept (``backend.recover()`` then re-synchronizes; a
+    sticky CUDA error raises there and ends the run)."""
+    calls = backend.prepare(point, seed)
+    issuers = {m: backend.issuer(m, point, calls) for m in methods}
+    holds = {m: HoldController() for m in methods}
+    out = {m: Series() for m in methods}
+
+    def attempt(m: str) -> Rep | None:
+        try:
+            return _one_rep(backend, issuers[m], holds[m], annotate)
+        except Exception as exc:  # noqa: BLE001  (the op's own errors: unsupported memory, invalid value, ...)
+            out[m].error = " ".join(str(exc).split())[:300] or type(exc).__name__
+            backend.recover()
+            return None
+
+    with annotate.trial_range(WARMUP_TRIAL):
+        for m in methods:
+            attempt(m)
+    for i in range(reps):
+        with annotate.trial_range(i):
+            for m in round_order(i, methods):
+                if out[m].error is None:
+                    rep = attempt(m)
+                    if rep is not None:
+                        out[m].reps.append(rep)
+    for m in methods:
+        out[m].blocking = holds[m].blocking
+    return out
+
+
+def summarize_series(point: Point, series: Series) -> dict[str, Any]:
+    """GB/s summaries (event-timed and end-to-end) of one method at one point, with every sample."""
+    bw = [common.gbps(point.rep_bytes, r.copy_s) for r in series.reps]
+    e2e = [common.gbps(point.rep_bytes, r.e2e_s) for r in series.reps]
+    return {
+        "gbps": common.summary(bw),
+        "e2e_gbps": common.summary(e2e),
+        "hold_covered": sum(1 for r in series.reps if r.covered),
+        "blocking": series.blocking,
+        "error": series.error,
+        "queue_s": common.summary(r.queue_s for r in series.reps),
+        "hold_s": common.summary(r.hold_s for r in series.reps),
+        "samples_gbps": bw,
+        "samples_e2e_gbps": e2e,
+    }
+
+
+def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | None, confidence: float) -> dict[str, Any]:
+    """Everything reported for one point: per-method summaries, fraction of the ceiling, the paired
+    ANY/STREAM ratios (event-timed and end-to-end) and the repeatability of STREAM."""
+    methods = {m: summarize_series(point, s) for m, s in measured.items()}
+    ceiling = methods.get("ceiling", {}).get("gbps", {}).get("median", float("nan"))
+    for m in methods.values():
+        m["of_ceiling"] = m["gbps"]["median"] / ceiling if ceiling and ceiling == ceiling else float("nan")
+    result: dict[str, Any] = {
+        "direction": point.direction,
+        "label": point.label,
+        "page_bytes": point.page_bytes,
+        "pages_per_call": point.pages_per_call,
+        "calls_per_rep": point.calls_per_rep,
+        "bytes_per_rep": point.rep_bytes,
+        # event-timed bytes of one method (its counted reps); the end-to-end reps and the warm-up move as much again
+        "bytes_timed_per_method": point.rep_bytes * len(next(iter(measured.values())).reps) if measured else 0,
+        "methods": methods,
+        "any_over_stream": None,
+        "any_over_stream_e2e": None,
+        "repeat": None,
+    }
+    if "ANY" in methods and "STREAM" in methods:
+        a, s = methods["ANY"], methods["STREAM"]
+        n = min(len(a["samples_gbps"]), len(s["samples_gbps"]))  # round i of one pairs with round i of the other
+        if n >= 1:
+            result["any_over_stream"] = common.ratio_ci(a["samples_gbps"][:n], s["samples_gbps"][:n], confidence)
+            result["any_over_stream_e2e"] = common.ratio_ci(a["samples_e2e_gbps"][:n], s["samples_e2e_gbps"][:n], confidence)
+    if repeat is not None and repeat.reps and "STREAM" in methods:
+        second = summarize_series(point, repeat)
+        first_median = methods["STREAM"]["gbps"]["median"]
+        delta = abs(second["gbps"]["median"] - first_median) / first_median if first_median else float("nan")
+        checked = point.page_bytes >= REPEAT_CHECK_MIN_PAGE
+        result["repeat"] = {
+            "method": "STREAM",
+            "first_gbps": first_median,
+            "second_gbps": second["gbps"]["median"],
+            "rel_delta": delta,
+            "checked": checked,
+            "within_tolerance": (delta <= REPEAT_TOLERANCE) if checked and delta == delta else None,
+            "tolerance": REPEAT_TOLERANCE,
+            "second_series": second,
+        }
+    return result
+
+
+def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annotate, progress=None) -> dict[str, Any]:
+    """Measure every planned point on ``backend``, then the repeat series; return the report document.
+
+    ``backend`` provides ``prepare(point, seed)``, ``issuer(method, point, calls)``,
+    ``held(issue, hold_ns) -> (copy_s, queue_s, covered)`` and ``end_to_end(issue) -> seconds``.
+    """
+    resolve(args)
+    points = plan_points(args)
+    batch_api = platform.get("batch_api_available") is not False
+    methods = methods_for(args, batch_api)
+    started = time.perf_counter()
+    elapsed = lambda: time.perf_counter() - started  # noqa: E731
+    measured: list[tuple[Point, dict[str, Series]]] = []
+    truncated = False
+    with annotate.run_range("kvverify bench"):
+        for index, point in enumerate(points):
+            if args.max_seconds is not None and elapsed() > args.max_seconds:
+                truncated = True
+                break
+            with annotate.cell_range(f"bench {point.direction} {point.label}", point.direction):
+                series = measure_point(backend, point, methods, args.reps, args.seed * 1_000_003 + index, annotate)
+            measured.append((point, series))
+            if progress is not None:
+                progress(_progress_line(point, series, elapsed()))
+        repeats: dict[int, Series] = {}
+        if not args.no_repeat and "STREAM" in methods:
+            for index, (point, _) in enumerate(measured):
+                if args.max_seconds is not None and elapsed() > args.max_seconds:
+                    truncated = True
+                    break
+                with annotate.cell_range(f"bench repeat {point.direction} {point.label}", point.direction):
+                    repeats[index] = measure_point(
+                        backend, point, ["STREAM"], args.reps, args.seed * 1_000_003 + 500_000 + index, annotate
+                    )["STREAM"]
+                if progress is not None:
+                    progress("repeat " + _progress_line(point, {"STREAM": repeats[index]}, elapsed()))
+    results = [summarize_point(p, s, repeats.get(i), args.confidence) for i, (p, s) in enumerate(measured)]
+    return {
+        "kind": "kvverify-bench",
+        "version": 1,
+        "platform": platform,
+        "config": {
+            "host_memory": args.host_memory,
+            "directions": list(args.directions),
+            "methods": methods,
+            "page_sizes": [p.page_bytes for p in points if p.direction == points[0].direction] if points else [],
+            "model": args.model,
+            "block_tokens": list(args.block_tokens) if args.model else None,
+            "blocks_per_transfer": args.blocks_per_transfer if args.model else None,
+            "reps": args.reps,
+            "warmup_reps": 1,
+            "pool_bytes": args.pool_bytes,
+            "call_bytes": None if args.model else args.call_bytes,
+            "confidence": args.confidence,
+            "repeat": not args.no_repeat,
+            "max_seconds": args.max_seconds,
+            "seed": args.seed,
+            "quick": bool(args.quick),
+            "units": "GB/s = 1e9 bytes/s; times in seconds; sizes in bytes",
+        },
+        "ceiling_gbps": _ceilings(results),
+        "points": results,
+        "points_planned": len(points),
+        "truncated": truncated,
+        "elapsed_s": elapsed(),
+    }
+
+
+def _ceilings(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Per direction: the median over points of the ceiling's median GB/s (the plot's horizontal line)."""
+    out = {}
+    for direction in DIRECTIONS:
+        values = [r["methods"]["ceiling"]["gbps"]["median"] for r in results if r["direction"] == direction and "ceiling" in r["methods"]]
+        if values:
+            out[direction] = common.summary(values)["median"]
+    return out
+
+
+def _progress_line(point: Point, series: dict[str, Series], elapsed_s: float) -> str:
+    parts = []
+    for m, s in series.items():
+        med = common.summary(common.gbps(point.rep_bytes, r.copy_s) for r in s.reps)["median"]
+        parts.append(f"{m} {med:.1f}")
+    return f"{point.direction} {point.label} ({point.pages_per_call} pages/call): " + ", ".join(parts) + f" GB/s [{elapsed_s:.1f} s]"
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run(args: argparse.Namespace) -> int:
+    resolve(args)
+    try:
+        points = plan_points(args)
+    except PlanError as exc:
+        print(f"kvverify bench: {exc}", file=sys.stderr)
+        return 2
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("kvverify bench: --plot needs matplotlib (pip install 'kvverify[plot]')", file=sys.stderr)
+            return 2
+    measurement = common.begin("bench", args)
+    if isinstance(measurement, int):
+        return measurement
+    annotate, platform, out, progress = (measurement.annotate, measurement.platform, measurement.out,
+                                         measurement.progress)
+
+    from kvverify import stats
+
+    if args.reps < stats.min_pairs(args.confidence):
+        progress(f"warning: {args.reps} reps give no {args.confidence:.0%} interval for ANY/STREAM "
+                 f"(it needs {stats.min_pairs(args.confidence)} pairs)")
+    l2 = platform.get("l2_cache_bytes")
+    if isinstance(l2, int) and args.pool_bytes < 4 * l2:
+        progress(f"warning: the pool ({format_size(args.pool_bytes)}) is less than 4x the L2 ({format_size(l2)})")
+    methods = methods_for(args, platform.get("batch_api_available") is not False)
+    if platform.get("batch_api_available") is False:
+        progress("the batch API (cuMemcpyBatchAsync) is absent: only loop and ceiling are measured")
+    progress(f"{len(points)} points x {len(methods)} methods x ({args.reps} reps + 1 warm-up), each rep held and end-to-end"
+             + ("" if args.no_repeat else ", then a second STREAM series per point"))
+    from kvverify.measure.bench_device import CudaBench
+    from kvverify.measure.bench_render import plot, render_tables
+
+    backend = CudaBench(args.device, args.host_memory, args.pool_bytes)
+    try:
+        document = run_bench(args, backend, platform, annotate, progress)
+    finally:
+        backend.close()
+    render_tables(document, out)
+    if args.json:
+        common.write_json(args.json, document)
+    if args.plot:
+        plot(document, args.plot)
+        progress(f"plot written to {args.plot}")
+    return 0

@@ -1,0 +1,400 @@
+"""``kvverify stress``: run a campaign of cells on the GPU and print one verdict per cell.
+
+Exit status: 0 when every cell passed (or there is no CUDA device: contract verdicts
+only); 1 when a cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE, or a cell could not
+be run; 2 when the run could not start (bad options, campaign or model config, memory
+that does not fit), with the reason on stderr.
+
+Campaigns: smoke (the default), nightly (every preset, more trials), soak (long, for leaks),
+or a TOML file of your own (--campaign PATH; the shipped ones are in the repository's stress/
+folder and show every key). Options given here override the campaign's values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from kvverify import annotate
+from kvverify.measure import common
+from kvverify.stress.campaign import DATA_MODES, EXECUTORS, ORDERS, CampaignError
+from kvverify.device.host_memory import HOST_MEMORY_KINDS
+from kvverify.units import choice_list_arg, positive_int_arg, size_arg
+
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = __doc__.split("\n\n", 1)[1]
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (
+        (parser.description or "") + ".\n\nOptions left out take the campaign's values: a bare "
+        "`kvverify stress` runs stress/smoke.toml\n(Llama-3.1-8B, every scenario, order, host memory "
+        "kind and executor, >= 1 GiB checked per cell).")
+    a = parser.add_argument
+    a("--campaign", default="smoke", metavar="NAME|PATH", help="campaign name in stress/ or a .toml path (default: smoke)")
+    model = parser.add_mutually_exclusive_group()
+    model.add_argument("--model", metavar="PRESET",
+                       help="model preset (e.g. llama-3.1-8b, qwen2.5-7b); overrides the campaign's models")
+    model.add_argument("--model-config", metavar="PATH",
+                       help="a Hugging Face config.json (or its directory) instead of a preset")
+    a("--kv-cache-dtype", metavar="DTYPE",
+      help="KV-cache dtype (e.g. bfloat16, float8_e4m3fn) where --model-config has no torch_dtype, or to override it")
+    a("--block-size", type=positive_int_arg, metavar="TOKENS", help="tokens per KV page")
+    a("--tp", type=positive_int_arg, help="tensor-parallel ranks (KV heads per rank)")
+    a("--trials", type=positive_int_arg, help="at least this many trials per cell")
+    a("--seed", type=int, help="block pattern seed")
+    a("--gpu-mem", type=size_arg, metavar="SIZE", help="cap on device memory, e.g. 8GiB")
+    a("--host-mem", type=size_arg, metavar="SIZE", help="cap on host memory, e.g. 6GiB")
+    a("--host-memory", type=choice_list_arg(HOST_MEMORY_KINDS, upper=False), metavar="KINDS", help="comma list of pinned,registered,pageable, or all")
+    a("--orders", type=choice_list_arg(ORDERS, upper=True), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY, or all")
+    a("--scenarios", type=_names, metavar="NAMES", help="comma list of scenarios (H1-broken, P2) or hazards (H3)")
+    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES", help="comma list of native,adversarial, or all")
+    a("--blocks-per-transfer", type=positive_int_arg, metavar="N", help="KV blocks per batched swap")
+    a("--transfers", type=positive_int_arg, metavar="N", help="transfers in flight (2..32)")
+    a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write")
+    a("--data", choices=DATA_MODES, help="block contents: the generation pattern (default) or random bytes with checksums")
+    a("--json", metavar="PATH", help="write the report as JSON (kvverify/schemas/stress-report-v1.json); '-' for stdout "
+                                     "(the table then goes to stderr)")
+    a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
+    a("--dump-traces", metavar="DIR", help="write each cell's trace, for `kvverify check`")
+    a("--no-gpu", action="store_true", help="contract verdicts only, even where a CUDA device is present")
+    a("--max-seconds", type=float, metavar="S",
+      help="safety cap on the wall time: no cell starts after S seconds; cells not run are NOT_RUN (exit 1)")
+    annotate.add_cli_option(parser)
+
+
+class _StartError(Exception):
+    """The run cannot start; the message is the reason."""
+
+
+def _campaign(args):
+    from kvverify.stress import campaign as campaigns
+
+    c = campaigns.load(args.campaign)
+    models = (args.model,) if args.model else None
+    return c.override(
+        models=models, block_size=args.block_size, tp=args.tp, trials=args.trials, seed=args.seed,
+        gpu_mem=args.gpu_mem, host_mem=args.host_mem, host_memory=args.host_memory, orders=args.orders,
+        scenarios=args.scenarios, executors=args.executors, blocks_per_transfer=args.blocks_per_transfer,
+        transfers=args.transfers, writer_delay_us=args.writer_delay_us, data=args.data,
+        max_trials=max(args.trials, c.max_trials) if args.trials else None,
+    )
+
+
+def _layouts(args, c):
+    from kvverify import geometry
+
+    if args.model_config:
+        try:
+            geometries = [geometry.from_hf_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype)]
+        except geometry.ConfigError as exc:
+            raise _StartError(f"--model-config {args.model_config}: {exc}") from None
+    else:
+        if args.kv_cache_dtype:
+            raise _StartError("--kv-cache-dtype goes with --model-config; a preset has its own dtype")
+        geometries = [geometry.preset(m) for m in c.models]
+    return [geometry.KVLayout(g, block_size=c.block_size, tp=c.tp) for g in geometries]
+
+
+def _platform(gpu: bool):
+    """The report's Platform, from ``kvverify.device.platform_info`` (fields it cannot read: None)."""
+    from kvverify.device import platform_info
+    from kvverify.stress.report import Platform
+
+    info = platform_info.collect() if gpu else {}
+
+    def field(key: str) -> str | None:
+        value = info.get(key, platform_info.UNKNOWN)
+        return None if value == platform_info.UNKNOWN else str(value)
+
+    if not gpu:
+        try:
+            import torch
+
+            return Platform(cuda=torch.version.cuda, torch=torch.__version__)
+        except ImportError:
+            return Platform()
+    return Platform(gpu=field("gpu_name"), driver=field("driver_version"), cuda=field("cuda_runtime_version"),
+                    torch=field("torch_version"))
+
+
+def _output_path(path: str | None, model: str, several: bool) -> str | None:
+    if path is None or not several:
+        return path
+    p = Path(path)
+    return str(p.with_name(f"{p.stem}.{model}{p.suffix}"))
+
+
+def _check_writable(option: str, path: str | None) -> None:
+    """Fail before the campaign runs, not after it, when a report cannot be written to ``path``.
+
+    Raises ``_StartError`` naming the option and the reason.
+    """
+    if path is None or path == "-":
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise _StartError(f"{option} {path}: is a directory; give a file path")
+    existed = target.exists()
+    try:
+        with open(target, "a"):
+            pass
+    except OSError as exc:
+        raise _StartError(f"{option} {path}: cannot be written ({exc.strerror})") from None
+    if not existed:
+        target.unlink()  # the probe file; the report replaces it at the end
+
+
+def _check_folder(option: str, path: str | None) -> None:
+    """Fail before the campaign runs when ``path`` cannot be (or become) a folder to write in.
+
+    Raises ``_StartError`` naming the option and the reason.
+    """
+    if path is None:
+        return
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise _StartError(f"{option} {path}: exists and is not a folder; give a folder path")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise _StartError(f"{option} {path}: cannot be created ({exc.strerror})") from None
+    if not os.access(target, os.W_OK):
+        raise _StartError(f"{option} {path}: the folder is not writable")
+
+
+def run(args) -> int:
+    from rich.console import Console
+
+    # Each stream held by the adversarial executor's gate must not share a hardware work queue
+    # with a stream it waits for; CUDA's default is 8 queues per process, 32 the most. Read when
+    # the process first initializes CUDA, which happens later in this run.
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
+
+    # In a log (not a terminal) the table keeps one line per cell instead of wrapping its labels.
+    console = Console(stderr=args.json == "-")
+    if not console.is_terminal:
+        console = Console(stderr=args.json == "-", width=max(console.width, 200))
+    err = Console(stderr=True)
+    try:
+        _check_writable("--json", args.json)
+        _check_writable("--junit", args.junit)
+        c = _campaign(args)
+        if c.data == "random" and "adversarial" in c.executors:
+            raise _StartError("--data random checks by checksums and runs with the native executor only; "
+                              "add --executors native")
+        layouts = _layouts(args, c)
+        _check_folder("--dump-traces", args.dump_traces)  # last: it creates the folder
+    except (CampaignError, ValueError, _StartError) as exc:
+        err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+
+    if args.max_seconds is not None and args.max_seconds <= 0:
+        err.print("kvverify stress: cannot start: --max-seconds must be positive", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
+    with _interrupts():
+        status = 0
+        for layout in layouts:
+            status = max(status, _run_one(args, c, layout, console, err, several=len(layouts) > 1, deadline=deadline))
+            if status == 2:
+                break
+        return status
+
+
+# -- SIGINT / SIGTERM -------------------------------------------------------------------------
+
+GRACE_S = 90.0  # after the first signal, the longest the run may take to clean up and exit
+
+
+@contextlib.contextmanager
+def _interrupts():
+    """SIGINT and SIGTERM during a run. The first: every stream hold is released at once (by a
+    watcher thread that the signal wakes, even while the main thread is blocked in a CUDA
+    call), and KeyboardInterrupt is raised in the main thread so that finally blocks free
+    memory; if cleanup has not ended ``GRACE_S`` later, the process exits. A second signal:
+    the process exits at once. Exit status 128 + the signal number in both forced exits."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    from kvverify.stress.executors import gate
+
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    stop = threading.Event()
+    raised = []
+
+    def handler(signum, frame):
+        if not raised:  # later signals are the watcher's: they must not interrupt cleanup
+            raised.append(signum)
+            raise KeyboardInterrupt
+
+    def watch():
+        signals: list[int] = []
+        while not stop.is_set():
+            timeout = GRACE_S if signals else None
+            ready, _, _ = select.select([read_fd], [], [], timeout)
+            if stop.is_set():
+                return
+            if not ready:  # the grace period after the first signal ran out
+                os.write(2, f"kvverify stress: cleanup did not end within {GRACE_S:g} s of the signal; "
+                            "exiting now\n".encode())
+                os._exit(128 + signals[0])
+            data = os.read(read_fd, 64)
+            new = [b for b in data if b]  # 0 is the stop byte
+            if not new:
+                continue
+            gate.release_everything(disarm=True)
+            signals += new
+            if len(signals) >= 2:
+                os.write(2, b"kvverify stress: second signal: exiting now\n")
+                os._exit(128 + signals[-1])
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    watcher = threading.Thread(target=watch, name="kvverify-signals", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        stop.set()
+        try:
+            os.write(write_fd, b"\0")
+        except OSError:
+            pass
+        watcher.join(timeout=5)
+        if not watcher.is_alive():
+            os.close(read_fd)
+            os.close(write_fd)
+        gate.release_everything()
+
+
+def _run_one(args, c, layout, console, err, several: bool, deadline: float | None = None) -> int:
+    from kvverify.stress import running
+    from kvverify.stress.report import CellResult, StressReport
+
+    try:
+        params, note = running.fit_params(c, layout)
+        planned = running.plan(c, layout, params)
+    except (CampaignError, ValueError) as exc:
+        err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    if note:
+        err.print(f"kvverify stress: {note}", markup=False, highlight=False, soft_wrap=True)
+    if args.dump_traces:
+        _dump_traces(planned, Path(args.dump_traces))
+    reason = "--no-gpu was given" if args.no_gpu else common.gpu_refusal()
+    outcomes: dict = {}
+    with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
+        if reason is None:
+            _say(err, f"{running.estimate(planned, c, layout).line()} "
+                      f"({c.name}, {layout.geometry.name}, {layout.block_bytes / 2**20:g} MiB blocks, "
+                      f"{params.blocks_per_transfer} blocks x {params.transfers} transfers)")
+            outcomes = _execute_with_progress(planned, c, layout, params, console, err, deadline)
+        else:
+            # Nothing runs: each cell's range covers its contract verdict (no trials, no phases).
+            for pc in planned:
+                with annotate.cell_range(pc.cell.label, pc.cell.direction):
+                    pass
+    errors = [o.error for o in outcomes.values() if o.error]
+    skipped = [pc for pc in planned if pc.cell not in outcomes] if reason is None else []
+    results = [
+        CellResult(pc.cell, pc.contract, pc.witness, outcomes[pc.cell].observation if pc.cell in outcomes else None)
+        for pc in planned
+    ]
+    report = StressReport(
+        platform=_platform(reason is None), campaign=c.name, seed=c.seed, cells=tuple(results),
+        layout=layout.describe(), not_run_reason=reason,
+    )
+    report.render_table(console)
+    if outcomes:
+        console.print(_throughput_line(outcomes), markup=False, highlight=False, soft_wrap=True)
+    console.print(f"NVTX: {annotate.state()}", markup=False, highlight=False, soft_wrap=True)
+    if annotate.is_active():
+        console.print(annotate.HOST_SIDE_NOTE, markup=False, highlight=False, soft_wrap=True)
+    for e in errors:
+        err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False, soft_wrap=True)
+    if skipped:
+        _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached: {len(skipped)} of {len(planned)} "
+                  "cells not run (NOT_RUN)")
+    if args.json == "-":
+        sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
+    elif args.json:
+        report.write_json(_output_path(args.json, layout.geometry.name, several))
+    if args.junit:
+        report.write_junit(_output_path(args.junit, layout.geometry.name, several))
+    return max(report.exit_status(), 1 if errors or skipped else 0)
+
+
+def _say(err, text: str) -> None:
+    err.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def _throughput_line(outcomes) -> str:
+    """Bytes checked, GB/s, and wall time of checking against the phase that runs the copies."""
+    observed = [o for o in outcomes.values() if o.observation is not None]
+    checked = sum(o.observation.bytes_checked for o in observed)
+    elapsed = sum(o.observation.elapsed_s for o in observed)
+    phases = {name: sum(o.phase_s.get(name, 0.0) for o in observed) for name in ("write", "swap", "verify")}
+    rate = checked / elapsed / 1e9 if elapsed else 0.0
+    return (
+        f"Checked {checked / 2**30:.1f} GiB in {elapsed:.1f} s ({rate:.2f} GB/s over {len(observed)} cells); "
+        f"wall time per phase: write {phases['write']:.1f} s, swap {phases['swap']:.1f} s, "
+        f"verify {phases['verify']:.1f} s (checking {'within' if phases['verify'] <= phases['swap'] else 'OVER'} "
+        "the time of the swaps it checks)"
+    )
+
+
+def _execute_with_progress(planned, c, layout, params, console, err, deadline=None):
+    """Run the cells with a progress bar on a terminal, else one plain line per cell on stderr
+    (logs show where the time goes, and which cell was running when a run stopped)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kvverify.stress import running
+    from kvverify.stress.report import cell_verdict
+
+    plain = not err.is_terminal
+    start = time.monotonic()
+    state = {"done": 0, "last": start}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
+        task = progress.add_task(f"stress {c.name}", total=len(planned))
+
+        def done(pc, outcome):
+            progress.update(task, advance=1, description=pc.cell.label)
+            state["done"] += 1
+            now = time.monotonic()
+            took, state["last"] = now - state["last"], now
+            if plain:
+                verdict = "ERROR" if outcome.error else cell_verdict(pc.contract, outcome.observation,
+                                                                     pc.cell.executor).value
+                print(f"[stress] {state['done']}/{len(planned)} cells, {now - start:.1f} s, {pc.cell.label}: "
+                      f"{verdict} ({took:.2f} s)", file=sys.stderr, flush=True)
+
+        return running.execute(planned, c, layout, params, on_cell_done=done, deadline=deadline)
+
+
+def _dump_traces(planned, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    seen = set()
+    for pc in planned:
+        key = (pc.cell.scenario, pc.cell.direction, pc.cell.order, pc.cell.host_memory)
+        if key not in seen:
+            seen.add(key)
+            (folder / ("_".join(key) + ".json")).write_text(json.dumps(pc.trace, indent=1) + "\n")

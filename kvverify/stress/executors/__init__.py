@@ -1,0 +1,24 @@
+"""GPU executors of a scenario's program: ``native`` (the driver as it is) and
+``adversarial`` (each source read at an extreme its order allows). See ``base`` for what
+they share."""
+
+from __future__ import annotations
+
+from kvverify.stress.executors.base import STATES, Executor, HarnessError, Settings, TrialResult
+
+EXECUTORS = ("native", "adversarial")
+
+
+def make(name: str, pools, settings: Settings) -> Executor:
+    if name == "native":
+        from kvverify.stress.executors.native import NativeExecutor
+
+        return NativeExecutor(pools, settings)
+    if name == "adversarial":
+        from kvverify.stress.executors.adversarial import AdversarialExecutor
+
+        return AdversarialExecutor(pools, settings)
+    raise ValueError(f"unknown executor {name!r}; use one of {', '.join(EXECUTORS)}")
+
+
+__all__ = ["EXECUTORS", "STATES", "Executor", "HarnessError", "Settings", "TrialResult", "make"]

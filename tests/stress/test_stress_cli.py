@@ -1,0 +1,217 @@
+"""``kvverify stress`` without a GPU: contract verdicts of every cell, observed columns not run,
+one line saying so, exit 0; bad options exit 2 with the reason. Also the runner's planning."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from kvverify.stress import running
+from kvverify.stress.campaign import CampaignError, load
+from kvverify.geometry import KVLayout, ModelGeometry, preset
+from kvverify.scenarios import SCENARIOS, Params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def stress(*args, cwd=ROOT):
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", COLUMNS="240", PYTHONPATH=ROOT)
+    return subprocess.run([sys.executable, "-m", "kvverify", "stress", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=300)
+
+
+def test_bare_stress_without_gpu_prints_contracts_and_exits_0(tmp_path):
+    out = tmp_path / "r.json"
+    junit = tmp_path / "r.xml"
+    p = stress("--json", str(out), "--junit", str(junit))
+    assert p.returncode == 0, p.stderr
+    lines = [line for line in p.stdout.splitlines() if "not run" in line.lower() and "contract verdicts only" in line]
+    assert len(lines) == 1, p.stdout[-2000:]
+    doc = json.loads(out.read_text())
+    n_cells = sum(len(s.directions) for s in SCENARIOS.values()) * 3 * 3 * 2
+    assert len(doc["cells"]) == n_cells
+    assert all(c["observed"] is None and c["verdict"] == "NOT_RUN" for c in doc["cells"])
+    assert {c["contract"]["verdict"] for c in doc["cells"]} == {"SAFE", "RACY"}
+    assert doc["campaign"] == "smoke" and doc["not_run_reason"] and doc["exit_status"] == 0
+    assert doc["headline"]["holds"] is True, doc["headline"]["text"]
+    assert junit.read_text().count("<testcase") == n_cells
+
+
+def test_json_follows_the_schema(tmp_path):
+    jsonschema = pytest.importorskip("jsonschema")
+    from kvverify.stress.report import load_schema
+
+    out = tmp_path / "r.json"
+    assert stress("--scenarios", "H3", "--json", str(out)).returncode == 0
+    jsonschema.validate(json.loads(out.read_text()), load_schema())
+
+
+def test_selection_options_shape_the_cells(tmp_path):
+    out = tmp_path / "r.json"
+    p = stress("--scenarios", "H1-fixed,P2", "--orders", "ANY", "--host-memory", "pageable",
+               "--executors", "adversarial", "--model", "qwen2.5-7b", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    cells = {(c["scenario"], c["order"], c["host_memory"], c["executor"]): c["contract"]["verdict"] for c in doc["cells"]}
+    assert cells == {("H1-fixed", "ANY", "pageable", "adversarial"): "RACY",
+                     ("P2", "ANY", "pageable", "adversarial"): "SAFE"}
+    assert doc["layout"]["model"] == "qwen2.5-7b"
+
+
+def test_model_config(tmp_path):
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                               "hidden_size": 512, "torch_dtype": "bfloat16"}))
+    out = tmp_path / "r.json"
+    p = stress("--model-config", str(cfg), "--scenarios", "P2", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text())["layout"]["num_layers"] == 4
+
+
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--orders", "FOO"], "argument --orders: unknown 'FOO' in 'FOO'; choose from STREAM,DURING_API_CALL,ANY"),
+        (["--orders", "STREAM,,ANY"], "argument --orders: an empty name in 'STREAM,,ANY'"),
+        (["--host-memory", "managed"], "choose from pinned,registered,pageable (comma-separated) or all"),
+        (["--gpu-mem", "lots"], "argument --gpu-mem: 'lots' is not a size"),
+        (["--trials", "0"], "argument --trials: must be at least 1"),
+        (["--campaign", "nope"], "no campaign named 'nope'"),
+        (["--scenarios", "H9"], "unknown scenario 'H9'"),
+        (["--model", "gpt5"], "unknown model preset 'gpt5'"),
+        (["--transfers", "1"], "command line: transfers"),
+        (["--data", "random"], "--data random checks by checksums and runs with the native executor only"),
+        (["--gpu-mem", "1KiB"], "does not fit --gpu-mem"),
+        (["--model-config", "/nonexistent/config.json"], "config.json: cannot read"),
+    ],
+)
+def test_argument_errors_exit_2_with_the_reason(args, reason):
+    p = stress(*args)
+    assert p.returncode == 2, (p.stdout[-500:], p.stderr)
+    assert reason in " ".join(p.stderr.split()), p.stderr
+
+
+def test_dumped_traces_check_with_kvverify_check(tmp_path):
+    folder = tmp_path / "traces"
+    assert stress("--scenarios", "P1", "--host-memory", "pinned", "--dump-traces", str(folder)).returncode == 0
+    files = sorted(folder.glob("*.json"))
+    assert [f.name for f in files] == sorted(f"P1_store_{o}_pinned.json" for o in ("ANY", "DURING_API_CALL", "STREAM"))
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    for f in files:
+        rc = subprocess.run([sys.executable, "-m", "kvverify", "check", str(f)], capture_output=True, env=env).returncode
+        assert rc == (0 if "STREAM" in f.name else 1), f.name
+
+
+# -- runner, no GPU ---------------------------------------------------------------------------
+
+TINY = KVLayout(ModelGeometry("tiny", 2, 2, 64, 2), block_size=16)
+
+
+def test_plan_gives_every_executor_the_same_contract():
+    c = load("smoke").override(scenarios=("H5",))
+    planned = running.plan(c, TINY)
+    assert len(planned) == 2 * 3 * 3 * 2
+    by_key = {}
+    for pc in planned:
+        key = (pc.cell.scenario, pc.cell.order, pc.cell.host_memory)
+        assert by_key.setdefault(key, pc.contract) == pc.contract
+        assert (pc.witness is None) == (pc.contract == "SAFE")
+    assert by_key[("H5-broken", "ANY", "pinned")] == "RACY"
+    assert by_key[("H5-broken", "STREAM", "pinned")] == "SAFE"
+
+
+def test_trials_reach_the_checked_bytes_within_bounds():
+    c = load("smoke").override(trials=2, max_trials=10, min_checked=2**20)
+    assert running.trials_for(c, 2**18, "native") == 4
+    assert running.trials_for(c, 2**30, "native") == 2
+    assert running.trials_for(c, 2**30, "adversarial") == 3  # each schedule once
+    assert running.trials_for(c, 1, "native") == 10
+
+
+def test_fit_params_shrinks_blocks_to_the_memory_caps():
+    layout = KVLayout(preset("llama-3.1-8b"))
+    c = load("smoke")
+    params, note = running.fit_params(c, layout)
+    assert params == Params(c.blocks_per_transfer, 4) and note is None
+    small = c.override(host_mem=64 * 2**20)
+    params, note = running.fit_params(small, layout)
+    assert params.blocks_per_transfer < c.blocks_per_transfer
+    assert f"blocks_per_transfer lowered from {c.blocks_per_transfer}" in note
+    with pytest.raises(CampaignError, match="does not fit"):
+        running.fit_params(c.override(gpu_mem=2**20), layout)
+
+
+def test_fit_params_finds_the_largest_fitting_blocks_quickly():
+    """Asking for more never gives fewer: the result is the largest count that fits, and an
+    absurd request is bounded by the memory caps before any program is built."""
+    import time
+
+    layout = KVLayout(preset("llama-3.1-8b"))
+    small = load("smoke").override(host_mem=64 * 2**20)
+    got = {n: running.fit_params(small.override(blocks_per_transfer=n), layout)[0].blocks_per_transfer
+           for n in (3, 5, 200, 1000, 5000)}
+    best = got[5000]
+    assert got == {3: min(3, best), 5: min(5, best), 200: best, 1000: best, 5000: best}
+    programs = [s.program(d, Params(best + 1, small.transfers)) for s in SCENARIOS.values() for d in s.directions]
+    sizes = running.pool_sizes(programs, layout, staged=True)
+    host = sizes.host_bytes(layout) + sizes.snapshot_pages * layout.page_bytes  # + the adversarial snapshot area
+    assert host > small.host_mem  # best + 1 would not fit
+    start = time.monotonic()
+    params, note = running.fit_params(load("smoke").override(blocks_per_transfer=10**8), layout)
+    assert time.monotonic() - start < 30 and "lowered from 100000000" in note
+    assert params.blocks_per_transfer <= load("smoke").gpu_mem // layout.block_bytes
+
+
+def test_pool_sizes_cover_every_program():
+    programs = [s.program(d, Params(4, 3)) for s in SCENARIOS.values() for d in s.directions]
+    sizes = running.pool_sizes(programs, TINY, staged=True)
+    assert sizes.gpu_slots == max(p.gpu_slots for p in programs)
+    assert sizes.staging_pages >= sizes.host_slots * TINY.num_tensors
+    assert running.pool_sizes(programs, TINY, staged=False).staging_pages == 0
+
+
+def test_no_gpu_flag_gives_contract_verdicts_only():
+    p = stress("--no-gpu", "--scenarios", "P2", "--orders", "ANY")
+    assert p.returncode == 0, p.stderr
+    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+
+
+@pytest.mark.parametrize("option", ["--json", "--junit"])
+@pytest.mark.parametrize("where", ["directory", "missing-folder"])
+def test_unwritable_report_paths_refuse_before_the_run(tmp_path, option, where):
+    path = tmp_path if where == "directory" else tmp_path / "no" / "such" / "report.out"
+    result = stress("--no-gpu", option, str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kvverify stress: cannot start: {option} ")
+    assert "Traceback" not in result.stderr and "Contract" not in result.stdout  # nothing ran
+
+
+def test_json_dash_writes_the_report_to_stdout(tmp_path):
+    result = stress("--no-gpu", "--json", "-", cwd=tmp_path)
+    assert result.returncode == 0
+    doc = json.loads(result.stdout)
+    assert doc["cells"] and not (tmp_path / "-").exists()
+
+
+def test_model_config_without_dtype_takes_kv_cache_dtype(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
+                                  "hidden_size": 1024}))
+    missing = stress("--no-gpu", "--model-config", str(config))
+    assert missing.returncode == 2 and "--kv-cache-dtype" in missing.stderr
+    assert stress("--no-gpu", "--model-config", str(config), "--kv-cache-dtype", "bfloat16").returncode == 0
+    both = stress("--no-gpu", "--model", "llama-3.1-8b", "--model-config", str(config))
+    assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+def test_dump_traces_into_a_file_refuses_before_the_run(tmp_path):
+    existing = tmp_path / "afile"
+    existing.write_text("")
+    result = stress("--no-gpu", "--dump-traces", str(existing))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"kvverify stress: cannot start: --dump-traces {existing}: exists and is not a folder; give a folder path"
