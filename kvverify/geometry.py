@@ -26,6 +26,8 @@ from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
+from kvverify.errors import ConfigError
+
 __all__ = [
     "ConfigError",
     "DTYPE_BYTES",
@@ -50,17 +52,6 @@ DTYPE_BYTES: dict[str, int] = {
     "float8_e5m2": 1,
     "fp8": 1,
 }
-
-
-class ConfigError(ValueError):
-    """A model config is missing a field or has an invalid or contradictory one.
-
-    ``field`` names the offending config key; the message starts with it.
-    """
-
-    def __init__(self, field: str, problem: str):
-        self.field = field
-        super().__init__(f"{field}: {problem}")
 
 
 def _positive_int_problem(value: Any) -> str | None:

@@ -95,6 +95,17 @@ def positive_int_arg(text: str) -> int:
     return value
 
 
+def positive_float_arg(text: str) -> float:
+    """argparse ``type=``: a number > 0, else an ``ArgumentTypeError`` naming the text."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
+    return value
+
+
 def choice_list_arg(allowed: tuple[str, ...], *, upper: bool):
     """An argparse ``type`` for a comma list of ``allowed`` values (or ``all``), matched
     without regard to case; returns the values as a tuple in the order given, without repeats.

@@ -99,7 +99,8 @@ def install_for_stress(monkeypatch) -> torch.device:
     import functools
 
     from kvverify.measure import common
-    from kvverify.stress import cli as stress_cli, running
+    from kvverify.stress import cli as stress_cli
+    from kvverify.stress import running
     from kvverify.stress.report import Platform
 
     device = install(monkeypatch)

@@ -15,9 +15,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import nvtx_support as ns
 import pytest
 
-import nvtx_support as ns
 from kvverify import annotate
 
 DRIVER = textwrap.dedent(

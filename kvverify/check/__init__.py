@@ -32,8 +32,8 @@ from kvverify.check.model import (
     WaitEvent,
     WaitStream,
 )
-from kvverify.check.verdict import RACY, SAFE, Race, Report
 from kvverify.check.rules import Access, Ordering, analyze, happens_before
+from kvverify.check.verdict import RACY, SAFE, Race, Report
 
 __all__ = [
     "ORDERS",

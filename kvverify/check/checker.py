@@ -44,8 +44,8 @@ from kvverify.check.model import (
     gc_paused,
     union,
 )
-from kvverify.check.verdict import Race, Report
 from kvverify.check.rules import HOST, Access, Ordering, analyze, covers
+from kvverify.check.verdict import Race, Report
 
 DEFAULT_MAX_RACES = 10_000
 
@@ -155,7 +155,6 @@ def _coalesce(raw: list[Access]) -> list[Access]:
         for r in union([Range(a[3], a[4], a[5]) for a in items]):
             out.append(first._replace(buffer=r[0], offset=r[1], length=r[2]))
     return out
-
 
 
 def _find(order: Ordering, max_races: int | None):

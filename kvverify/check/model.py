@@ -20,10 +20,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from kvverify.errors import TraceError
+from kvverify.terms import HOST_SPACE, ORDERS, SPACES
+
 VERSION = 1
-SPACES = ("device", "host_pinned", "host_registered", "host_pageable")
-HOST_SPACES = frozenset(("host_pinned", "host_registered", "host_pageable"))
-ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
+HOST_SPACES = frozenset(HOST_SPACE.values())
 
 
 @contextlib.contextmanager
@@ -38,27 +39,6 @@ def gc_paused():
     finally:
         if was_enabled:
             gc.enable()
-
-
-class TraceError(ValueError):
-    """An invalid trace. ``op_index`` is the 0-based op (None for the document's header) and
-    ``field`` the offending field, e.g. ``"copies[1].src"``; ``str(err)`` is one line naming both."""
-
-    def __init__(self, message: str, *, op_index: int | None = None, field: str | None = None,
-                 op_kind: str | None = None):
-        self.message = message
-        self.op_index = op_index
-        self.field = field
-        self.op_kind = op_kind
-        super().__init__(self._line())
-
-    def _line(self) -> str:
-        where = []
-        if self.op_index is not None:
-            where.append(f"op {self.op_index}" + (f" ({self.op_kind})" if self.op_kind else ""))
-        if self.field is not None:
-            where.append(f"field '{self.field}'")
-        return (", ".join(where) + ": " if where else "") + self.message
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,12 +6,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvverify.check.model import Range
+from kvverify.terms import RACY, SAFE
 
 if TYPE_CHECKING:
     from kvverify.check.model import Trace
-
-SAFE = "SAFE"
-RACY = "RACY"
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvverify.device.ops import SrcAccessOrder
+from kvverify.terms import SrcAccessOrder
 
 
 def _driver():

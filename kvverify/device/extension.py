@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import functools
 
+from kvverify.errors import ExtensionUnavailableError
+
 BUILD_HINT = (
     "build it on a host with a CUDA build of torch and nvcc: "
     "`pip install --no-build-isolation --no-deps -e .` (KVVERIFY_REQUIRE_EXTENSION=1 makes a skipped build fail loudly)"
 )
-
-
-class ExtensionUnavailableError(RuntimeError):
-    """The CUDA extension, torch, or a CUDA device needed by an op is missing."""
 
 
 @functools.cache

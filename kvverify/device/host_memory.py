@@ -16,8 +16,8 @@ import mmap
 import numpy as np
 
 from kvverify.device import extension
+from kvverify.terms import HOST_MEMORY_KINDS
 
-HOST_MEMORY_KINDS = ("pinned", "registered", "pageable")
 PAGE = mmap.PAGESIZE
 
 

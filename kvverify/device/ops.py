@@ -9,29 +9,13 @@ inside it in no particular order, and ``srcAccessOrder`` says when the source ma
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from kvverify.device import extension
+from kvverify.terms import SrcAccessOrder
 
 if TYPE_CHECKING:
     import torch
-
-
-class SrcAccessOrder(enum.IntEnum):
-    """``CUmemcpySrcAccessOrder``, with CUDA's values (cuda.h, CUDA 12.8+).
-
-    - ``STREAM``: the source is read in stream order, after all work issued earlier to the stream.
-    - ``DURING_API_CALL``: the source may be read out of stream order, during the call; all reads
-      are complete when the call returns.
-    - ``ANY``: the source may be read out of stream order, at any time from the call until the
-      copy completes in stream order.
-    """
-
-    STREAM = 1
-    DURING_API_CALL = 2
-    ANY = 3
 
 
 BACKENDS = ("extension", "cuda-python")

@@ -42,10 +42,11 @@ The generation reported is that single generation (OK, STALE), else -1.
 
 from __future__ import annotations
 
-import enum
 import sys
 
 import numpy as np
+
+from kvverify.terms import BlockState
 
 __all__ = [
     "MAX_GENERATION",
@@ -61,15 +62,6 @@ __all__ = [
     "pattern_words",
     "poison_blocks",
 ]
-
-
-class BlockState(enum.IntEnum):
-    """What a checked block holds (the values are the int8 codes the GPU verifier writes)."""
-
-    OK = 0
-    STALE = 1
-    TORN = 2
-    GARBAGE = 3
 
 
 # Constants shared with csrc/pattern.cuh (same names in kCamelCase there).

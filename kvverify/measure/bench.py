@@ -39,9 +39,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from kvverify.errors import PlanError
 from kvverify.measure import common
-from kvverify.measure.probe import DIRECTIONS, HOST_KINDS, ORDERS, parse_directions, parse_orders, _positive_float
-from kvverify.units import format_size, positive_int_arg, size_arg, size_list_arg
+from kvverify.measure.probe import parse_directions, parse_orders
+from kvverify.terms import COPY_KINDS, HOST_MEMORY_KINDS, ORDERS
+from kvverify.units import format_size, positive_float_arg, positive_int_arg, size_arg, size_list_arg
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 DEFAULT_PAGE_SIZES = [4 * KiB * 2**i for i in range(10)]  # 4 KiB ... 2 MiB
@@ -55,10 +57,6 @@ BASELINES = ("loop", "ceiling")
 WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
 
 
-class PlanError(ValueError):
-    """The options name an impossible or unknown benchmark (reported as one line, exit status 2)."""
-
-
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(t) for t in text.split(",") if t.strip()]
@@ -70,7 +68,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _confidence(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float_arg(text)
     if not value < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: a confidence is between 0 and 1, e.g. 0.95")
     return value
@@ -92,10 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
                    help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
                         "layout's tensors (default 16)")
-    g.add_argument("--directions", type=parse_directions, default=DIRECTIONS, help="h2d,d2h (default both)")
+    g.add_argument("--directions", type=parse_directions, default=COPY_KINDS, help="h2d,d2h (default both)")
     g.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
-    g.add_argument("--host-memory", choices=HOST_KINDS, default="pinned", help="host pool kind (default pinned)")
+    g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", help="host pool kind (default pinned)")
     g = parser.add_argument_group("how much")
     g.add_argument("--reps", type=positive_int_arg, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
     g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
@@ -105,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, help="bytes of each pool, host and device (default 2GiB)")
     g.add_argument("--confidence", type=_confidence, default=0.95, help="confidence of the ANY/STREAM interval (default 0.95)")
     g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (the repeatability check)")
-    g.add_argument("--max-seconds", type=_positive_float,
+    g.add_argument("--max-seconds", type=positive_float_arg,
                    help=f"start no new point after this many seconds; the report says it was cut short (--quick: {QUICK_MAX_SECONDS:g})")
     g.add_argument("--seed", type=int, default=0, help="seed of the random page draws (default 0)")
     g = parser.add_argument_group("output")
@@ -456,7 +454,7 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
 def _ceilings(results: list[dict[str, Any]]) -> dict[str, float]:
     """Per direction: the median over points of the ceiling's median GB/s (the plot's horizontal line)."""
     out = {}
-    for direction in DIRECTIONS:
+    for direction in COPY_KINDS:
         values = [r["methods"]["ceiling"]["gbps"]["median"] for r in results if r["direction"] == direction and "ceiling" in r["methods"]]
         if values:
             out[direction] = common.summary(values)["median"]

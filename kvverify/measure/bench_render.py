@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvverify.measure.bench import REPEAT_CHECK_MIN_PAGE, REPEAT_TOLERANCE
-from kvverify.measure.probe import DIRECTIONS, ORDERS
+from kvverify.terms import COPY_KINDS, ORDERS
 from kvverify.units import format_size
 
 
@@ -103,7 +103,7 @@ def plot(document: dict[str, Any], path: str) -> None:
     fig, ax = plt.subplots(figsize=(11, 5.5), dpi=120)
     top = 0.0
     all_pages: set[int] = set()
-    for direction in DIRECTIONS:
+    for direction in COPY_KINDS:
         points = sorted((p for p in document["points"] if p["direction"] == direction), key=lambda p: p["page_bytes"])
         if not points:
             continue

@@ -36,11 +36,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvverify.measure import common
-from kvverify.device.host_memory import HOST_MEMORY_KINDS as HOST_KINDS
-from kvverify.units import choice_list_arg, format_size, positive_int_arg, size_arg
-from kvverify.check.model import ORDERS
-
-DIRECTIONS = ("h2d", "d2h")
+from kvverify.terms import COPY_KINDS, HOST_MEMORY_KINDS, ORDERS
+from kvverify.units import choice_list_arg, format_size, positive_float_arg, positive_int_arg, size_arg
 
 # Generations as whole 64-bit words; every word of the buffer holds one of them.
 OLD = 0x0101010101010101
@@ -49,33 +46,21 @@ SENTINEL = 0x5E5E5E5E5E5E5E5E
 
 READ_VALUES = ("call", "stream", "torn", "not-landed", "garbage", "inconclusive", "error")
 
-
-parse_directions = choice_list_arg(DIRECTIONS, upper=False)
+parse_directions = choice_list_arg(COPY_KINDS, upper=False)
 parse_orders = choice_list_arg(ORDERS, upper=True)
-parse_host_kinds = choice_list_arg(HOST_KINDS, upper=False)
-
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be positive")
-    return value
+parse_host_kinds = choice_list_arg(HOST_MEMORY_KINDS, upper=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
     parser.add_argument("--reps", type=positive_int_arg, default=5, help="counted trials per cell; the majority decides (default 5)")
-    parser.add_argument("--hold-ms", type=_positive_float, default=20.0, help="length of the pending work ahead of the copy, ms (default 20)")
+    parser.add_argument("--hold-ms", type=positive_float_arg, default=20.0, help="length of the pending work ahead of the copy, ms (default 20)")
     parser.add_argument("--page-bytes", type=size_arg, default=64 * 1024, help="bytes per copied page, a multiple of 8 (default 64KiB)")
     parser.add_argument("--pages", type=positive_int_arg, default=16, help="pages in the one batch call (default 16)")
-    parser.add_argument("--directions", type=parse_directions, default=DIRECTIONS, help="h2d,d2h (default both)")
+    parser.add_argument("--directions", type=parse_directions, default=COPY_KINDS, help="h2d,d2h (default both)")
     parser.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
-    parser.add_argument("--host-memory", type=parse_host_kinds, default=HOST_KINDS, help="pinned,registered,pageable (default all)")
+    parser.add_argument("--host-memory", type=parse_host_kinds, default=HOST_MEMORY_KINDS, help="pinned,registered,pageable (default all)")
     parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     parser.add_argument("--json", metavar="PATH", help="write the cells and the platform as JSON (- for stdout)")
     from kvverify import annotate

@@ -4,9 +4,9 @@
 ``trace`` the one mapping from a program to a trace for the checker.
 """
 
-from kvverify.scenarios.catalogue import COPY_KIND, DIRECTIONS, LOAD, SCENARIOS, STORE, Params, Scenario, get, select
-from kvverify.scenarios.program import Program, ProgramError
+from kvverify.scenarios.catalogue import SCENARIOS, Params, Scenario, get, select
 from kvverify.scenarios.contract import contract, to_trace
+from kvverify.scenarios.program import Program, ProgramError
 
-__all__ = ["COPY_KIND", "DIRECTIONS", "LOAD", "SCENARIOS", "STORE", "Params", "Program", "ProgramError", "Scenario",
+__all__ = ["SCENARIOS", "Params", "Program", "ProgramError", "Scenario",
            "contract", "get", "select", "to_trace"]

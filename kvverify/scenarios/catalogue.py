@@ -35,11 +35,8 @@ from kvverify.scenarios.program import (
     Write,
     validate,
 )
+from kvverify.terms import LOAD, STORE
 
-# Directions as kvverify.stress.report spells them: a store copies GPU -> host (D2H), a load back (H2D).
-STORE, LOAD = "store", "load"
-DIRECTIONS = (STORE, LOAD)
-COPY_KIND = {STORE: "D2H", LOAD: "H2D"}
 COMPUTE = "compute"
 
 

@@ -33,9 +33,9 @@ from kvverify.scenarios.program import (
     WaitStream,
     Write,
 )
+from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 CONTRACT_TENSORS = 2
-HOST_SPACE = {"pinned": "host_pinned", "registered": "host_registered", "pageable": "host_pageable"}
 BUFFER = {GPU: "gpu_kv", "host": "cpu_kv"}
 
 
@@ -108,7 +108,7 @@ def to_trace(program: Program, order: str, host_memory: str, page_bytes: int, te
     doc = {
         "version": 1,
         "buffers": {
-            BUFFER[GPU]: {"space": "device", "bytes": max(1, tensors * program.gpu_slots * page_bytes)},
+            BUFFER[GPU]: {"space": DEVICE_SPACE, "bytes": max(1, tensors * program.gpu_slots * page_bytes)},
             BUFFER["host"]: {"space": HOST_SPACE[host_memory], "bytes": max(1, tensors * program.host_slots * page_bytes)},
         },
         "streams": list(program.streams),

@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+from kvverify.errors import ProgramError
+
 GPU, HOST = "gpu", "host"
 POOLS = (GPU, HOST)
 SETUP_GENERATION = 1
@@ -162,10 +164,6 @@ class Program:
 
     def max_generation(self) -> int:
         return max([SETUP_GENERATION] + [s.generation for s in self.steps if hasattr(s, "generation")])
-
-
-class ProgramError(ValueError):
-    """A scenario's program is inconsistent (a scenario bug, caught before any GPU work)."""
 
 
 def content_id(pool: str, slot: int, gpu_slots: int) -> int:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 from kvverify import units
-from kvverify.device.host_memory import HOST_MEMORY_KINDS
-from kvverify.stress.report import EXECUTORS
-from kvverify.check.model import ORDERS
+from kvverify.errors import CampaignError
+from kvverify.terms import EXECUTORS, HOST_MEMORY_KINDS, ORDERS
 
 DATA_MODES = ("pattern", "random")
 # stress/ beside the package in a checkout (editable install); a wheel ships the same files as
@@ -25,10 +25,6 @@ DATA_MODES = ("pattern", "random")
 _CHECKOUT_DIR = Path(__file__).resolve().parents[2] / "stress"
 _INSTALLED_DIR = Path(sys.prefix) / "share" / "kvverify" / "stress"
 CAMPAIGN_DIR = _CHECKOUT_DIR if _CHECKOUT_DIR.is_dir() else _INSTALLED_DIR
-
-
-class CampaignError(ValueError):
-    """A campaign file or option is invalid; the message names where and what."""
 
 
 def parse_size(value: str | int) -> int:

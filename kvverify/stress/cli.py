@@ -25,15 +25,13 @@ from pathlib import Path
 
 from kvverify import annotate
 from kvverify.measure import common
-from kvverify.stress.campaign import DATA_MODES, EXECUTORS, ORDERS, CampaignError
-from kvverify.device.host_memory import HOST_MEMORY_KINDS
+from kvverify.stress.campaign import DATA_MODES, CampaignError
+from kvverify.terms import EXECUTORS, HOST_MEMORY_KINDS, ORDERS
 from kvverify.units import choice_list_arg, positive_int_arg, size_arg
-
 
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
-
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,7 +14,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from kvverify.stress.report import BLOCK_STATES, CONFIDENCE, CellResult, CellVerdict
+from kvverify.stress.report import CONFIDENCE, CellResult
+from kvverify.terms import BLOCK_STATES, CellVerdict
 
 if TYPE_CHECKING:
     from kvverify.stress.report import StressReport

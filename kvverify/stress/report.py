@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import enum
 import json
 import math
 import os
@@ -22,21 +21,26 @@ from importlib import resources
 from typing import Any, NamedTuple
 
 from kvverify import __version__
-from kvverify.device.host_memory import HOST_MEMORY_KINDS as HOST_MEMORY
 from kvverify.stats import clopper_pearson_upper
-from kvverify.check.model import ORDERS
+from kvverify.terms import (
+    BLOCK_STATES,
+    CONTRACTS,
+    COPY_KIND,
+    DIRECTIONS,
+    EXECUTORS,
+    HOST_MEMORY_KINDS,
+    ORDERS,
+    RACY,
+    SAFE,
+    CellVerdict,
+)
 
 __all__ = [
-    "BLOCK_STATES",
     "CONFIDENCE",
     "Cell",
     "CellResult",
-    "CellVerdict",
-    "DIRECTIONS",
-    "EXECUTORS",
-    "HOST_MEMORY",
+    "HOST_MEMORY_KINDS",
     "Headline",
-    "ORDERS",
     "Observation",
     "Platform",
     "SCHEMA_VERSION",
@@ -47,13 +51,6 @@ __all__ = [
 
 SCHEMA_VERSION = 1
 CONFIDENCE = 0.95  # of the upper bound on the corruption rate, as the issue asks
-# direction -> the copy it makes; "store" moves a GPU block to the host, "load" back.
-DIRECTIONS: dict[str, str] = {"store": "D2H", "load": "H2D"}
-EXECUTORS = ("native", "adversarial")
-CONTRACTS = ("SAFE", "RACY")
-# The names of kvverify.device.pattern.BlockState, in its order; spelled out here so that the
-# report (and `kvverify stress` on a host without a GPU) needs nothing but the stdlib.
-BLOCK_STATES = ("OK", "STALE", "TORN", "GARBAGE")
 
 
 def _one_of(field: str, value: Any, allowed: Iterable[str]) -> None:
@@ -67,7 +64,7 @@ class Cell:
     """One combination the stress run checks.
 
     ``direction`` is ``"store"`` (D2H) or ``"load"`` (H2D); ``order`` one of ``ORDERS``;
-    ``host_memory`` one of ``HOST_MEMORY``; ``executor`` one of ``EXECUTORS``.
+    ``host_memory`` one of ``HOST_MEMORY_KINDS``; ``executor`` one of ``EXECUTORS``.
     Raises ValueError for any other value or an empty scenario name.
     """
 
@@ -82,13 +79,13 @@ class Cell:
             raise ValueError("scenario must be named")
         _one_of("direction", self.direction, DIRECTIONS)
         _one_of("order", self.order, ORDERS)
-        _one_of("host_memory", self.host_memory, HOST_MEMORY)
+        _one_of("host_memory", self.host_memory, HOST_MEMORY_KINDS)
         _one_of("executor", self.executor, EXECUTORS)
 
     @property
     def copy_kind(self) -> str:
         """``"D2H"`` for a store, ``"H2D"`` for a load."""
-        return DIRECTIONS[self.direction]
+        return COPY_KIND[self.direction]
 
     @property
     def label(self) -> str:
@@ -176,23 +173,6 @@ class Observation:
         return self.bytes_checked / self.elapsed_s / 1e9 if self.elapsed_s > 0 else None
 
 
-class CellVerdict(str, enum.Enum):
-    """The joined verdict of a cell (``shared/DESIGN.md``)."""
-
-    CONFIRMED_RACE = "CONFIRMED_RACE"  # contract RACY, corruption observed
-    NO_RACE_OBSERVED = "NO_RACE_OBSERVED"  # contract RACY, native run saw none
-    SAFE_CONFIRMED = "SAFE_CONFIRMED"  # contract SAFE, no corruption
-    UNEXPECTED_CORRUPTION = "UNEXPECTED_CORRUPTION"  # contract SAFE, corruption: a bug
-    # contract RACY, the adversarial executor saw none: a harness bug
-    SENSITIVITY_FAILURE = "SENSITIVITY_FAILURE"
-    NOT_RUN = "NOT_RUN"  # no observation (no GPU, or the cell was skipped)
-
-    @property
-    def failing(self) -> bool:
-        """True for the two verdicts that fail the run (exit status 1)."""
-        return self in (CellVerdict.UNEXPECTED_CORRUPTION, CellVerdict.SENSITIVITY_FAILURE)
-
-
 def cell_verdict(contract: str, observation: Observation | None, executor: str) -> CellVerdict:
     """Join a contract verdict with an observation, exactly as ``shared/DESIGN.md`` says.
 
@@ -205,7 +185,7 @@ def cell_verdict(contract: str, observation: Observation | None, executor: str) 
     _one_of("executor", executor, EXECUTORS)
     if observation is None:
         return CellVerdict.NOT_RUN
-    if contract == "SAFE":
+    if contract == SAFE:
         if observation.corrupted:
             return CellVerdict.UNEXPECTED_CORRUPTION
         return CellVerdict.SAFE_CONFIRMED
@@ -235,7 +215,7 @@ class CellResult:
 
     def __post_init__(self) -> None:
         _one_of("contract", self.contract, CONTRACTS)
-        if (self.contract == "RACY") != bool(self.witness):
+        if (self.contract == RACY) != bool(self.witness):
             raise ValueError(
                 f"{self.cell.label}: a RACY contract needs a witness, a SAFE one has none"
             )
@@ -259,7 +239,7 @@ class CellResult:
     @property
     def safe(self) -> bool:
         """Safe on paper (contract SAFE) and not contradicted by an observation."""
-        return self.contract == "SAFE" and self.verdict is not CellVerdict.UNEXPECTED_CORRUPTION
+        return self.contract == SAFE and self.verdict is not CellVerdict.UNEXPECTED_CORRUPTION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,12 +255,12 @@ class Platform:
     driver: str | None = None
     cuda: str | None = None
     torch: str | None = None
-    host_memory_kinds: tuple[str, ...] = HOST_MEMORY
+    host_memory_kinds: tuple[str, ...] = HOST_MEMORY_KINDS
     kvverify: str = __version__
 
     def __post_init__(self) -> None:
         for kind in self.host_memory_kinds:
-            _one_of("host_memory_kinds", kind, HOST_MEMORY)
+            _one_of("host_memory_kinds", kind, HOST_MEMORY_KINDS)
 
 
 class Headline(NamedTuple):
@@ -390,7 +370,7 @@ class StressReport:
                 if None in ends:
                     undecided.append(r.cell.label)
                     continue
-                quiescent = ends == ["SAFE", "SAFE"]
+                quiescent = ends == [SAFE, SAFE]
             if r.safe and not quiescent:
                 safe_extra.append(r.cell.label)
             elif quiescent and not r.safe:

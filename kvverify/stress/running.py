@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable
 
 from kvverify import annotate
-from kvverify.stress.campaign import Campaign, CampaignError
 from kvverify.geometry import KVLayout
-from kvverify.stress.report import Cell, Observation
 from kvverify.scenarios import Params, Program, Scenario, select
-from kvverify.scenarios.program import HOST, Expect, HostRead, HostWrite
 from kvverify.scenarios.contract import CONTRACT_TENSORS, contract, to_trace
+from kvverify.scenarios.program import HOST, Expect, HostRead, HostWrite
+from kvverify.stress.campaign import Campaign, CampaignError
+from kvverify.stress.report import Cell, Observation
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import pytest
 
-from kvverify.stress.executors.adversarial import batch_rounds
 from kvverify.scenarios import SCENARIOS, Params, contract, get, select, to_trace
-from kvverify.scenarios.program import (GPU, HOST, Blocks, Copy, Expect, HostWrite, Program, ProgramError, Swap,
-                                        Write, reference_contents, validate)
+from kvverify.scenarios.program import (
+    GPU,
+    HOST,
+    Blocks,
+    Copy,
+    Expect,
+    HostWrite,
+    Program,
+    ProgramError,
+    Swap,
+    Write,
+    reference_contents,
+    validate,
+)
+from kvverify.stress.executors.adversarial import batch_rounds
 
 ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
 R, S = "RACY", "SAFE"

@@ -33,21 +33,21 @@ from __future__ import annotations
 import contextlib
 import sys
 
+import fake_device
 import numpy as np
 import pytest
 import torch
 
-import fake_device
 from kvverify.device import host_memory, kernels, ops
+from kvverify.geometry import KVLayout, ModelGeometry
+from kvverify.scenarios import Params
+from kvverify.scenarios.program import GPU, HOST, Blocks, Copy, HostRead, HostWrite, Program, Swap
 from kvverify.stress import running
 from kvverify.stress.campaign import load
 from kvverify.stress.executors import adversarial as adversarial_module
 from kvverify.stress.executors import base as base_module
 from kvverify.stress.executors import gate as gate_module
 from kvverify.stress.executors import pools as pools_module
-from kvverify.geometry import KVLayout, ModelGeometry
-from kvverify.scenarios import Params
-from kvverify.scenarios.program import GPU, HOST, Blocks, Copy, HostRead, HostWrite, Program, Swap
 
 TINY = KVLayout(ModelGeometry("tiny", 2, 1, 16, 2), block_size=4)  # 128-byte pages, 4 tensors
 PARAMS = Params(blocks_per_transfer=2, transfers=3)

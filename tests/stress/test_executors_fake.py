@@ -8,14 +8,14 @@ trial. Runs on any CPU host; the race-provoking side needs the GPU (test_stress_
 
 from __future__ import annotations
 
-import pytest
-
 import fake_device as stand_in
+import pytest
 from fake_device import fake_device  # noqa: F401  (fixture)
-from kvverify.stress import running
-from kvverify.stress.campaign import load
+
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import Params
+from kvverify.stress import running
+from kvverify.stress.campaign import load
 
 TINY = KVLayout(ModelGeometry("tiny", 2, 1, 16, 2), block_size=4)  # 128-byte pages, 4 tensors
 PARAMS = Params(blocks_per_transfer=2, transfers=3)

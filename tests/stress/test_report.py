@@ -14,6 +14,8 @@ import pytest
 jsonschema = pytest.importorskip("jsonschema")
 from rich.console import Console
 
+from kvverify.stats import clopper_pearson_upper
+from kvverify.stress.render import COLUMNS
 from kvverify.stress.report import (
     Cell,
     CellResult,
@@ -24,8 +26,6 @@ from kvverify.stress.report import (
     cell_verdict,
     load_schema,
 )
-from kvverify.stress.render import COLUMNS
-from kvverify.stats import clopper_pearson_upper
 
 WITNESS = (
     "ops 3 (kernel writer) / 5 (copy_batch ANY) RAW: nothing orders the source read after the write"

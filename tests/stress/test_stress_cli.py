@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from kvverify.stress import running
-from kvverify.stress.campaign import CampaignError, load
 from kvverify.geometry import KVLayout, ModelGeometry, preset
 from kvverify.scenarios import SCENARIOS, Params
+from kvverify.stress import running
+from kvverify.stress.campaign import CampaignError, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from kvverify.stress import running
-from kvverify.stress.campaign import load
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import SCENARIOS, Params
+from kvverify.stress import running
+from kvverify.stress.campaign import load
 
 pytestmark = pytest.mark.gpu
 

@@ -4,21 +4,20 @@ they share."""
 
 from __future__ import annotations
 
-from kvverify.stress.executors.base import STATES, Executor, HarnessError, Settings, TrialResult
-
-EXECUTORS = ("native", "adversarial")
+from kvverify.stress.executors.base import Executor, HarnessError, Settings, TrialResult
+from kvverify.terms import ADVERSARIAL, EXECUTORS, NATIVE
 
 
 def make(name: str, pools, settings: Settings) -> Executor:
-    if name == "native":
+    if name == NATIVE:
         from kvverify.stress.executors.native import NativeExecutor
 
         return NativeExecutor(pools, settings)
-    if name == "adversarial":
+    if name == ADVERSARIAL:
         from kvverify.stress.executors.adversarial import AdversarialExecutor
 
         return AdversarialExecutor(pools, settings)
     raise ValueError(f"unknown executor {name!r}; use one of {', '.join(EXECUTORS)}")
 
 
-__all__ = ["EXECUTORS", "STATES", "Executor", "HarnessError", "Settings", "TrialResult", "make"]
+__all__ = ["Executor", "HarnessError", "Settings", "TrialResult", "make"]

@@ -20,10 +20,11 @@ import time
 import numpy as np
 
 from kvverify import annotate
-from kvverify.stress.executors.pools import Pools, PreparedBlocks
+from kvverify.errors import HarnessError
 from kvverify.scenarios.program import (
     GPU,
     HOST,
+    SETUP_GENERATION,
     Blocks,
     Expect,
     HostRead,
@@ -38,16 +39,11 @@ from kvverify.scenarios.program import (
     WaitEvent,
     WaitStream,
     Write,
-    SETUP_GENERATION,
     reference_contents,
 )
+from kvverify.stress.executors.pools import Pools, PreparedBlocks
 
 GEN_STRIDE = 64  # generations per trial: programs use 1..34, each trial gets fresh ones
-STATES = ("OK", "STALE", "TORN", "GARBAGE")  # kvverify.device.pattern.BlockState order
-
-
-class HarnessError(RuntimeError):
-    """The harness could not carry out a trial (a hang, a refused copy): not a verdict."""
 
 
 @dataclasses.dataclass(frozen=True)

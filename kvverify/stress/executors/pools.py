@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from kvverify.geometry import KVLayout
 from kvverify.device.host_memory import allocate_host
+from kvverify.geometry import KVLayout
 from kvverify.scenarios.program import GPU, Blocks
 
 
