@@ -1,9 +1,10 @@
 """The ``kvverify`` command line: one subcommand per job.
 
 Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit status). Modules are imported only when their subcommand
-runs, so ``kvverify check`` never pays for torch and a host without the extension can
-still use every subcommand that does not drive a GPU.
+``run(args) -> int`` (the exit status). Only the module of the subcommand named on the
+command line is imported, so ``kvverify check`` never pays for torch, numpy or scipy,
+``kvverify --help`` imports none of them, and a host without the extension can still use
+every subcommand that does not drive a GPU.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ on paper (a happens-before checker over a trace) and on the device (a stress har
 Run `kvverify COMMAND --help` for each command's options."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Return the top-level parser with one sub-parser per entry of ``SUBCOMMANDS``."""
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """Return the top-level parser with one sub-parser per entry of ``SUBCOMMANDS``; only the
+    subcommand that ``argv`` names (its first word that is one) gets its arguments declared."""
     from kvverify import __version__
 
     parser = argparse.ArgumentParser(
@@ -52,22 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"kvverify {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    chosen = next((a for a in (argv or []) if a in SUBCOMMANDS), None)
     for name, (module, summary) in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=summary, description=summary)
         p.set_defaults(_module=module)
-        _lazy_arguments(p, module)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(p)
     return parser
-
-
-def _lazy_arguments(parser: argparse.ArgumentParser, module: str) -> None:
-    # Arguments are declared by the subcommand's module; importing it is cheap for every
-    # module by rule (torch is imported inside `run`, never at module level).
-    importlib.import_module(module).add_arguments(parser)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

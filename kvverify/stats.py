@@ -1,17 +1,17 @@
 """Statistics for the stress report and the bench: exact binomial bounds, paired ratios, spread.
 
 All of it is scipy underneath; this module fixes the conventions (one- or two-sided,
-which interval, what the minimum sample is) and checks the inputs.
+which interval, what the minimum sample is) and checks the inputs. numpy and scipy are
+imported by the functions that use them: reports import this module on hosts and paths
+that never compute a bound.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import NamedTuple
-
-import numpy as np
-from scipy import stats
 
 __all__ = [
     "RatioCI",
@@ -26,7 +26,7 @@ __all__ = [
 
 def _check_counts(failures: int, trials: int, confidence: float) -> None:
     for name, value in (("failures", failures), ("trials", trials)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
             raise TypeError(f"{name} must be an integer, got {value!r}")
     if trials < 1:
         raise ValueError(f"trials must be at least 1, got {trials}")
@@ -52,6 +52,8 @@ def clopper_pearson_upper(failures: int, trials: int, confidence: float = 0.95) 
     Raises TypeError for non-integer counts; ValueError for ``trials < 1``, ``failures``
     outside ``[0, trials]`` or ``confidence`` outside ``(0, 1)``.
     """
+    from scipy import stats
+
     _check_counts(failures, trials, confidence)
     result = stats.binomtest(int(failures), int(trials), alternative="less")
     return float(result.proportion_ci(confidence_level=confidence, method="exact").high)
@@ -67,6 +69,8 @@ def clopper_pearson_interval(
 
     Raises as ``clopper_pearson_upper``.
     """
+    from scipy import stats
+
     _check_counts(failures, trials, confidence)
     ci = stats.binomtest(int(failures), int(trials)).proportion_ci(
         confidence_level=confidence, method="exact"
@@ -118,6 +122,9 @@ def paired_ratio_ci(
     second, ...; the same unit on both sides). Raises ValueError for unequal lengths,
     non-finite or non-positive values, or fewer than ``min_pairs(confidence)`` pairs.
     """
+    import numpy as np
+    from scipy import stats
+
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
     if num.ndim != 1 or num.shape != den.shape:
@@ -159,6 +166,9 @@ def spread(samples: Sequence[float]) -> Spread:
     ``samples``: 1-D, at least 2 finite values with a positive median and mean (times in
     seconds, rates in bytes per second). Raises ValueError otherwise.
     """
+    import numpy as np
+    from scipy import stats
+
     x = np.asarray(samples, dtype=np.float64)
     if x.ndim != 1 or x.size < 2:
         raise ValueError(f"spread needs at least 2 samples in a 1-D sequence, got shape {x.shape}")

@@ -10,9 +10,9 @@ import pytest
 @functools.cache
 def gpu_unavailable_reason() -> str | None:
     """Why GPU tests cannot run here, or None when they can (the check probe and bench refuse by)."""
-    from kvverify.measure import common
+    from kvverify.device import extension
 
-    return common.gpu_refusal()
+    return extension.gpu_refusal()
 
 
 def pytest_collection_modifyitems(config, items):

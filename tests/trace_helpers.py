@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvverify.check import Report, TraceBuilder, check
+from kvverify.check import TraceBuilder, Verdict, check
 from kvverify.check.oracle import build_graph, explore
 
 ORACLE_LIMIT = 9   # access nodes; the oracle's search grows quickly beyond
@@ -48,7 +48,7 @@ def races(b: TraceBuilder) -> dict[tuple[int, int], str]:
     return {(r.first, r.second): r.kind for r in run(b).races}
 
 
-def run(b: TraceBuilder) -> Report:
+def run(b: TraceBuilder) -> Verdict:
     """Check the built trace; where it is small enough, the oracle must agree on the verdict and
     on the racing op pairs (so every hand-written trace is checked twice, independently)."""
     trace = b.build()

@@ -5,10 +5,19 @@
 - :mod:`~kvverify.check.rules`: the ordering rules 1–7 as vector clocks (one definition);
 - :mod:`~kvverify.check.checker`: :func:`check`, the race finder;
 - :mod:`~kvverify.check.oracle`: an independent enumerator of executions, the checker's oracle;
-- :mod:`~kvverify.check.verdict`: :class:`Report`, :class:`Race`.
+- :mod:`~kvverify.check.verdict`: :class:`Verdict`, :class:`Race`.
+
+The package itself is callable: ``kvverify.check(trace)`` is :func:`check`. Standard library only.
 """
 
-from kvverify.check.checker import check
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections.abc import Mapping
+
+from kvverify.check import checker
 from kvverify.check.model import (
     ORDERS,
     SPACES,
@@ -33,7 +42,7 @@ from kvverify.check.model import (
     WaitStream,
 )
 from kvverify.check.rules import Access, Ordering, analyze, happens_before
-from kvverify.check.verdict import RACY, SAFE, Race, Report
+from kvverify.check.verdict import RACY, SAFE, Race, Verdict
 
 __all__ = [
     "ORDERS",
@@ -53,7 +62,7 @@ __all__ = [
     "Race",
     "Range",
     "Record",
-    "Report",
+    "Verdict",
     "SyncDevice",
     "SyncEvent",
     "SyncStream",
@@ -67,3 +76,35 @@ __all__ = [
     "check",
     "happens_before",
 ]
+
+
+def check(trace: Trace | Mapping | str | os.PathLike, *, max_races: int | None = checker.DEFAULT_MAX_RACES) -> Verdict:
+    """Decide whether ``trace`` races under the ordering rules of the trace format
+    (``docs/trace-format.md``; each rule cites the CUDA API section it follows).
+
+    ``trace``: a :class:`Trace`, a decoded JSON document (a dict), or the path of a JSON file.
+    ``max_races`` bounds how many races are listed (``None``: all); the verdict does not depend on it.
+
+    Returns a :class:`Verdict`: ``.verdict`` is ``"SAFE"`` or ``"RACY"``, ``.races`` the witnesses
+    (both ops, the bytes, the kind, why no rule orders them, a fix).
+
+    Raises :class:`TraceError` (a ``ValueError``) naming the op index and field of an invalid
+    trace, and ``OSError`` when a path cannot be read.
+    """
+    if not isinstance(trace, Trace):
+        if isinstance(trace, (str, os.PathLike)):
+            with open(trace, "rb") as f:
+                trace = f.read()
+        trace = Trace.from_json(trace)
+    return checker.check(trace, max_races=max_races)
+
+
+class _CallablePackage(types.ModuleType):
+    """``kvverify.check`` is this package and, called, :func:`check`: ``import kvverify.check.model``
+    and ``kvverify.check(trace)`` both work."""
+
+    def __call__(self, trace, **kwargs) -> Verdict:
+        return check(trace, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage

@@ -1,4 +1,4 @@
-"""``check(trace) -> Report``: every pair of ops whose accesses to the same bytes race.
+"""``check(trace) -> Verdict``: every pair of ops whose accesses to the same bytes race.
 
 The ordering comes from :mod:`kvverify.check.rules` (one vector-clock pass). Finding the pairs:
 
@@ -45,7 +45,7 @@ from kvverify.check.model import (
     union,
 )
 from kvverify.check.rules import HOST, Access, Ordering, analyze, covers
-from kvverify.check.verdict import Race, Report
+from kvverify.check.verdict import Race, Verdict
 
 DEFAULT_MAX_RACES = 10_000
 
@@ -54,7 +54,7 @@ class _Stop(Exception):
     pass
 
 
-def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Report:
+def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Verdict:
     """Decide whether ``trace`` races under rules 1–7 of the trace format.
 
     ``max_races`` bounds the number of races listed (``None``: no bound); when it is reached
@@ -66,7 +66,7 @@ def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Report:
         for (i, j), (a, b, overlap) in sorted(found.items()):
             rule, reason, fix = _explain(order, a, b, overlap)
             races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix))
-        return Report(tuple(races), truncated)
+        return Verdict(tuple(races), truncated)
 
 
 # ------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ class Race:
 
 
 @dataclass(frozen=True)
-class Report:
+class Verdict:
     """The checker's answer. ``races`` is sorted by (first, second); each op pair appears once.
     ``truncated`` is True when the checker stopped after ``max_races`` races (the verdict is
     RACY either way)."""

@@ -7,6 +7,7 @@ them, and they say what is missing and how to get it.
 from __future__ import annotations
 
 import functools
+import warnings
 
 from kvverify.errors import ExtensionUnavailableError
 
@@ -51,3 +52,36 @@ def require_cuda_device():
             "run this on a GPU host, or check CUDA_VISIBLE_DEVICES and the driver"
         )
     return torch
+
+
+def gpu_refusal() -> str | None:
+    """Return None when torch sees a CUDA device and kvverify's GPU modules load, else one line saying why not.
+
+    The checks run cheapest-first and in the order a user fixes them: torch installed, a CUDA
+    device visible, the compiled extension, the op and kernel wrappers.
+    """
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install torch)"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            available = torch.cuda.is_available() and torch.cuda.device_count() > 0
+        except Exception as exc:  # a broken driver install raises here on some builds
+            return f"CUDA could not be initialised ({' '.join(str(exc).split())})"
+    if not available:
+        return (
+            "no CUDA device is visible (torch.cuda.is_available() is False); "
+            "run it on a GPU host, or check CUDA_VISIBLE_DEVICES and the driver"
+        )
+    reason = load_error()
+    if reason is not None:
+        return reason
+    try:
+        import kvverify.device.host_memory  # noqa: F401
+        import kvverify.device.kernels  # noqa: F401
+        import kvverify.device.ops  # noqa: F401
+    except ImportError as exc:
+        return f"a kvverify GPU module is missing ({' '.join(str(exc).split())})"
+    return None

@@ -67,6 +67,12 @@ class HostBuffer:
             extension.ops().host_unregister(self.ptr)
         self._heap = None
 
+    def abandon(self) -> None:
+        """Leave the bytes to the process exit: ``free()`` and ``__del__`` become no-ops and the memory
+        stays mapped. For memory a stuck stream may still touch: freeing pinned or registered memory
+        synchronizes the device, which would hang on that very work."""
+        self._live = False
+
     def __enter__(self) -> HostBuffer:
         return self
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvverify.measure.bench import Point
+    from kvverify.measure.bench_plan import Point
 
 
 class CudaBench:

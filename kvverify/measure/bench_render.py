@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvverify.measure.bench import REPEAT_CHECK_MIN_PAGE, REPEAT_TOLERANCE
+from kvverify.measure.bench_plan import REPEAT_CHECK_MIN_PAGE, REPEAT_TOLERANCE
 from kvverify.terms import COPY_KINDS, ORDERS
 from kvverify.units import format_size
 

@@ -11,7 +11,6 @@ import json
 import math
 import statistics
 import sys
-import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -19,39 +18,6 @@ from typing import Any
 GB = 1e9  # GB/s in every report is 1e9 bytes per second (decimal), as vendors quote link rates
 
 
-def gpu_refusal() -> str | None:
-    """Return None when torch sees a CUDA device and kvverify's GPU modules load, else one line saying why not.
-
-    The checks run cheapest-first and in the order a user fixes them: torch installed, a CUDA
-    device visible, the compiled extension, the op and kernel wrappers.
-    """
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed (pip install torch)"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            available = torch.cuda.is_available() and torch.cuda.device_count() > 0
-        except Exception as exc:  # a broken driver install raises here on some builds
-            return f"CUDA could not be initialised ({_one_line(exc)})"
-    if not available:
-        return (
-            "no CUDA device is visible (torch.cuda.is_available() is False); "
-            "run it on a GPU host, or check CUDA_VISIBLE_DEVICES and the driver"
-        )
-    from kvverify.device import extension
-
-    reason = extension.load_error()
-    if reason is not None:
-        return reason
-    try:
-        import kvverify.device.host_memory  # noqa: F401
-        import kvverify.device.kernels  # noqa: F401
-        import kvverify.device.ops  # noqa: F401
-    except ImportError as exc:
-        return f"a kvverify GPU module is missing ({_one_line(exc)})"
-    return None
 
 
 def refuse(command: str, reason: str) -> int:
@@ -202,7 +168,9 @@ class Measurement:
 def begin(command: str, args) -> Measurement | int:
     """The common start of ``kvverify probe`` and ``kvverify bench``: the exit status of a refusal
     (no CUDA device, no torch, no extension: one line, status 2), else a ``Measurement``."""
-    reason = gpu_refusal()
+    from kvverify.device import extension
+
+    reason = extension.gpu_refusal()
     if reason is not None:
         return refuse(command, reason)
     from kvverify.device import platform_info

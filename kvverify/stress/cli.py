@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from kvverify import annotate
-from kvverify.measure import common
+from kvverify.device import extension
 from kvverify.stress.campaign import DATA_MODES, CampaignError
 from kvverify.terms import EXECUTORS, HOST_MEMORY_KINDS, ORDERS
 from kvverify.units import choice_list_arg, positive_int_arg, size_arg
@@ -284,7 +284,7 @@ def _interrupts():
 
 
 def _run_one(args, c, layout, console, err, several: bool, deadline: float | None = None) -> int:
-    from kvverify.stress import running
+    from kvverify.stress import render, running
     from kvverify.stress.report import CellResult, StressReport
 
     try:
@@ -297,7 +297,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         err.print(f"kvverify stress: {note}", markup=False, highlight=False, soft_wrap=True)
     if args.dump_traces:
         _dump_traces(planned, Path(args.dump_traces))
-    reason = "--no-gpu was given" if args.no_gpu else common.gpu_refusal()
+    reason = "--no-gpu was given" if args.no_gpu else extension.gpu_refusal()
     outcomes: dict = {}
     with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
         if reason is None:
@@ -320,7 +320,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         platform=_platform(reason is None), campaign=c.name, seed=c.seed, cells=tuple(results),
         layout=layout.describe(), not_run_reason=reason,
     )
-    report.render_table(console)
+    render.render_table(report, console)
     if outcomes:
         console.print(_throughput_line(outcomes), markup=False, highlight=False, soft_wrap=True)
     console.print(f"NVTX: {annotate.state()}", markup=False, highlight=False, soft_wrap=True)
@@ -336,7 +336,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     elif args.json:
         report.write_json(_output_path(args.json, layout.geometry.name, several))
     if args.junit:
-        report.write_junit(_output_path(args.junit, layout.geometry.name, several))
+        render.write_junit(report, _output_path(args.junit, layout.geometry.name, several))
     return max(report.exit_status(), 1 if errors or skipped else 0)
 
 

@@ -5,8 +5,9 @@ A *cell* is (scenario, direction, source access order, host memory kind, executo
 what the executor *observed* into one ``CellVerdict`` by ``cell_verdict``, the only
 place that rule lives (``shared/DESIGN.md``, "Three kinds of evidence").
 
-The terminal table and JUnit XML are in ``kvverify.stress.render``; the JSON document
-follows ``kvverify/schemas/stress-report-v1.json`` (described in ``docs/report-schema.md``).
+The terminal table and JUnit XML are in ``kvverify.stress.render``, which reads this module
+(never the reverse); the JSON document follows ``kvverify/schemas/stress-report-v1.json``
+(described in ``docs/report-schema.md``).
 """
 
 from __future__ import annotations
@@ -446,20 +447,6 @@ class StressReport:
             not_run_reason=doc.get("not_run_reason"),
             created=doc["created"],
         )
-
-    # -- terminal and CI --------------------------------------------------------------
-
-    def render_table(self, console: Any) -> None:
-        """Print the per-cell table, witnesses, summary and headline on a ``rich`` Console."""
-        from kvverify.stress.render import render_table
-
-        render_table(self, console)
-
-    def write_junit(self, path: str | os.PathLike) -> None:
-        """Write JUnit XML to ``path``: one testcase per cell (see ``report_render``)."""
-        from kvverify.stress.render import write_junit
-
-        write_junit(self, path)
 
 
 def _contract_key(cell: Cell, order: str) -> tuple[str, str, str, str]:

@@ -309,11 +309,9 @@ def _abandon(runners: dict, pools) -> None:
     synchronize the device, so the main thread would hang on the very work that did not
     finish, and device memory or the gate's flag word would be reused while a stuck stream
     may still touch it."""
-    buffers = [getattr(pools, "host", None), getattr(pools, "_bounce_host", None)]
-    buffers += [getattr(r, "_host_snapshot_buffer", None) for r in runners.values()]
+    buffers = pools.host_buffers() + [b for r in runners.values() for b in r.host_buffers()]
     for buf in buffers:
-        if buf is not None:
-            buf._live = False  # free() and __del__ become no-ops; the bytes stay mapped
+        buf.abandon()
     _ABANDONED.append((runners, pools, buffers))
 
 
@@ -364,7 +362,7 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
             # same pools, or it would land in that cell's blocks (a false UNEXPECTED_CORRUPTION).
             note = ""
             try:
-                executor._before_host_wait()  # release this executor's holds (the gate stays live)
+                executor.release_holds()
             except Exception:  # pragma: no cover - cleanup goes on
                 pass
             if not settle(executor.pools.device, SETTLE_S):

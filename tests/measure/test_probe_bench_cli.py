@@ -16,8 +16,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvverify import cli
-from kvverify.device import platform_info
-from kvverify.measure import bench, bench_render, common, probe
+from kvverify.device import extension, platform_info
+from kvverify.errors import PlanError
+from kvverify.measure import bench, bench_plan, bench_render, common, probe
 from kvverify.units import format_size, parse_size, parse_size_list
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,43 +151,43 @@ def test_bench_rejects_bad_options(argv):
 
 
 def test_bench_quick_and_explicit_options():
-    args = bench.resolve(parse(bench, []))
+    args = bench_plan.resolve(parse(bench, []))
     assert args.page_sizes == [4 * KiB * 2**i for i in range(10)]
     assert args.page_sizes[-1] == 2 * MiB
-    assert args.reps == bench.DEFAULT_REPS and args.max_seconds is None
-    args = bench.resolve(parse(bench, ["--quick"]))
-    assert args.page_sizes == bench.QUICK_PAGE_SIZES
+    assert args.reps == bench_plan.DEFAULT_REPS and args.max_seconds is None
+    args = bench_plan.resolve(parse(bench, ["--quick"]))
+    assert args.page_sizes == bench_plan.QUICK_PAGE_SIZES
     assert {16 * KiB, 64 * KiB, 2 * MiB} <= set(args.page_sizes)
-    assert args.reps == bench.QUICK_REPS and args.max_seconds == bench.QUICK_MAX_SECONDS
-    args = bench.resolve(parse(bench, ["--quick", "--reps", "3", "--page-sizes", "64KiB", "--max-seconds", "9"]))
+    assert args.reps == bench_plan.QUICK_REPS and args.max_seconds == bench_plan.QUICK_MAX_SECONDS
+    args = bench_plan.resolve(parse(bench, ["--quick", "--reps", "3", "--page-sizes", "64KiB", "--max-seconds", "9"]))
     assert (args.reps, args.page_sizes, args.max_seconds) == (3, [64 * KiB], 9.0)
     assert args.host_memory == "pinned" and args.pool_bytes == 2 * GiB
 
 
 def test_plan_points_raw_sizes():
-    args = bench.resolve(parse(bench, ["--page-sizes", "4KiB,2MiB"]))
-    points = bench.plan_points(args)
+    args = bench_plan.resolve(parse(bench, ["--page-sizes", "4KiB,2MiB"]))
+    points = bench_plan.plan_points(args)
     assert [(p.direction, p.page_bytes) for p in points] == [
         ("h2d", 4 * KiB), ("d2h", 4 * KiB), ("h2d", 2 * MiB), ("d2h", 2 * MiB)]
     for p in points:
         assert p.call_bytes == 64 * MiB
-        assert p.rep_bytes >= bench.MIN_REP_BYTES
+        assert p.rep_bytes >= bench_plan.MIN_REP_BYTES
         assert p.pages_per_call <= args.pool_bytes // p.page_bytes
     assert points[0].pages_per_call == 16384 and points[2].pages_per_call == 32
     # > 1 GiB timed per method and point with the default and the quick rep counts
-    assert points[0].rep_bytes * bench.DEFAULT_REPS > GiB
-    assert points[0].rep_bytes * bench.QUICK_REPS > GiB
+    assert points[0].rep_bytes * bench_plan.DEFAULT_REPS > GiB
+    assert points[0].rep_bytes * bench_plan.QUICK_REPS > GiB
 
 
 def test_plan_points_errors():
-    with pytest.raises(bench.PlanError, match="larger than --call-bytes"):
-        bench.plan_points(bench.resolve(parse(bench, ["--page-sizes", "128MiB"])))
-    with pytest.raises(bench.PlanError, match="do not fit"):
-        bench.plan_points(bench.resolve(parse(bench, ["--pool-bytes", "32MiB", "--page-sizes", "64KiB"])))
-    with pytest.raises(bench.PlanError, match="more than the pool"):
-        bench.plan_points(bench.resolve(parse(bench, ["--pool-bytes", "128MiB", "--calls-per-rep", "4", "--page-sizes", "64KiB"])))
+    with pytest.raises(PlanError, match="larger than --call-bytes"):
+        bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--page-sizes", "128MiB"])))
+    with pytest.raises(PlanError, match="do not fit"):
+        bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--pool-bytes", "32MiB", "--page-sizes", "64KiB"])))
+    with pytest.raises(PlanError, match="more than the pool"):
+        bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--pool-bytes", "128MiB", "--calls-per-rep", "4", "--page-sizes", "64KiB"])))
     # without an explicit --calls-per-rep the rep shrinks to fit the pool instead
-    points = bench.plan_points(bench.resolve(parse(bench, ["--pool-bytes", "128MiB", "--page-sizes", "64KiB"])))
+    points = bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--pool-bytes", "128MiB", "--page-sizes", "64KiB"])))
     assert points[0].calls_per_rep == 2
 
 
@@ -198,18 +199,18 @@ def test_bench_plan_error_is_one_line(capsys):
 
 
 def test_plan_points_model():
-    args = bench.resolve(parse(bench, ["--model", "llama-3.1-8b", "--directions", "h2d"]))
-    points = bench.plan_points(args)
+    args = bench_plan.resolve(parse(bench, ["--model", "llama-3.1-8b", "--directions", "h2d"]))
+    points = bench_plan.plan_points(args)
     # 16, 32, 64 tokens x 8 KV heads x 128 x 2 bytes; 32 layers x (K, V) = 64 tensors x 16 blocks per transfer
     assert [p.page_bytes for p in points] == [32 * KiB, 64 * KiB, 128 * KiB]
     assert all(p.pages_per_call == 64 * 16 for p in points)
     assert points[0].label == "llama-3.1-8b 16 tok"
     assert points[0].calls_per_rep == 8  # 32 MiB per call, 256 MiB per rep
-    args = bench.resolve(parse(bench, ["--model", "DeepSeek-V3", "--block-tokens", "16", "--blocks-per-transfer", "4"]))
-    (p, _) = bench.plan_points(args)
+    args = bench_plan.resolve(parse(bench, ["--model", "DeepSeek-V3", "--block-tokens", "16", "--blocks-per-transfer", "4"]))
+    (p, _) = bench_plan.plan_points(args)
     assert p.page_bytes == 16 * 576 * 2 and p.pages_per_call == 61 * 4
-    with pytest.raises(bench.PlanError, match="llama-3.1-8b"):
-        bench.plan_points(bench.resolve(parse(bench, ["--model", "nope"])))
+    with pytest.raises(PlanError, match="llama-3.1-8b"):
+        bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--model", "nope"])))
 
 
 # --------------------------------------------------------------------------- statistics and controls
@@ -262,12 +263,12 @@ def test_ratio_ci_without_enough_pairs_has_no_interval():
 
 def test_round_order_interleaves_any_and_stream():
     methods = ["STREAM", "DURING_API_CALL", "ANY", "loop", "ceiling"]
-    rounds = [bench.round_order(i, methods) for i in range(4)]
+    rounds = [bench_plan.round_order(i, methods) for i in range(4)]
     assert rounds[0][:2] == ["ANY", "STREAM"] and rounds[1][:2] == ["STREAM", "ANY"]
     assert rounds[2][:2] == ["ANY", "STREAM"]
     for r in rounds:
         assert sorted(r) == sorted(methods) and r[2:] == ["DURING_API_CALL", "loop", "ceiling"]
-    assert bench.round_order(1, ["STREAM", "loop"]) == ["STREAM", "loop"]
+    assert bench_plan.round_order(1, ["STREAM", "loop"]) == ["STREAM", "loop"]
 
 
 def test_hold_controller_follows_queue_time():
@@ -582,7 +583,7 @@ def test_cuda_version_string():
 
 @pytest.mark.parametrize("command", ["probe", "bench"])
 def test_refusal_in_process(monkeypatch, capsys, command):
-    monkeypatch.setattr(common, "gpu_refusal", lambda: "no CUDA device is visible (test)")
+    monkeypatch.setattr(extension, "gpu_refusal", lambda: "no CUDA device is visible (test)")
     module = {"probe": probe, "bench": bench}[command]
     assert module.run(parse(module, ["--json", "/nonexistent/never-written.json"])) == 2
     err = capsys.readouterr().err

@@ -24,7 +24,8 @@ import pytest
 import torch
 
 import kvverify.device
-from kvverify.measure import bench, bench_device, common, probe
+from kvverify.device import extension
+from kvverify.measure import bench, bench_device, bench_plan, probe
 
 
 class _Event:
@@ -113,7 +114,7 @@ def simulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
-    monkeypatch.setattr(common, "gpu_refusal", lambda: None)
+    monkeypatch.setattr(extension, "gpu_refusal", lambda: None)
     from kvverify import annotate
 
     yield record
@@ -174,7 +175,7 @@ def test_bench_page_draws_move_the_right_bytes(simulated):
         host = backend.host.numpy(np.uint8)
         host[:] = np.arange(host.size, dtype=np.uint64).astype(np.uint8)
         backend.dev.zero_()
-        point = bench.Point("h2d", 4096, 8, 2, "4 KiB")
+        point = bench_plan.Point("h2d", 4096, 8, 2, "4 KiB")
         calls = backend.prepare(point, seed=7)
         assert len(calls) == 2
         for src, dst, sizes in calls:
@@ -188,7 +189,7 @@ def test_bench_page_draws_move_the_right_bytes(simulated):
             for s, d in zip(src.tolist(), dst.tolist()):
                 so, do = s - backend.host.ptr, d - backend.dev.data_ptr()
                 assert np.array_equal(dev[do:do + 4096], host[so:so + 4096])
-        d2h = bench.Point("d2h", 4096, 8, 2, "4 KiB")
+        d2h = bench_plan.Point("d2h", 4096, 8, 2, "4 KiB")
         src, dst, _ = backend.prepare(d2h, seed=1)[0]
         assert all(0 <= p - backend.dev.data_ptr() < (1 << 20) for p in src.tolist())
         assert all(0 <= p - backend.host.ptr < (1 << 20) for p in dst.tolist())

@@ -163,6 +163,9 @@ class AdversarialExecutor(Executor):
         self._host_snapshot_buffer.free()
         super().free_memory()
 
+    def host_buffers(self) -> list:
+        return [self._host_snapshot_buffer]
+
     def _before_host_wait(self) -> None:
         self.gate.release_all()
 

@@ -354,9 +354,17 @@ class Executor:
         current stream (a device-wide synchronize that cannot hang on a held stream)."""
         self._host_wait([self._mark(s) for s in self._all_streams()], what)
 
+    def release_holds(self) -> None:
+        """Release every stream hold of this executor now (a failed trial's cleanup); it stays usable."""
+        self._before_host_wait()
+
     def close(self) -> None:
         """Release whatever the executor holds (every exit path of the runner calls it)."""
         self._before_host_wait()
+
+    def host_buffers(self) -> list:
+        """Host memory the executor owns beside the pools (``HostBuffer``), for ``abandon``."""
+        return []
 
     def free_memory(self) -> None:
         """Free what the executor owns: the streams it made past torch's pool

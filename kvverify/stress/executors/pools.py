@@ -118,6 +118,11 @@ class Pools:
         base = self.staging.data_ptr()
         return torch.arange(pages, dtype=torch.int64, device=self.device) * self.page_bytes + base
 
+    def host_buffers(self) -> list:
+        """The host memory the pools own (``HostBuffer``), for a caller that must leave it to the
+        process exit (``HostBuffer.abandon``)."""
+        return [buf for buf in (self.host, self._bounce_host) if buf is not None]
+
     def close(self) -> None:
         self.gpu = self.snapshot = self.staging = self.bounce = None
         for buf in (self.host, self._bounce_host):

@@ -1,0 +1,257 @@
+"""The package's layout is its architecture (docs/architecture.md): these tests keep it so.
+
+- imports flow one way: cli → paths (check, scenarios, stress, record, measure) → device / check →
+  leaves (terms, errors, units, geometry, annotate, stats); no import cycle between modules;
+- no module uses another module's private names;
+- ``kvverify check`` and ``kvverify --help`` import neither torch, numpy, scipy nor rich (in a
+  fresh interpreter, as hypothesis checks its own lazy imports);
+- the top of ``kvverify/`` holds folders and at most 8 modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "kvverify"
+ROOT = PACKAGE.parent
+
+LEAVES = {"kvverify.terms", "kvverify.errors", "kvverify.units", "kvverify.geometry", "kvverify.annotate",
+          "kvverify.stats"}
+# What each part may import besides itself (a part is a folder, or a leaf module).
+ALLOWED = {
+    "kvverify.terms": set(),
+    "kvverify.errors": set(),
+    "kvverify.units": set(),
+    "kvverify.stats": set(),
+    "kvverify.annotate": set(),
+    "kvverify.geometry": {"kvverify.errors"},
+    "kvverify.check": {"kvverify.terms", "kvverify.errors"},
+    "kvverify.device": LEAVES,
+    "kvverify.scenarios": LEAVES | {"kvverify.check"},
+    "kvverify.stress": LEAVES | {"kvverify.check", "kvverify.scenarios", "kvverify.device"},
+    "kvverify.measure": LEAVES | {"kvverify.device"},
+    "kvverify.record": LEAVES | {"kvverify.check", "kvverify.device"},
+    "kvverify.cli": {"kvverify", "kvverify.annotate"},
+    "kvverify.__main__": {"kvverify.cli"},
+    "kvverify": {"kvverify.terms", "kvverify.check", "kvverify.device"},
+}
+HEAVY = ("torch", "numpy", "scipy", "rich", "matplotlib")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {_module_name(p): ast.parse(p.read_text(encoding="utf-8"), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = module.split(".")
+    is_package = (PACKAGE.parent / Path(*package) / "__init__.py").exists()
+    base = package if is_package else package[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _imports(module: str, tree: ast.Module) -> list[tuple[str, list[str], int]]:
+    """(imported module, names taken from it, line) for every import anywhere in the module."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(module, node)
+            for a in node.names:
+                # `from kvverify.device import ops` imports the module kvverify.device.ops
+                sub = f"{base}.{a.name}"
+                if sub in MODULES:
+                    out.append((sub, [], node.lineno))
+                else:
+                    out.append((base, [a.name], node.lineno))
+    return out
+
+
+def _part(module: str) -> str:
+    """The folder or leaf a module belongs to: kvverify.stress.executors.base → kvverify.stress."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return module
+    candidate = ".".join(parts[:2])
+    return candidate
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for module, tree in MODULES.items():
+        for target, _, _ in _imports(module, tree):
+            # an import of a.b.c also runs a and a.b: edges to the named module only
+            if target in MODULES and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def test_imports_flow_one_way():
+    wrong = []
+    for module, tree in MODULES.items():
+        mine = _part(module)
+        allowed = ALLOWED.get(mine)
+        assert allowed is not None, f"{module}: part {mine} has no entry in ALLOWED; add it with its layer"
+        for target, names, line in _imports(module, tree):
+            if not target.startswith("kvverify"):
+                continue
+            if target == "kvverify" and names and set(names) <= {"__version__", "_C"}:
+                continue  # the version string and the compiled extension: no code of the package
+            theirs = _part(target)
+            if theirs != mine and theirs not in allowed and target not in allowed:
+                wrong.append(f"{module}:{line} imports {target} ({mine} may import {sorted(allowed) or 'nothing'})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    # A package's __init__ re-exporting its own modules is not a cycle between parts of the code.
+    real = [c for c in cycles if not all(m == c[0] or m.startswith(c[0] + ".") for m in c)]
+    assert not real, f"import cycles: {real}"
+
+
+def _private_members(tree: ast.Module) -> set[str]:
+    """Private names a module defines: functions, classes, module globals, and attributes its classes
+    set on ``self`` or define in their bodies."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in ("self", "cls") \
+                and isinstance(node.ctx, ast.Store):
+            out.add(node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+    return {n for n in out if n.startswith("_") and not n.startswith("__")}
+
+
+def test_no_module_reaches_into_private_members_of_another():
+    """``obj._name`` where ``_name`` is private to another kvverify module (an executor's, a pool's, a
+    host buffer's): that module should offer what the caller needs."""
+    owned = {m: _private_members(t) for m, t in MODULES.items()}
+    everywhere: dict[str, set[str]] = {}
+    for m, names in owned.items():
+        for n in names:
+            everywhere.setdefault(n, set()).add(m)
+    wrong = []
+    for module, tree in MODULES.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr in everywhere and node.attr not in owned[module]):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            wrong.append(f"{module}:{node.lineno} uses .{node.attr}, private to {sorted(everywhere[node.attr])}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_module_uses_another_modules_private_names():
+    wrong = []
+    for module, tree in MODULES.items():
+        aliases: dict[str, str] = {}
+        for target, names, line in _imports(module, tree):
+            if target.startswith("kvverify") and target != module:
+                # kvverify._C is the compiled extension: private to the package, loaded by device/
+                wrong += [f"{module}:{line} imports {n} from {target}" for n in names
+                          if n.startswith("_") and not n.startswith("__") and f"{target}.{n}" != "kvverify._C"]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = _resolve(module, node)
+                for a in node.names:
+                    if f"{base}.{a.name}" in MODULES:
+                        aliases[a.asname or a.name] = f"{base}.{a.name}"
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("kvverify") and a.asname:
+                        aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and aliases[node.value.id] != module):
+                wrong.append(f"{module}:{node.lineno} uses {aliases[node.value.id]}.{node.attr}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_top_of_the_package_holds_folders_and_few_modules():
+    modules = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(modules) <= 8, modules
+
+
+def test_check_imports_only_the_standard_library():
+    for module, tree in MODULES.items():
+        if not module.startswith("kvverify.check"):
+            continue
+        for target, _, line in _imports(module, tree):
+            top = target.split(".")[0]
+            assert top == "kvverify" or top in sys.stdlib_module_names, f"{module}:{line} imports {target}"
+
+
+_PROBE = """
+import json, sys
+from kvverify.cli import main
+try:
+    status = main(sys.argv[1:])
+except SystemExit as e:
+    status = e.code
+heavy = sorted({m.split(".")[0] for m in sys.modules} & set(%r))
+print(json.dumps({"status": status, "heavy": heavy}), file=sys.stderr)
+""" % (HEAVY,)
+
+
+@pytest.mark.parametrize("argv", [["check", "TRACE"], ["check", "--json", "TRACE"], ["--help"], ["check", "--help"]])
+def test_check_and_help_start_without_heavy_libraries(tmp_path, argv):
+    trace = tmp_path / "empty.json"
+    trace.write_text(json.dumps({"version": 1, "buffers": {}, "streams": [], "ops": []}))
+    argv = [str(trace) if a == "TRACE" else a for a in argv]
+    r = subprocess.run([sys.executable, "-c", _PROBE, *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    result = json.loads(r.stderr.strip().splitlines()[-1])
+    assert result["status"] == 0, r.stdout + r.stderr
+    assert result["heavy"] == [], f"kvverify {' '.join(argv)} imported {result['heavy']}"
