@@ -66,7 +66,7 @@ def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Verdict
         for (i, j), (a, b, overlap) in sorted(found.items()):
             rule, reason, fix = _explain(order, a, b, overlap)
             races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix))
-        return Verdict(tuple(races), truncated)
+        return Verdict(tuple(races), truncated, trace)
 
 
 # ------------------------------------------------------------------------------------------

@@ -128,6 +128,7 @@ class Kernel:
     reads: tuple[Range, ...] = ()
     writes: tuple[Range, ...] = ()
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +140,7 @@ class Copy:
     src: Range
     dst: Range
     name: str | None = None
+    at: str | None = None
 
     @property
     def copies(self) -> tuple[Transfer, ...]:
@@ -158,6 +160,7 @@ class CopyBatch:
     order: str
     copies: tuple[Transfer, ...]
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +169,7 @@ class Record:
     event: str
     stream: str
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,7 @@ class WaitEvent:
     stream: str
     event: str
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +187,7 @@ class WaitStream:
     stream: str
     on: str
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +195,7 @@ class SyncEvent:
     kind: ClassVar[str] = "sync_event"
     event: str
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +204,7 @@ class QueryEvent:
     event: str
     result: bool
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,12 +212,14 @@ class SyncStream:
     kind: ClassVar[str] = "sync_stream"
     stream: str
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SyncDevice:
     kind: ClassVar[str] = "sync_device"
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +227,7 @@ class HostWrite:
     kind: ClassVar[str] = "host_write"
     ranges: tuple[Range, ...]
     name: str | None = None
+    at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +235,7 @@ class HostRead:
     kind: ClassVar[str] = "host_read"
     ranges: tuple[Range, ...]
     name: str | None = None
+    at: str | None = None
 
 
 Op = (Kernel | Copy | CopyBatch | Record | WaitEvent | WaitStream | SyncEvent | QueryEvent
@@ -262,11 +274,14 @@ def op_to_json(op: Op) -> dict:
         out.update(ranges=[r.to_json() for r in op.ranges])
     if op.name is not None:
         out["name"] = op.name
+    if op.at is not None:
+        out["at"] = op.at
     return out
 
 
 def describe_op(op: Op, index: int) -> str:
-    """``op 3 (copy_batch 'store' on 'offload', ANY)``: how reports name an op."""
+    """``op 3 (copy_batch 'store' on 'offload', ANY) at offload.py:88 in store``: how reports name an
+    op (``at``, where the program issued it, when the trace has it)."""
     bits = [op.kind]
     if op.name:
         bits.append(repr(op.name))
@@ -276,7 +291,7 @@ def describe_op(op: Op, index: int) -> str:
     text = " ".join(bits)
     if isinstance(op, CopyBatch):
         text += f", {op.order}"
-    return f"op {index} ({text})"
+    return f"op {index} ({text})" + (f" at {op.at}" if op.at else "")
 
 
 # --------------------------------------------------------------------------------------------
@@ -340,7 +355,7 @@ class Trace:
 # Validation
 
 
-_COMMON = frozenset(("op", "name"))
+_COMMON = frozenset(("op", "name", "at"))
 _FIELDS: dict[str, tuple[frozenset, frozenset]] = {
     # kind: (required, optional) besides "op" and "name"
     "kernel": (frozenset(("stream",)), frozenset(("reads", "writes"))),
@@ -470,39 +485,42 @@ class _Parser:
         name = raw.get("name")
         if name is not None and not isinstance(name, str):
             self.fail("name", f"expected a string, got {_type_name(name)}")
+        at = raw.get("at")
+        if at is not None and not isinstance(at, str):
+            self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
 
         if kind == "kernel":
             return Kernel(self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
-                          self._ranges(raw, "writes", optional=True), name)
+                          self._ranges(raw, "writes", optional=True), name, at=at)
         if kind == "copy":
             src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
             self._same_length(src, dst, "dst")
-            return Copy(self._stream(raw, "stream"), src, dst, name)
+            return Copy(self._stream(raw, "stream"), src, dst, name, at=at)
         if kind == "copy_batch":
             stream = self._stream(raw, "stream")
             order = raw["order"]
             if order not in ORDERS:
                 self.fail("order", f"unknown order {_show(order)} (expected one of {', '.join(ORDERS)})")
-            return CopyBatch(stream, order, self._copies(raw["copies"]), name)
+            return CopyBatch(stream, order, self._copies(raw["copies"]), name, at=at)
         if kind == "record":
-            return Record(self._event(raw), self._stream(raw, "stream"), name)
+            return Record(self._event(raw), self._stream(raw, "stream"), name, at=at)
         if kind == "wait_event":
-            return WaitEvent(self._stream(raw, "stream"), self._event(raw), name)
+            return WaitEvent(self._stream(raw, "stream"), self._event(raw), name, at=at)
         if kind == "wait_stream":
-            return WaitStream(self._stream(raw, "stream"), self._stream(raw, "on"), name)
+            return WaitStream(self._stream(raw, "stream"), self._stream(raw, "on"), name, at=at)
         if kind == "sync_event":
-            return SyncEvent(self._event(raw), name)
+            return SyncEvent(self._event(raw), name, at=at)
         if kind == "query_event":
             result = raw["result"]
             if not isinstance(result, bool):
                 self.fail("result", f"expected true or false, got {_show(result)}")
-            return QueryEvent(self._event(raw), result, name)
+            return QueryEvent(self._event(raw), result, name, at=at)
         if kind == "sync_stream":
-            return SyncStream(self._stream(raw, "stream"), name)
+            return SyncStream(self._stream(raw, "stream"), name, at=at)
         if kind == "sync_device":
-            return SyncDevice(name)
+            return SyncDevice(name, at=at)
         ranges = self._ranges(raw, "ranges", host=True)
-        return HostWrite(ranges, name) if kind == "host_write" else HostRead(ranges, name)
+        return HostWrite(ranges, name, at=at) if kind == "host_write" else HostRead(ranges, name, at=at)
 
     def _stream(self, raw: dict, field: str) -> str:
         s = raw[field]

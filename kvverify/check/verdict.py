@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvverify.check.model import Range
@@ -52,6 +52,7 @@ class Verdict:
 
     races: tuple[Race, ...] = ()
     truncated: bool = False
+    trace: Trace | None = field(default=None, repr=False, compare=False)  # the trace it decides
 
     @property
     def verdict(self) -> str:
@@ -72,7 +73,9 @@ class Verdict:
         return out
 
     def render(self, trace: Trace | None = None, source: str | None = None) -> str:
-        """A human report: the verdict, then each race with both ops, bytes, kind, why and fix."""
+        """A human report: the verdict, then each race with both ops (and where the program issued
+        them), bytes, kind, why and fix. ``trace`` defaults to the trace the verdict decided."""
+        trace = trace if trace is not None else self.trace
         where = f" in {source}" if source else ""
         if trace is not None:
             where += f" ({len(trace.ops)} ops, {len(trace.streams)} streams)"
