@@ -19,7 +19,7 @@ from kvverify import annotate
 from kvverify.geometry import KVLayout
 from kvverify.scenarios import Params, Program, Scenario, select
 from kvverify.scenarios.contract import CONTRACT_TENSORS, contract, to_trace
-from kvverify.scenarios.program import HOST, Expect, HostRead, HostWrite
+from kvverify.scenarios.program import HOST, Expect, HostConsume, HostFill
 from kvverify.stress.campaign import Campaign, CampaignError
 from kvverify.stress.report import Cell, Observation
 
@@ -68,7 +68,7 @@ def pool_sizes(programs: list[Program], layout: KVLayout, staged: bool):
     tensors = layout.num_tensors
 
     def host_check_pages(p: Program) -> int:
-        pages = [len(s.blocks) for s in p.steps if isinstance(s, (HostWrite, HostRead, Expect)) and s.blocks.pool == HOST]
+        pages = [len(s.blocks) for s in p.steps if isinstance(s, (HostFill, HostConsume, Expect)) and s.blocks.pool == HOST]
         return max(pages + [p.host_slots]) * tensors  # the setup writes every host slot at once
 
     return PoolSizes(
@@ -153,7 +153,7 @@ class Estimate:
 
 def program_blocks(program: Program) -> dict[str, int]:
     """Per trial, in blocks: checked (``Read`` twice, as ``Executor.prepare`` counts), of them on
-    the host, copied, of them into host memory, written by the host (setup and ``HostWrite``);
+    the host, copied, of them into host memory, written by the host (setup and ``HostFill``);
     and the writer / reader kernels (each spins or scans for its window)."""
     from kvverify.scenarios.program import GPU, Read, Write
 
@@ -161,11 +161,11 @@ def program_blocks(program: Program) -> dict[str, int]:
     host_written = program.host_slots
     writes = reads = 0
     for s in program.steps:
-        if isinstance(s, (Read, HostRead, Expect)):
+        if isinstance(s, (Read, HostConsume, Expect)):
             n = len(s.blocks) * (2 if isinstance(s, Read) else 1)
             checked += n
             host_checked += n if s.blocks.pool != GPU else 0
-        elif isinstance(s, HostWrite):
+        elif isinstance(s, HostFill):
             host_written += len(s.blocks)
         if isinstance(s, Write):
             writes += 1

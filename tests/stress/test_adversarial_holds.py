@@ -41,7 +41,7 @@ import torch
 from kvverify.device import host_memory, kernels, ops
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import Params
-from kvverify.scenarios.program import GPU, HOST, Blocks, Copy, HostRead, HostWrite, Program, Swap
+from kvverify.scenarios.program import GPU, HOST, BlockCopy, Blocks, HostConsume, HostFill, Program, Swap
 from kvverify.stress import running
 from kvverify.stress.campaign import load
 from kvverify.stress.executors import adversarial as adversarial_module
@@ -480,7 +480,7 @@ def test_landing_writes_rounds_in_order_with_a_partly_colliding_copy_group(model
     the later copy to host 1 first, so the earlier one (gpu 1) is what host 1 ends with; the
     first group has a block in each round (the partial-group path)."""
     program = Program(("compute", "xfer0"), 3, 2, (
-        Swap("xfer0", (Copy(Blocks(GPU, (0, 1)), Blocks(HOST, (0, 1))), Copy(Blocks(GPU, (2,)), Blocks(HOST, (1,))))),
+        Swap("xfer0", (BlockCopy(Blocks(GPU, (0, 1)), Blocks(HOST, (0, 1))), BlockCopy(Blocks(GPU, (2,)), Blocks(HOST, (1,))))),
     ))
     ex, pools, (data,) = _landing_setup(program)
     try:
@@ -503,8 +503,8 @@ def test_landings_found_done_keep_issue_order_when_one_completes_during_the_quer
     ``_land`` is querying: found done latest first, both land, in issue order, so host 0 ends
     with the second's bytes, also after a later ``_land``."""
     program = Program(("compute", "xfer0"), 2, 1, (
-        Swap("xfer0", (Copy(Blocks(GPU, (0,)), Blocks(HOST, (0,))),)),
-        Swap("xfer0", (Copy(Blocks(GPU, (1,)), Blocks(HOST, (0,))),)),
+        Swap("xfer0", (BlockCopy(Blocks(GPU, (0,)), Blocks(HOST, (0,))),)),
+        Swap("xfer0", (BlockCopy(Blocks(GPU, (1,)), Blocks(HOST, (0,))),)),
     ))
     ex, pools, (first, second) = _landing_setup(program)
     try:
@@ -532,9 +532,9 @@ def test_the_host_lands_copies_before_it_touches_host_blocks(model, monkeypatch)
     from kvverify.stress.executors import contents
 
     program = Program(("compute", "xfer0"), 1, 1, (
-        Swap("xfer0", (Copy(Blocks(HOST, (0,)), Blocks(GPU, (0,))),)),
-        HostWrite(Blocks(HOST, (0,)), 2),
-        HostRead(Blocks(HOST, (0,)), 2),
+        Swap("xfer0", (BlockCopy(Blocks(HOST, (0,)), Blocks(GPU, (0,))),)),
+        HostFill(Blocks(HOST, (0,)), 2),
+        HostConsume(Blocks(HOST, (0,)), 2),
     ))
     ex, pools, (load_swap,) = _landing_setup(program)
     calls = []

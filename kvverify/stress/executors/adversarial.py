@@ -208,8 +208,8 @@ class AdversarialExecutor(Executor):
             torch = self.torch
             tensors = self.pools.tensors
             block_round = batch_rounds(data.pairs)
-            # Page k of the batch belongs to block copy k // tensors within its Copy group:
-            # pages were laid out Copy by Copy, tensor-major inside each.
+            # Page k of the batch belongs to block copy k // tensors within its BlockCopy group:
+            # pages were laid out BlockCopy by BlockCopy, tensor-major inside each.
             page_round, k = [], 0
             for copy in data.step.copies:
                 n = len(copy.src)
