@@ -284,12 +284,12 @@ def _interrupts():
 
 
 def _run_one(args, c, layout, console, err, several: bool, deadline: float | None = None) -> int:
-    from kvverify.stress import render, running
+    from kvverify.stress import planning, render
     from kvverify.stress.report import CellResult, StressReport
 
     try:
-        params, note = running.fit_params(c, layout)
-        planned = running.plan(c, layout, params)
+        params, note = planning.fit_params(c, layout)
+        planned = planning.plan(c, layout, params)
     except (CampaignError, ValueError) as exc:
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
@@ -301,7 +301,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     outcomes: dict = {}
     with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
         if reason is None:
-            _say(err, f"{running.estimate(planned, c, layout).line()} "
+            _say(err, f"{planning.estimate(planned, c, layout).line()} "
                       f"({c.name}, {layout.geometry.name}, {layout.block_bytes / 2**20:g} MiB blocks, "
                       f"{params.blocks_per_transfer} blocks x {params.transfers} transfers)")
             outcomes = _execute_with_progress(planned, c, layout, params, console, err, deadline)

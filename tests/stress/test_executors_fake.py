@@ -14,7 +14,7 @@ from fake_device import fake_device  # noqa: F401  (fixture)
 
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import Params
-from kvverify.stress import running
+from kvverify.stress import planning, running
 from kvverify.stress.campaign import load
 
 TINY = KVLayout(ModelGeometry("tiny", 2, 1, 16, 2), block_size=4)  # 128-byte pages, 4 tensors
@@ -27,7 +27,7 @@ def _campaign(**changes):
 
 
 def _run(campaign, device):
-    planned = running.plan(campaign, TINY, PARAMS)
+    planned = planning.plan(campaign, TINY, PARAMS)
     return planned, running.execute(planned, campaign, TINY, PARAMS, device=device)
 
 
@@ -69,7 +69,7 @@ def test_a_stale_block_is_seen(fake_device, monkeypatch):
 
 def test_injected_fault_fails_one_cell_and_the_run_goes_on(fake_device, monkeypatch):
     c = _campaign(scenarios=("P2",), orders=("STREAM",), executors=("native",))
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     monkeypatch.setenv(running.FAIL_CELL_ENV, planned[0].cell.label)
     outcomes = running.execute(planned, c, TINY, PARAMS, device=fake_device)
     assert "injected" in outcomes[planned[0].cell].error
@@ -124,7 +124,7 @@ def test_ctrl_c_frees_every_pool(fake_device, monkeypatch):
     monkeypatch.setattr(pools, "allocate_host", tracking)
     monkeypatch.setattr(native.NativeExecutor, "_swap", interrupted)
     c = _campaign(scenarios=("P2",), executors=("native",), data="random")
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     with pytest.raises(KeyboardInterrupt):
         running.execute(planned, c, TINY, PARAMS, device=fake_device)
     assert len(made) == 2 and not any(buf._live for buf in made)

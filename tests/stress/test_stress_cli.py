@@ -12,7 +12,7 @@ import pytest
 
 from kvverify.geometry import KVLayout, ModelGeometry, preset
 from kvverify.scenarios import SCENARIOS, Params
-from kvverify.stress import running
+from kvverify.stress import planning
 from kvverify.stress.campaign import CampaignError, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -113,7 +113,7 @@ TINY = KVLayout(ModelGeometry("tiny", 2, 2, 64, 2), block_size=16)
 
 def test_plan_gives_every_executor_the_same_contract():
     c = load("smoke").override(scenarios=("H5",))
-    planned = running.plan(c, TINY)
+    planned = planning.plan(c, TINY)
     assert len(planned) == 2 * 3 * 3 * 2
     by_key = {}
     for pc in planned:
@@ -126,23 +126,23 @@ def test_plan_gives_every_executor_the_same_contract():
 
 def test_trials_reach_the_checked_bytes_within_bounds():
     c = load("smoke").override(trials=2, max_trials=10, min_checked=2**20)
-    assert running.trials_for(c, 2**18, "native") == 4
-    assert running.trials_for(c, 2**30, "native") == 2
-    assert running.trials_for(c, 2**30, "adversarial") == 3  # each schedule once
-    assert running.trials_for(c, 1, "native") == 10
+    assert planning.trials_for(c, 2**18, "native") == 4
+    assert planning.trials_for(c, 2**30, "native") == 2
+    assert planning.trials_for(c, 2**30, "adversarial") == 3  # each schedule once
+    assert planning.trials_for(c, 1, "native") == 10
 
 
 def test_fit_params_shrinks_blocks_to_the_memory_caps():
     layout = KVLayout(preset("llama-3.1-8b"))
     c = load("smoke")
-    params, note = running.fit_params(c, layout)
+    params, note = planning.fit_params(c, layout)
     assert params == Params(c.blocks_per_transfer, 4) and note is None
     small = c.override(host_mem=64 * 2**20)
-    params, note = running.fit_params(small, layout)
+    params, note = planning.fit_params(small, layout)
     assert params.blocks_per_transfer < c.blocks_per_transfer
     assert f"blocks_per_transfer lowered from {c.blocks_per_transfer}" in note
     with pytest.raises(CampaignError, match="does not fit"):
-        running.fit_params(c.override(gpu_mem=2**20), layout)
+        planning.fit_params(c.override(gpu_mem=2**20), layout)
 
 
 def test_fit_params_finds_the_largest_fitting_blocks_quickly():
@@ -152,26 +152,26 @@ def test_fit_params_finds_the_largest_fitting_blocks_quickly():
 
     layout = KVLayout(preset("llama-3.1-8b"))
     small = load("smoke").override(host_mem=64 * 2**20)
-    got = {n: running.fit_params(small.override(blocks_per_transfer=n), layout)[0].blocks_per_transfer
+    got = {n: planning.fit_params(small.override(blocks_per_transfer=n), layout)[0].blocks_per_transfer
            for n in (3, 5, 200, 1000, 5000)}
     best = got[5000]
     assert got == {3: min(3, best), 5: min(5, best), 200: best, 1000: best, 5000: best}
     programs = [s.program(d, Params(best + 1, small.transfers)) for s in SCENARIOS.values() for d in s.directions]
-    sizes = running.pool_sizes(programs, layout, staged=True)
+    sizes = planning.pool_sizes(programs, layout, staged=True)
     host = sizes.host_bytes(layout) + sizes.snapshot_pages * layout.page_bytes  # + the adversarial snapshot area
     assert host > small.host_mem  # best + 1 would not fit
     start = time.monotonic()
-    params, note = running.fit_params(load("smoke").override(blocks_per_transfer=10**8), layout)
+    params, note = planning.fit_params(load("smoke").override(blocks_per_transfer=10**8), layout)
     assert time.monotonic() - start < 30 and "lowered from 100000000" in note
     assert params.blocks_per_transfer <= load("smoke").gpu_mem // layout.block_bytes
 
 
 def test_pool_sizes_cover_every_program():
     programs = [s.program(d, Params(4, 3)) for s in SCENARIOS.values() for d in s.directions]
-    sizes = running.pool_sizes(programs, TINY, staged=True)
+    sizes = planning.pool_sizes(programs, TINY, staged=True)
     assert sizes.gpu_slots == max(p.gpu_slots for p in programs)
     assert sizes.staging_pages >= sizes.host_slots * TINY.num_tensors
-    assert running.pool_sizes(programs, TINY, staged=False).staging_pages == 0
+    assert planning.pool_sizes(programs, TINY, staged=False).staging_pages == 0
 
 
 def test_no_gpu_flag_gives_contract_verdicts_only():

@@ -1,7 +1,7 @@
 """The stress harness on a GPU: every scenario of the catalogue, both executors, three host
 memory kinds, with small pages so the whole matrix runs in seconds.
 
-The expectation of each cell comes from the checker (``running.plan``), never from a table:
+The expectation of each cell comes from the checker (``planning.plan``), never from a table:
 a SAFE cell shows no corruption under either executor; a RACY cell shows corruption under
 the adversarial executor (the positive controls). Broken and fixed forms of every hazard
 are therefore covered under both executors.
@@ -18,7 +18,7 @@ import pytest
 
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import SCENARIOS, Params
-from kvverify.stress import running
+from kvverify.stress import planning, running
 from kvverify.stress.campaign import load
 
 pytestmark = pytest.mark.gpu
@@ -34,7 +34,7 @@ def _campaign(**changes):
 
 
 def _run(campaign):
-    planned = running.plan(campaign, TINY, PARAMS)
+    planned = planning.plan(campaign, TINY, PARAMS)
     outcomes = running.execute(planned, campaign, TINY, PARAMS)
     return planned, outcomes
 
@@ -96,7 +96,7 @@ def test_random_data_native_is_clean_on_safe_cells():
 
 def test_injected_fault_fails_one_cell_and_the_run_goes_on(monkeypatch):
     c = _campaign(scenarios=("P2",), host_memory=("pinned",), orders=("STREAM",))
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     monkeypatch.setenv(running.FAIL_CELL_ENV, planned[0].cell.label)
     outcomes = running.execute(planned, c, TINY, PARAMS)
     assert outcomes[planned[0].cell].error and "injected" in outcomes[planned[0].cell].error
