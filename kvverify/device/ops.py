@@ -148,7 +148,7 @@ def swap_blocks_batch(
             probe for addresses CUDA does not know) and reject, with a ``ValueError`` naming the
             copy, a device copy running past its allocation or an address that is neither CUDA
             memory nor mapped host memory. The driver treats such an address as pageable host
-            memory and the process dies with SIGSEGV (seen on H200, driver 580; docs/op.md).
+            memory and the process dies with SIGSEGV (docs/op.md).
             Costs a lookup per address; ``False`` skips it. Direct ``torch.ops`` callers never get
             it, nor does the cuda-python backend where the extension is not built.
 

@@ -124,11 +124,10 @@ def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) 
 
 # -- cost estimate (no GPU) ------------------------------------------------------------------
 
-# Rough rates of one H200 host (PCIe Gen5 x16): DMA and kernel access over PCIe, the device's
-# own memory, and host-side passes over pageable memory (driver staging, CPU copies).
+# Rough rates of one H200 host (PCIe Gen5 x16; docs/stress.md): DMA and kernel access over PCIe,
+# the device's own memory, and host-side passes over pageable memory (driver staging, CPU copies).
 PCIE_BPS, DEVICE_BPS, PAGEABLE_BPS = 50e9, 2e12, 10e9
-# A device-to-host batch into pageable memory pays per page, whatever its size: ~30 µs per page
-# on the H200 (driver 580; the smoke's native pageable store cells, docs/stress.md).
+# A device-to-host batch into pageable memory pays per page, whatever its size.
 PAGEABLE_D2H_PAGE_S = 30e-6
 TRIAL_FIXED_S = 4e-3  # Python issue, syncs and polls of one trial
 
