@@ -192,9 +192,11 @@ class CudaPlatform(Platform):
         return Recorder.stream_key(int(stream.cuda_stream), device)
 
     def _wrap_host_register(self, recorder: Recorder, guard) -> None:
-        cudart = getattr(self.torch.cuda, "cudart", None)
-        module = cudart() if cudart is not None else None
-        if module is None or not hasattr(module, "cudaHostRegister"):
+        try:
+            module = self.torch.cuda.cudart()
+        except Exception:  # no CUDA runtime module in this torch build: nothing to wrap
+            return
+        if not hasattr(module, "cudaHostRegister"):
             return
         register, unregister = module.cudaHostRegister, module.cudaHostUnregister
 

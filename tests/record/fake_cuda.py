@@ -24,6 +24,7 @@ from kvverify.record.dispatch import Platform
 from kvverify.record.recorder import LEGACY_STREAM, Recorder
 
 _handles = itertools.count(0x7000_0000, 0x100)
+SHARED: list[FakeCuda] = []  # the stand-in of programs run by `kvverify record` in-process (shared())
 
 
 class FakeStream:
@@ -215,6 +216,14 @@ def swap_ops():
             lib.impl(schema.split("(")[0], run, "CompositeExplicitAutograd")
             _LIBRARIES.append(lib)
     return torch.ops.kvtest.swap_blocks_batch, torch.ops.engine.transfer
+
+
+def shared() -> FakeCuda:
+    """One stand-in per process, for programs the tests run in-process (``kvverify record``,
+    the pytest plugin) that cannot be handed an object."""
+    if not SHARED:
+        SHARED.append(FakeCuda())
+    return SHARED[0]
 
 
 def ptrs(*values) -> torch.Tensor:
