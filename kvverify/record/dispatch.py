@@ -168,8 +168,9 @@ class RecordingMode(TorchDispatchMode):
         base = qualified.split("::")[-1]
         launches = not base.startswith(("empty", "new_empty", "_empty"))
         handler = RecordingMode._generic
-        if qualified in NO_ACCESS:
-            handler = None
+        view = not fresh and all(metadata_only and not is_write for _, _, is_write, metadata_only in tensor_args)
+        if qualified in NO_ACCESS or (view and schema.name.startswith("aten::")):
+            handler = None  # launches nothing, or only makes a view of its input
         elif qualified == "aten::copy_":
             handler = RecordingMode._copy
         elif qualified == "aten::_to_copy":
@@ -248,7 +249,7 @@ class RecordingMode(TorchDispatchMode):
         writes: list = []
         host_reads: list = []
         host_writes: list = []
-        inputs: set[int] = set()
+        inputs: set[int] = set()  # storages of the inputs, where an output may alias one
         for k, name, is_write, metadata_only in info.tensor_args:
             value = args[k] if k < len(args) else kwargs.get(name)
             for t in _tensors(value):
@@ -257,7 +258,8 @@ class RecordingMode(TorchDispatchMode):
                     continue
                 if w == "device" and stream is None:
                     stream = self.platform.stream_key(t)
-                inputs.add(t.untyped_storage().data_ptr())
+                if info.fresh_returns:
+                    inputs.add(t.untyped_storage().data_ptr())
                 if metadata_only:
                     continue
                 span = self.span(t, w, at)

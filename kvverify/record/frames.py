@@ -17,14 +17,16 @@ from pathlib import Path
 
 _RECORD_DIR = Path(__file__).resolve().parent
 _DEVICE_DIR = _RECORD_DIR.parent / "device"
+USER_CODE = ("demo.py",)  # the recorder's demo stands for a user's program
 
 
 def library_dirs() -> tuple[str, ...]:
-    """The folders whose frames are never the user's: torch, kvverify's recorder and its op
-    wrappers (``kvverify/device``: a swap issued through ``kvverify.swap_blocks_batch`` is located
-    at the user's call). The standard library (``runpy``, ``contextlib``, ``threading``) is
-    library code too, but not the installed packages under it (``site-packages``)."""
-    dirs = [str(_RECORD_DIR), str(_DEVICE_DIR)]
+    """The folders (and files) whose frames are never the user's: torch, the recorder's modules
+    (not its demo) and kvverify's op wrappers (``kvverify/device``: a swap issued through
+    ``kvverify.swap_blocks_batch`` is located at the user's call). The standard library
+    (``runpy``, ``contextlib``, ``threading``) is library code too, but not the installed packages
+    under it (``site-packages``)."""
+    dirs = [str(p) for p in sorted(_RECORD_DIR.glob("*.py")) if p.name not in USER_CODE] + [str(_DEVICE_DIR)]
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         dirs.append(str(Path(torch.__file__).resolve().parent))

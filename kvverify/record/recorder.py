@@ -72,6 +72,7 @@ class Recorder:
         self._events: dict[int, str] = {}  # handle -> name of its current incarnation
         self._event_serial = 0
         self._stream_serial = 0
+        self._in_op = False
         self._held: list[dict] | None = None  # ops reported while an op runs
 
     # -- names -------------------------------------------------------------------------------
@@ -110,20 +111,24 @@ class Recorder:
         self.counts[op["op"]] += 1
 
     def _emit(self, op: dict) -> None:
-        if self._held is not None:
+        if self._in_op:
+            if self._held is None:
+                self._held = []
             self._held.append(op)
         else:
             self._append(op)
 
     def begin_op(self) -> None:
         """An op starts running: hold back what is reported until ``end_op``."""
-        self._held = []
+        self._in_op = True
 
     def end_op(self) -> None:
         """The op is in the log (or failed): release what was reported while it ran."""
-        held, self._held = self._held or [], None
-        for op in held:
-            self._append(op)
+        self._in_op = False
+        if self._held is not None:
+            held, self._held = self._held, None
+            for op in held:
+                self._append(op)
 
     def issued(self, op: dict) -> None:
         """Log device work or a host access built by the dispatcher hook (``op`` in the format of

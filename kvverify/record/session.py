@@ -14,6 +14,7 @@ the dispatcher cannot see; outside a recording they do nothing, so they can stay
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import threading
@@ -84,6 +85,10 @@ class Recording:
             self._built = self._verdict = None
             self.running = True
             _active = self
+            # The log grows by a few objects per op, and the collector's full passes would walk
+            # the whole heap (torch's included, hundreds of thousands of objects) over and over:
+            # what existed before the recording is left out of them until it stops.
+            gc.freeze()
         return self
 
     def stop(self) -> None:
@@ -95,6 +100,7 @@ class Recording:
             try:
                 self._mode.__exit__(None, None, None)
             finally:
+                gc.unfreeze()
                 self._platform_in_use.uninstall()
                 self.running = False
                 _active = None

@@ -218,6 +218,32 @@ def swap_ops():
     return torch.ops.kvtest.swap_blocks_batch, torch.ops.engine.transfer
 
 
+class DemoDevice:
+    """``kvverify.record.demo.Cuda`` on the stand-in: the demo's engine runs on the CPU."""
+
+    def __init__(self, fake: FakeCuda) -> None:
+        self.fake = fake
+        self.swap = swap_ops()[0]
+
+    def zeros(self, *shape: int, dtype=torch.uint8) -> torch.Tensor:
+        return self.fake.device(*shape, dtype=dtype)
+
+    def pinned(self, *shape: int, dtype=torch.uint8) -> torch.Tensor:
+        return self.fake.pinned(*shape, dtype=dtype)
+
+    def new_stream(self) -> FakeStream:
+        return self.fake.stream()
+
+    def new_event(self) -> FakeEvent:
+        return self.fake.event()
+
+    def stream(self, stream: FakeStream):
+        return self.fake.use(stream)
+
+    def synchronize(self) -> None:
+        self.fake.synchronize()
+
+
 def shared() -> FakeCuda:
     """One stand-in per process, for programs the tests run in-process (``kvverify record``,
     the pytest plugin) that cannot be handed an object."""
