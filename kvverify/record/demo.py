@@ -49,12 +49,23 @@ class Shape:
     with at most ``in_flight`` transfers pending."""
 
     layers: int = 4
-    gpu_blocks: int = 32
+    gpu_blocks: int = 36
     cpu_blocks: int = 32
     block_bytes: int = 4096
     blocks_per_transfer: int = 2
     in_flight: int = 4
     steps: int = 3
+    hidden: int = 0  # the model's own work: per layer, (tokens, hidden) @ (hidden, hidden) in fp16; 0: none
+    tokens: int = 256
+
+    def __post_init__(self) -> None:
+        n = self.blocks_per_transfer
+        # each step takes three runs of n blocks; a run comes back two steps later at the earliest,
+        # once the store that read it was seen complete
+        if self.gpu_blocks % (3 * n) or self.gpu_blocks < 6 * n:
+            raise ValueError(f"gpu_blocks must be a multiple of {3 * n}, at least {6 * n}; got {self.gpu_blocks}")
+        if self.cpu_blocks % n or self.cpu_blocks < 2 * n:
+            raise ValueError(f"cpu_blocks must be a multiple of {n}, at least {2 * n}; got {self.cpu_blocks}")
 
 
 class Cuda:
@@ -157,10 +168,15 @@ class Engine:
         self.descriptor = cuda.pinned(shape.blocks_per_transfer, dtype=torch.int64)
         self.block_ids = cuda.zeros(shape.blocks_per_transfer, dtype=torch.int64)
         self.scores = cuda.zeros(1, dtype=torch.int64)
+        if shape.hidden:
+            self.hidden = [cuda.zeros(shape.tokens, shape.hidden, dtype=torch.float16) for _ in range(2)]
+            self.weight = cuda.zeros(shape.hidden, shape.hidden, dtype=torch.float16)
         self.descriptor_copied = None
         self.jobs = 0
         self.last_store: int | None = None
-        self.loaded: dict[int, int] = {}  # GPU block -> CPU block it was loaded from
+        # what the blocks hold when every transfer is right: CPU blocks, and the GPU blocks a load filled
+        self.cpu_value = dict.fromkeys(range(shape.cpu_blocks), 7)
+        self.expected: dict[int, int] = {}
         cuda.synchronize()  # the caches were made on the current stream, not on compute
 
     def _stage_descriptor(self, blocks) -> None:
@@ -186,6 +202,9 @@ class Engine:
         with self.cuda.stream(self.compute):
             for layer in self.gpu:
                 torch.sum(layer[blocks[0]:blocks[-1] + 1], dim=(0, 1), dtype=torch.int64, out=self.scores[0])  # <- attend
+                if self.shape.hidden:
+                    torch.mm(self.hidden[0], self.weight, out=self.hidden[1])
+                    self.hidden.reverse()
 
     def _transfer(self, store: bool, src, dst, wait_compute: bool = True) -> int:
         self.jobs += 1
@@ -194,7 +213,7 @@ class Engine:
         end = self.handler.transfer_async(self.jobs, store, src, dst, wait_compute=wait_compute)
         if not store:
             self.compute.wait_event(end)  # attention over loaded blocks waits for the load (H6)
-            self.loaded.update(zip(dst, src))
+            self.expected.update((g, self.cpu_value[c]) for g, c in zip(dst, src))
         return self.jobs
 
     def step(self, k: int) -> None:
@@ -202,7 +221,8 @@ class Engine:
         (newly allocated: zero-filled, then a cached prefix loaded into it) and ``reused`` (freed
         by a finished request whose attention is still queued, then loaded into)."""
         n = self.shape.blocks_per_transfer
-        a = list(range(3 * n * k, 3 * n * k + n))
+        first = 3 * n * k % self.shape.gpu_blocks
+        a = list(range(first, first + n))
         fresh = [b + n for b in a]
         reused = [b + 2 * n for b in a]
         stored = [(n * k + i) % self.shape.cpu_blocks for i in range(n)]
@@ -210,10 +230,13 @@ class Engine:
         # at first, blocks the host filled
         source = [(n * (k - 1) + i) % self.shape.cpu_blocks for i in range(n)] if k else \
             [self.shape.cpu_blocks - n + i for i in range(n)]
+        for b in a + fresh:
+            self.expected.pop(b, None)  # written again this step
         self._stage_descriptor(a)
         self._write_kv(a, k + 1)
         self._attend(a)
         previous, self.last_store = self.last_store, self._transfer(True, a, stored)
+        self.cpu_value.update(dict.fromkeys(stored, k + 1))
         if previous is not None:
             self.handler.wait(previous)
         self._zero_fresh(fresh)
@@ -233,11 +256,12 @@ class Engine:
         self.cuda.synchronize()
 
     def corrupted_loads(self) -> int:
-        """Pages of loaded GPU blocks that do not hold what was loaded into them, checked on the
-        host after the run (a zero-fill that landed after its load shows here)."""
+        """Pages (one block of one layer) of the last loads into each GPU block that do not hold what
+        a right run puts there, checked on the host after the run: a zero-fill that landed after
+        its load, a store that read a block before its write (what it stored is loaded later)."""
         bad = 0
-        for g, c in self.loaded.items():
-            bad += sum(int(not torch.equal(gl[g].cpu(), cl[c])) for gl, cl in zip(self.gpu, self.cpu))
+        for block, value in self.expected.items():
+            bad += sum(int(not bool((layer[block] == value).all())) for layer in self.gpu)
         return bad
 
 

@@ -26,3 +26,12 @@ def test_every_mistake_of_the_demo_has_an_expectation():
     assert set(EXPECTED) == {None, *demo.MISTAKES}
     with pytest.raises(ValueError, match="unknown mistake 'typo'"):
         demo.Engine(demo.Shape(), "typo", cuda=DemoDevice(FakeCuda()))
+
+
+def test_the_demo_counts_a_loaded_page_that_does_not_hold_what_was_loaded():
+    engine = demo.Engine(demo.Shape(), None, cuda=DemoDevice(FakeCuda()))
+    engine.run()
+    assert engine.corrupted_loads() == 0
+    block = next(iter(engine.expected))
+    engine.gpu[1][block].zero_()  # as a zero-fill landing after the load would
+    assert engine.corrupted_loads() == 1
