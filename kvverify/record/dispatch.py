@@ -50,7 +50,7 @@ NO_ACCESS = frozenset(("aten::record_stream", "aten::is_pinned", "aten::set_", "
                        "kvverify::check_pointers", "kvverify::spin", "kvverify::batch_api_available",
                        "kvverify::driver_version"))
 FACTORY = re.compile(r"(new_.*|.*_like)$")  # tensor arguments give only shape and dtype
-POINTER_MEMORY = 1 << 20  # pointer tensors whose values are kept (entries, oldest dropped first)
+POINTER_TABLES = 16384  # device pointer tensors whose values are kept, the oldest dropped first
 
 
 class Platform:
@@ -77,8 +77,18 @@ class Platform:
         return []
 
     def host_range(self, address: int) -> tuple[int, int, str] | None:
-        """``(base, bytes, space)`` of the CUDA host allocation holding ``address``, or None."""
+        """``(base, bytes, space)`` of the CUDA allocation holding ``address`` that the allocator
+        does not know of (pinned or registered host memory, raw ``cudaMalloc``), or None."""
         return None
+
+    def install(self, recorder: Recorder, guard: Callable[[Callable], Callable]) -> None:
+        """Start reporting streams, events and synchronization to ``recorder``, each report
+        through ``guard(callback)`` (which drops other threads' and the recorder's own)."""
+        raise NotImplementedError
+
+    def uninstall(self) -> None:
+        """Stop reporting (idempotent)."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -120,12 +130,12 @@ class RecordingMode(TorchDispatchMode):
     ``swap_ops``: qualified names (``"ns::name"``) of ops with the batched swap's schema
     (``Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes`` and ``int src_access_order`` or ``bool
     is_src_access_order_any``), besides ``kvverify::swap_blocks_batch``; any op named
-    ``*::swap_blocks_batch`` of that schema counts too. ``internal``: a context manager the mode
-    enters while it reads pointer tensors back (the hooks then report nothing).
+    ``*::swap_blocks_batch`` of that schema counts too. ``internal``: a context manager factory
+    the mode enters while it reads pointer tensors back (the hooks then report nothing).
     """
 
-    def __init__(self, recorder: Recorder, platform: Platform, swap_ops: Iterable[str] = (),
-                 internal=None) -> None:
+    def __init__(self, recorder: Recorder, platform: Platform, swap_ops: Iterable[str],
+                 internal: Callable) -> None:
         super().__init__()
         self.rec = recorder
         self.platform = platform
@@ -357,8 +367,6 @@ class RecordingMode(TorchDispatchMode):
             if self.rec.memory.find(t.data_ptr()) is allocation and current == version and len(values) == t.numel():
                 return values
         self.rec.notes["pointer tensors read back from the device (no host copy of them seen)"] += 1
-        if self._internal is None:
-            return self.platform.read_values(t)
         with self._internal():
             return self.platform.read_values(t)
 
@@ -372,7 +380,7 @@ class RecordingMode(TorchDispatchMode):
             version = 0
         self._pointers[dst.data_ptr()] = (allocation, version, src.detach().contiguous().view(-1).numpy().copy())
         self._pointers.move_to_end(dst.data_ptr())
-        while len(self._pointers) > POINTER_MEMORY // 64:
+        while len(self._pointers) > POINTER_TABLES:
             self._pointers.popitem(last=False)
 
     def _resolve(self, addresses: np.ndarray, lengths: np.ndarray, what: str, at: str | None):

@@ -161,7 +161,8 @@ class CudaPlatform(Platform):
         report_stream = guard(lambda key, result: recorder.stream_queried(key, result))
 
         def wrap_method(cls, name: str, report: Callable) -> None:
-            original = cls.__dict__[name]
+            own = cls.__dict__.get(name)  # defined by the class itself, or inherited (put back by deleting ours)
+            original = own if own is not None else getattr(cls, name)
 
             def query(obj):
                 result = original(obj)
@@ -170,7 +171,7 @@ class CudaPlatform(Platform):
 
             query.__doc__ = original.__doc__
             setattr(cls, name, query)
-            self._undo.append(lambda: setattr(cls, name, original))
+            self._undo.append(lambda: setattr(cls, name, own) if own is not None else delattr(cls, name))
 
         def event_handle(e) -> int:
             return int(e.cuda_event if hasattr(e, "cuda_event") else e.event_id)

@@ -138,8 +138,9 @@ def test_without_a_cuda_device_it_says_so_in_one_line_and_exits_2(program, capsy
     assert not (Path(program).parent / "kvverify-trace.json").exists()
 
 
-def test_record_help_starts_without_torch():
+def test_record_help_the_package_and_the_pytest_plugin_import_without_torch():
     probe = "import sys; from kvverify.cli import main\ntry: main(['record', '--help'])\nexcept SystemExit: pass\n" \
+            "import kvverify.record, kvverify.record.pytest_plugin\n" \
             "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules), file=sys.stderr)"
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert "-- COMMAND" in r.stdout and "exit status" in r.stdout
