@@ -18,7 +18,8 @@ exit status:
      both ops and the lines that issued them, the bytes, the kind, why, and a fix)
   N  the program's own exit status, when it failed (the trace is written and checked anyway)
   2  nothing was recorded: no CUDA device, a torch without the GPU-trace hooks, or a
-     command this cannot run in-process (one line on stderr says which)
+     command this cannot run in-process (one line on stderr says which); or the
+     recorder failed on some ops and found no race in the rest (the summary lists them)
 
 The program runs in this process (runpy for scripts and modules, pytest.main for pytest),
 on the thread that records: work issued from other threads is not recorded (docs/record.md).
@@ -172,4 +173,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
     if status != 0:
         print(f"kvverify record: the program exited with status {status}", file=sys.stderr)
         return status
+    if verdict.safe and not rec.complete():
+        print("kvverify record: the recorder failed on some ops (listed above): SAFE covers only what was recorded",
+              file=sys.stderr)
+        return 2
     return 0 if verdict.safe else 1

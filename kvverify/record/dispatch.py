@@ -41,6 +41,7 @@ from kvverify.record.recorder import CopyArrays, Recorder
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
 
 DEFAULT_SWAP_OPS = ("kvverify::swap_blocks_batch",)
+RECORDER_ERROR = "NOT RECORDED (a recorder error; the trace misses these ops):"
 SWAP_ORDER_ARGS = ("src_access_order", "is_src_access_order_any")
 # kvverify's harness kernels: each reaches ``block_bytes`` at every address of ``block_ptrs``.
 POINTER_KERNELS = {"kvverify::write_blocks": "writes", "kvverify::read_blocks": "reads",
@@ -157,7 +158,10 @@ class RecordingMode(TorchDispatchMode):
         rec.begin_op()
         try:
             out = func(*args, **kwargs)
-            info.handler(self, info, args, kwargs, out)
+            try:
+                info.handler(self, info, args, kwargs, out)
+            except Exception as exc:  # the program must run on: the summary says what is missing
+                rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
         finally:
             rec.end_op()
         return out

@@ -122,17 +122,21 @@ class CudaPlatform(Platform):
         activate()
         self._probe(gpu_trace)
         key = self._callback_key
-        callbacks = (
-            (gpu_trace.EventCreationCallbacks, recorder.event_created),
-            (gpu_trace.EventDeletionCallbacks, recorder.event_deleted),
-            (gpu_trace.EventRecordCallbacks, lambda e, s: recorder.event_recorded(e, key(s))),
-            (gpu_trace.EventWaitCallbacks, lambda e, s: recorder.event_waited(e, key(s))),
-            (gpu_trace.EventSynchronizationCallbacks, recorder.event_synchronized),
-            (gpu_trace.StreamSynchronizationCallbacks, lambda s: recorder.stream_synchronized(key(s))),
-            (gpu_trace.DeviceSynchronizationCallbacks, recorder.device_synchronized),
-            (gpu_trace.MemoryAllocationCallbacks, recorder.memory_allocated),
-            (gpu_trace.MemoryDeallocationCallbacks, recorder.memory_freed),
-        )
+        try:
+            callbacks = (
+                (gpu_trace.EventCreationCallbacks, recorder.event_created),
+                (gpu_trace.EventDeletionCallbacks, recorder.event_deleted),
+                (gpu_trace.EventRecordCallbacks, lambda e, s: recorder.event_recorded(e, key(s))),
+                (gpu_trace.EventWaitCallbacks, lambda e, s: recorder.event_waited(e, key(s))),
+                (gpu_trace.EventSynchronizationCallbacks, recorder.event_synchronized),
+                (gpu_trace.StreamSynchronizationCallbacks, lambda s: recorder.stream_synchronized(key(s))),
+                (gpu_trace.DeviceSynchronizationCallbacks, recorder.device_synchronized),
+                (gpu_trace.MemoryAllocationCallbacks, recorder.memory_allocated),
+                (gpu_trace.MemoryDeallocationCallbacks, recorder.memory_freed),
+            )
+        except AttributeError as exc:
+            raise RecordingError(f"torch {torch.__version__}'s torch.cuda._gpu_trace lacks a callback registry the "
+                                 f"recorder needs ({exc})") from None
         for registry, fn in callbacks:
             cb = guard(fn)
             registry.callback_list.append(cb)

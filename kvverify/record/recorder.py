@@ -43,9 +43,6 @@ class CopyArrays:
     dst_offset: object
     size: object
 
-    def __len__(self) -> int:
-        return len(self.size)
-
 
 def short_at(at: str | None) -> str:
     """``offload.py:41`` from ``tests/offload.py:41 in store``: how names point at code."""
@@ -66,7 +63,6 @@ class Recorder:
         self.locate = locate
         self.memory = MemoryMap()
         self.ops: list[dict] = []
-        self.counts: Counter = Counter()  # ops logged, by kind
         self.notes: Counter = Counter()  # what the summary should mention, and how often
         self._streams: dict[object, str] = {}
         self._events: dict[int, str] = {}  # handle -> name of its current incarnation
@@ -106,17 +102,13 @@ class Recorder:
 
     # -- the log -----------------------------------------------------------------------------
 
-    def _append(self, op: dict) -> None:
-        self.ops.append(op)
-        self.counts[op["op"]] += 1
-
     def _emit(self, op: dict) -> None:
         if self._in_op:
             if self._held is None:
                 self._held = []
             self._held.append(op)
         else:
-            self._append(op)
+            self.ops.append(op)
 
     def begin_op(self) -> None:
         """An op starts running: hold back what is reported until ``end_op``."""
@@ -128,12 +120,12 @@ class Recorder:
         if self._held is not None:
             held, self._held = self._held, None
             for op in held:
-                self._append(op)
+                self.ops.append(op)
 
     def issued(self, op: dict) -> None:
         """Log device work or a host access built by the dispatcher hook (``op`` in the format of
         this module: spans instead of ranges). Goes before anything held back."""
-        self._append(op)
+        self.ops.append(op)
 
     # -- streams, events, synchronization (GPU-trace callbacks and patched methods) ------------
 

@@ -155,6 +155,13 @@ class Recording:
             json.dump(self.trace(), f, indent=1)
             f.write("\n")
 
+    def complete(self) -> bool:
+        """False when the recorder failed on some op (the summary names them): a SAFE verdict
+        then covers only what was recorded."""
+        from kvverify.record.dispatch import RECORDER_ERROR
+
+        return not any(note.startswith(RECORDER_ERROR) for note in self.summary().notes)
+
     def report(self, source: str | None = None) -> str:
         """The checker's report of the trace, then the summary of the recording."""
         text = self.check().render(source=source)

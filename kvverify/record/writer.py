@@ -45,6 +45,9 @@ class Summary:
         if self.kernels_summarized or self.accesses_summarized:
             out.append(f"summarized {self.kernels_summarized} kernels and {self.accesses_summarized} accesses to "
                        "buffers no copy and no host access touches (--keep-all writes them)")
+        if self.records_dropped or self.queries_collapsed:
+            out.append(f"left out {self.records_dropped} records of events nothing waits on, synchronizes with or "
+                       f"queries, and {self.queries_collapsed} repeated 'not yet' answers of polls")
         if self.unresolved:
             out.append(f"{len(self.unresolved)} byte ranges lie in no allocation the recording knows; "
                        "written as pageable host memory ('unresolved 0x...'), as the CUDA driver treats them:")

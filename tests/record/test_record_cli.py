@@ -145,3 +145,20 @@ def test_record_help_the_package_and_the_pytest_plugin_import_without_torch():
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert "-- COMMAND" in r.stdout and "exit status" in r.stdout
     assert r.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_a_safe_verdict_over_an_incomplete_recording_exits_2(program, capsys):
+    import fake_cuda
+
+    class Broken(fake_cuda.FakeCuda):
+        def is_pinned(self, t):
+            raise RuntimeError("no answer")
+
+    fake_cuda.SHARED.insert(0, Broken())
+    try:
+        status = cli.run(args("python", str(program), "--fixed"), platform=fake_cuda.shared())
+    finally:
+        fake_cuda.SHARED.pop(0)
+    out = capsys.readouterr()
+    assert status == 2
+    assert "NOT RECORDED" in out.out and "SAFE covers only what was recorded" in out.err

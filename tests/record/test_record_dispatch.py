@@ -266,3 +266,23 @@ def test_every_trace_is_valid_and_names_where_each_op_was_issued(fake):
     Trace.from_json(doc)
     assert all(short_at(op["at"]).startswith("test_record_dispatch.py:") for op in doc["ops"])
     assert check(doc).safe
+
+
+def test_a_recorder_error_never_stops_the_program_and_the_summary_says_what_is_missing(fake):
+    class Broken(FakeCuda):
+        def is_pinned(self, t):
+            raise RuntimeError("no answer")
+
+    broken = Broken()
+    gpu = broken.device(BLOCK)
+    pinned = broken.pinned(BLOCK)
+    with record(broken) as rec:
+        gpu.copy_(pinned, non_blocking=True)  # the recorder asks is_pinned of the host side, and fails
+        gpu.fill_(1)
+    assert torch.equal(gpu, torch.full_like(gpu, 1))  # both ops ran
+    assert not rec.complete()
+    (note,) = rec.summary().notes
+    assert note.startswith("NOT RECORDED") and "aten.copy_.default: RuntimeError: no answer" in note
+    with record(fake) as rec:
+        fake.device(8).fill_(1)
+    assert rec.complete()

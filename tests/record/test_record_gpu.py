@@ -84,7 +84,7 @@ def test_each_form_of_the_offload_handler_is_reported_with_its_pair_of_lines(mis
         engine.run()
     verdict = rec.check()
     assert race_marks(rec.trace(), verdict) == EXPECTED[mistake], verdict.render()
-    assert rec.summary().unresolved == []
+    assert rec.summary().unresolved == [] and rec.complete(), rec.summary().lines()
 
 
 @pytest.mark.parametrize("mistake, status", [(None, 0), ("load-no-wait", 1)])
@@ -179,7 +179,7 @@ def test_recording_the_native_executor_gives_every_cell_its_contract_verdict():
             errors.append(f"{pc.cell.label}: {outcome.error}")
             continue
         verdict = rec.check()
-        if verdict.verdict != pc.contract:
+        if verdict.verdict != pc.contract or not rec.complete():
             witness = verdict.render().splitlines()[2:6] if verdict.races else []
             disagreements.append(f"{pc.cell.label}: contract {pc.contract}, recorded {verdict.verdict} {witness}"
                                  f" {rec.summary().lines()}")
