@@ -3,6 +3,7 @@ how long its trace takes to write and to check.
 
     python benchmarks/bench_record.py                    # 32 layers, 16 transfers in flight, both loads
     python benchmarks/bench_record.py --steps 50 --json out/bench-record.json
+    python benchmarks/bench_record.py --host-only        # no GPU: the recorder's cost per op on the host
 
 The loop is the recorder's demo offload handler in its safe form (``kvverify.record.demo``): per step,
 every layer's KV is written, zero-filled and attended on the compute stream; one store and two loads
@@ -13,6 +14,11 @@ launching them, the recorder's worst case) and ``model`` (a ``tokens x hidden`` 
 hidden`` fp16 matmul per layer too, as a forward pass has). Runs alternate unrecorded and recorded;
 medians are printed. Needs a CUDA device and ``kvverify._C``. Not a test: it prints the figures
 (the target is at most 2x, docs/record.md).
+
+``--host-only`` needs no GPU: it times ``layer[0:8].fill_(1)`` (a view and an in-place op) over 32
+small CPU tensors that a stand-in platform calls device memory, plain, under a dispatch mode that
+only calls the op (the floor any dispatcher hook pays), and recorded: the recorder's own cost per
+op on this host.
 """
 
 from __future__ import annotations
@@ -43,6 +49,57 @@ def run_once(shape, recorded: bool):
     return time.perf_counter() - start, rec
 
 
+def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
+    """Microseconds per ``layer[0:8].fill_(1)`` plain, under a pass-through dispatch mode, and recorded."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from kvverify.record import recording
+    from kvverify.record.dispatch import Platform
+
+    class HostAsDevice(Platform):
+        def where(self, t):
+            return "device" if t.is_cpu else None
+
+        def stream_key(self, t):
+            return 0x1000
+
+        def is_pinned(self, t):
+            return False
+
+        def install(self, recorder, guard):
+            pass
+
+        def uninstall(self):
+            pass
+
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    layers = [torch.zeros(96, 16, dtype=torch.uint8) for _ in range(32)]
+
+    def per_op() -> float:
+        for _ in range(steps // 10):  # warm-up (the first dispatch imports torch._dynamo)
+            for layer in layers:
+                layer[0:8].fill_(1)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(steps):
+                for layer in layers:
+                    layer[0:8].fill_(1)
+            best = min(best, (time.perf_counter() - start) / steps / len(layers) * 1e6)
+        return best
+
+    plain = per_op()
+    with PassThrough():
+        mode = per_op()
+    with recording(platform=HostAsDevice()):
+        recorded = per_op()
+    return {"plain_us": plain, "pass_through_mode_us": mode, "recorded_us": recorded}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=32)
@@ -54,8 +111,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--host-only", action="store_true", help="only the recorder's cost per op on the host")
     args = parser.parse_args(argv)
 
+    if args.host_only:
+        r = host_overhead()
+        print(f"host: layer[0:8].fill_(1) takes {r['plain_us']:.1f} us plain, {r['pass_through_mode_us']:.1f} us under "
+              f"a pass-through dispatch mode, {r['recorded_us']:.1f} us recorded (best of 5 x 200 x 32)")
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
+        return 0
     from kvverify.device import extension
 
     reason = extension.gpu_refusal()

@@ -142,16 +142,16 @@ class RecordingMode(TorchDispatchMode):
         self.platform = platform
         self.swap_ops = frozenset(DEFAULT_SWAP_OPS) | frozenset(swap_ops)
         self._internal = internal
-        self._infos: dict = {}
+        self._infos: dict[int, OpInfo] = {}
         self._pointers: OrderedDict[int, tuple] = OrderedDict()  # data_ptr -> (allocation, version, values)
 
     # -- dispatch ---------------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        info = self._infos.get(func)
+        info = self._infos.get(id(func))  # OpOverloads live as long as torch: id() skips their Python __hash__
         if info is None:
-            info = self._infos[func] = self._describe(func)
+            info = self._infos[id(func)] = self._describe(func)
         if info.handler is None:
             return func(*args, **kwargs)
         rec = self.rec
