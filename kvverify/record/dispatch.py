@@ -394,8 +394,12 @@ class RecordingMode(TorchDispatchMode):
         index, offset, found = memory.resolve_batch(addresses, lengths)
         if found.all():
             return index, offset
-        self._learn(addresses[~found])
-        index, offset, found = memory.resolve_batch(addresses, lengths)
+        # what lies in a placeholder was looked for already: memory made since would have replaced it
+        unknown = [i for i in np.flatnonzero(~found).tolist()
+                   if (holder := memory.find(int(addresses[i]))) is None or not holder.placeholder]
+        if unknown:
+            self._learn(addresses[unknown])
+            index, offset, found = memory.resolve_batch(addresses, lengths)
         if not found.all():
             index, offset = index.copy(), offset.copy()
             for i in np.flatnonzero(~found).tolist():
