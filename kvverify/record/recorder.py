@@ -134,17 +134,21 @@ class Recorder:
         self._events.pop(handle, None)
 
     def event_deleted(self, handle: int) -> None:
+        """``cudaEventDestroy``: the handle names nothing until CUDA makes an event there again."""
         self._events.pop(handle, None)
 
     def event_recorded(self, handle: int, stream: object) -> None:
+        """``cudaEventRecord``: the event captures the work issued to ``stream`` so far."""
         at = self.locate()
         self._emit({"op": "record", "event": self._event(handle, at), "stream": self.stream(stream, at), "at": at})
 
     def event_waited(self, handle: int, stream: object) -> None:
+        """``cudaStreamWaitEvent``: later work on ``stream`` waits for the event's capture."""
         at = self.locate()
         self._emit({"op": "wait_event", "stream": self.stream(stream, at), "event": self._event(handle, at), "at": at})
 
     def event_synchronized(self, handle: int) -> None:
+        """``cudaEventSynchronize``: the host continues once the capture completed."""
         at = self.locate()
         self._emit({"op": "sync_event", "event": self._event(handle, at), "at": at})
 
@@ -154,6 +158,7 @@ class Recorder:
         self._emit({"op": "query_event", "event": self._event(handle, at), "result": bool(result), "at": at})
 
     def stream_synchronized(self, stream: object) -> None:
+        """``cudaStreamSynchronize`` (also inside a blocking copy)."""
         at = self.locate()
         self._emit({"op": "sync_stream", "stream": self.stream(stream, at), "at": at})
 
@@ -177,6 +182,7 @@ class Recorder:
         self._emit({"op": "query_event", "event": event, "result": True, "at": at})
 
     def device_synchronized(self) -> None:
+        """``cudaDeviceSynchronize``."""
         self._emit({"op": "sync_device", "at": self.locate()})
 
     # -- memory (allocator callbacks) ------------------------------------------------------
@@ -187,12 +193,15 @@ class Recorder:
         self.memory.retire(address)
 
     def memory_freed(self, address: int) -> None:
+        """The caching allocator took the block at ``address`` back."""
         self.memory.retire(address)
 
     # -- device work and host accesses ----------------------------------------------------------
 
     def kernel(self, stream: object, name: str, reads: Sequence[Span], writes: Sequence[Span],
                at: str | None) -> None:
+        """A kernel on ``stream``: its accesses happen in stream order (spans: allocation index,
+        offset and length in bytes)."""
         self.issued({"op": "kernel", "stream": self.stream(stream, at), "name": name,
                      "reads": tuple(reads), "writes": tuple(writes), "at": at})
 

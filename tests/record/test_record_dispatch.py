@@ -286,3 +286,16 @@ def test_a_recorder_error_never_stops_the_program_and_the_summary_says_what_is_m
     with record(fake) as rec:
         fake.device(8).fill_(1)
     assert rec.complete()
+
+
+def test_memory_found_unknown_is_not_looked_up_again_at_every_swap(fake):
+    kvswap, _ = swap_ops()
+    looked = []
+    fake.allocator_blocks = lambda: looked.append(1) or list(fake.blocks)
+    gpu = fake.device(BLOCK)
+    lost = fake.pageable(BLOCK)
+    with record(fake) as rec:
+        for _ in range(5):
+            kvswap(ptrs(gpu.data_ptr()), ptrs(lost.data_ptr()), ptrs(BLOCK), 1)
+    assert len(looked) == 2  # the first swap: the device source, then the unknown destination
+    assert {c["dst"][0] for op in ops_of(rec, "copy_batch") for c in op["copies"]} == {f"unresolved {lost.data_ptr():#x}"}
