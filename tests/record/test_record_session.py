@@ -16,7 +16,12 @@ import kvverify.record as record
 from kvverify.check import check
 from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
-from kvverify.record.hooks import CudaPlatform, observed_event_class, refusal, thread_guard
+from kvverify.record.hooks import (
+    CudaPlatform,
+    observed_event_class,
+    refusal,
+    thread_guard,
+)
 from kvverify.record.recorder import Recorder
 
 BLOCK = 4096
