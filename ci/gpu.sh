@@ -11,7 +11,7 @@
 #   GPU_TESTS="tests/test_stress_gpu.py" ci/gpu.sh gpu-tests    only these GPU test files
 #
 # Steps: platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench
-#        swap-bandwidth kernel-bandwidth. Each has a wall-clock limit (SIGINT, then SIGKILL), so
+#        swap-bandwidth kernel-bandwidth record. Each has a wall-clock limit (SIGINT, then SIGKILL), so
 #        one stuck step cannot eat a lent device's whole call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ LOG="$OUT/gpu.log"
 failed=()
 
 ALL_STEPS=(platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench swap-bandwidth
-           kernel-bandwidth)
+           kernel-bandwidth record)
 SELECTED=("$@")
 [ ${#SELECTED[@]} -ne 0 ] || SELECTED=("${ALL_STEPS[@]}")
 for s in "${SELECTED[@]}"; do
@@ -63,6 +63,12 @@ step probe 200 python3 -m kvverify probe --json "$OUT/probe.json"
 step bench 300 python3 -m kvverify bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png"
 step swap-bandwidth 120 python3 benchmarks/bench_swap.py
 step kernel-bandwidth 120 python3 benchmarks/bench_kernels.py
+# kvverify record: its GPU tests (hooks, the demo handler's forms, the native-executor self-check over
+# the smoke campaign's 162 native cells), the overhead benchmark and the comparison with PyTorch's CSAN.
+# All three run; the step fails if any does.
+step record 540 bash -c "rc=0; python3 -m pytest -m gpu -q -rs -s -p no:cacheprovider \
+  --junitxml=$OUT/record-tests.xml tests/record || rc=1; python3 benchmarks/bench_record.py \
+  --json $OUT/bench-record.json || rc=1; python3 benchmarks/compare_csan.py --json $OUT/record-vs-csan.json || rc=1; exit \$rc"
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "ci/gpu.sh: failed steps: ${failed[*]}" | tee -a "$LOG"

@@ -20,6 +20,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.check.cli",
         "decide from CUDA's ordering rules alone whether a trace of stream work races",
     ),
+    "record": (
+        "kvverify.record.cli",
+        "run a PyTorch program (a script or pytest) under the recorder and find the races of its device work",
+    ),
     "stress": (
         "kvverify.stress.cli",
         "run every hazard scenario on the GPU under each source access order and check every block",
@@ -37,7 +41,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 DESCRIPTION = """\
 kvverify proves whether batched KV-cache swaps between GPU and host memory are safe
 under each source access order of cuMemcpyBatchAsync (STREAM, DURING_API_CALL, ANY):
-on paper (a happens-before checker over a trace) and on the device (a stress harness).
+on paper (a happens-before checker over a trace), on the device (a stress harness),
+and in your own PyTorch program (a recorder that writes its device work as a trace).
 
 Run `kvverify COMMAND --help` for each command's options."""
 
