@@ -11,8 +11,8 @@
 #   GPU_TESTS="tests/test_stress_gpu.py" ci/gpu.sh gpu-tests    only these GPU test files
 #
 # Steps: platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench
-#        swap-bandwidth kernel-bandwidth. Each has a wall-clock limit (SIGINT, then SIGKILL), so
-#        one stuck step cannot eat a lent device's whole call.
+#        swap-bandwidth kernel-bandwidth kernel-path. Each has a wall-clock limit (SIGINT, then
+#        SIGKILL), so one stuck step cannot eat a lent device's whole call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -22,7 +22,7 @@ LOG="$OUT/gpu.log"
 failed=()
 
 ALL_STEPS=(platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench swap-bandwidth
-           kernel-bandwidth)
+           kernel-bandwidth kernel-path)
 SELECTED=("$@")
 [ ${#SELECTED[@]} -ne 0 ] || SELECTED=("${ALL_STEPS[@]}")
 for s in "${SELECTED[@]}"; do
@@ -63,6 +63,18 @@ step probe 200 python3 -m kvverify probe --json "$OUT/probe.json"
 step bench 300 python3 -m kvverify bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png"
 step swap-bandwidth 120 python3 benchmarks/bench_swap.py
 step kernel-bandwidth 120 python3 benchmarks/bench_kernels.py
+# The SM-kernel copy path (issue 14), about 5 minutes: its GPU tests, the bench at 64 MiB per call with
+# the compute slowdown, the calibration grid (paths.json, crossover plot), the figures against the
+# issue's targets, and the kernel cells of every stress scenario. Every part runs; any failure fails the step.
+step kernel-path 600 bash -c '
+  set -o pipefail; out=$1; rc=0
+  python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$out/kernel-path-tests.xml" \
+    tests/device/test_kernel_copy_gpu.py tests/measure/test_probe_bench_gpu.py || rc=1
+  python3 -m kvverify bench --quick --no-repeat --json "$out/kernel-bench.json" --plot "$out/kernel-bench.png" || rc=1
+  python3 -m kvverify bench --calibrate -o "$out/paths.json" --json "$out/calibrate.json" --plot "$out/crossover.png" || rc=1
+  python3 benchmarks/bench_copy_paths.py "$out/kernel-bench.json" "$out/paths.json" | tee "$out/kernel-targets.txt" || rc=1
+  python3 -m kvverify stress --executors kernel --max-seconds 120 --json "$out/stress-kernel.json" || rc=1
+  exit $rc' _ "$OUT"
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "ci/gpu.sh: failed steps: ${failed[*]}" | tee -a "$LOG"

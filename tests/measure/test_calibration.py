@@ -167,3 +167,27 @@ def test_engines_read_the_document_without_heavy_imports(paths, tmp_path):
     out_text = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                               cwd=REPO).stdout.split("\n")
     assert out_text[0] == "kernel" and out_text[1] == "[]"
+
+
+class SlowKernelBench(SizedBench):
+    def rate(self, method, point):
+        return 40.0 if method == "kernel" else super().rate(method, point)
+
+
+@pytest.mark.parametrize("backend, kernel_line", [
+    (SizedBench, "kernel 52.0 GB/s (>= 45: met); STREAM 3.7 GB/s; kernel/STREAM 14.1x (>= 10x: met)"),
+    (SlowKernelBench, "kernel 40.0 GB/s (>= 45: NOT MET); STREAM 3.7 GB/s; kernel/STREAM 10.8x (>= 10x: met)"),
+])
+def test_the_targets_benchmark_prints_each_figure_against_its_target(backend, kernel_line, paths, annotate_off,
+                                                                       tmp_path):
+    doc = bench.run_bench(parse(bench, ["--quick", "--no-repeat", "--reps", "3", "--matmul-size", "16"]), backend(),
+                          {"batch_api_available": True, "gpu_name": "fake"}, annotate_off)
+    common.write_json(str(tmp_path / "bench.json"), doc)
+    common.write_json(str(tmp_path / "paths.json"), paths)
+    text = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_copy_paths.py"), str(tmp_path / "bench.json"),
+                           str(tmp_path / "paths.json")], capture_output=True, text=True, check=True).stdout
+    assert f"h2d 4096 pages/call: {kernel_line}" in text
+    # 2 MiB H2D: the batch at 54 of 55 GB/s; 16 KiB D2H with a 40 GB/s kernel: STREAM's 50 is the best safe path
+    assert "h2d     2 MiB x    32: STREAM 54.0 of 55.0 GB/s = 98.2%: met" in text
+    assert "d2h    16 KiB x  4096: " + ("kernel 52.0" if backend is SizedBench else "STREAM 50.0") in text
+    assert "kernel +25.0%" in text and "4. calibration" in text
