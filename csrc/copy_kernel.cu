@@ -17,6 +17,13 @@ namespace {
 
 constexpr int kThreads = 256;  // threads per block: 4 KiB per pass of 16-byte accesses
 constexpr int kInFlight = 4;   // independent loads per thread before the first store
+// Blocks per SM at most (1024 threads, 32 registers each: half of an SM's threads and registers).
+// A batch's kernel then never fills the device: the other direction's kernel of a swap issued on
+// another stream at the same time gets the other half and runs beside it instead of after it
+// (the block scheduler dispatches a later kernel's blocks only where the earlier one leaves room),
+// and a compute kernel finds room sooner. 64 KiB in flight per SM is still far more than the link's
+// bandwidth-delay product (about 55 GB/s x a few microseconds).
+constexpr int kBlocksPerSm = 4;
 
 static_assert(kvverify::kCopyChunkBytes / 16 < (1LL << 31), "chunk offsets must fit 32 bits");
 
@@ -64,16 +71,18 @@ __device__ __forceinline__ void copy_words(uint64_t src, uint64_t dst, uint32_t 
   for (; k < words; k += kThreads) d[k] = s[k];
 }
 
-// One thread block per chunk; every thread reads the chunk's descriptor (one broadcast load each).
-__global__ void __launch_bounds__(kThreads) copy_chunks_kernel(const int64_t* __restrict__ descriptors, int64_t chunks) {
-  const int64_t c = blockIdx.x;
-  const uint64_t src = static_cast<uint64_t>(descriptors[c]);
-  const uint64_t dst = static_cast<uint64_t>(descriptors[chunks + c]);
-  const uint32_t bytes = static_cast<uint32_t>(descriptors[2 * chunks + c]);
-  if (((src ^ dst) & 15) == 0) {
-    copy_pairs(src, dst, bytes);
-  } else {
-    copy_words(src, dst, bytes);
+// Each thread block copies chunks blockIdx.x, blockIdx.x + gridDim.x, ...; every thread reads the
+// chunk's descriptor (one broadcast load each).
+__global__ void __launch_bounds__(kThreads, 2 * kBlocksPerSm) copy_chunks_kernel(const int64_t* __restrict__ descriptors, uint32_t chunks) {
+  for (uint32_t c = blockIdx.x; c < chunks; c += gridDim.x) {
+    const uint64_t src = static_cast<uint64_t>(descriptors[c]);
+    const uint64_t dst = static_cast<uint64_t>(descriptors[static_cast<uint64_t>(chunks) + c]);
+    const uint32_t bytes = static_cast<uint32_t>(descriptors[2 * static_cast<uint64_t>(chunks) + c]);
+    if (((src ^ dst) & 15) == 0) {
+      copy_pairs(src, dst, bytes);
+    } else {
+      copy_words(src, dst, bytes);
+    }
   }
 }
 
@@ -82,7 +91,13 @@ __global__ void __launch_bounds__(kThreads) copy_chunks_kernel(const int64_t* __
 namespace kvverify::launch {
 
 cudaError_t copy_chunks(const int64_t* descriptors, int64_t chunks, cudaStream_t stream) {
-  copy_chunks_kernel<<<static_cast<unsigned>(chunks), kThreads, 0, stream>>>(descriptors, chunks);
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  const int64_t grid = chunks < static_cast<int64_t>(sms) * kBlocksPerSm ? chunks : static_cast<int64_t>(sms) * kBlocksPerSm;
+  // The caller keeps chunks below 2**31 (one grid-stride index in 32 bits).
+  copy_chunks_kernel<<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(descriptors, static_cast<uint32_t>(chunks));
   return cudaGetLastError();
 }
 

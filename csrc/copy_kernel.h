@@ -15,7 +15,8 @@ constexpr int64_t kCopyChunkBytes = 64 * 1024;
 
 namespace launch {
 
-// Queues the copy of `chunks` chunks on `stream`. `descriptors` is device memory holding three
+// Queues the copy of `chunks` chunks on `stream`, on the current device, with at most a few thread
+// blocks per SM (copy_kernel.cu says why). `descriptors` is device memory holding three
 // int64 arrays of `chunks` entries each, back to back: source addresses, destination addresses,
 // bytes (each a multiple of 8, at most kCopyChunkBytes; addresses 8-byte aligned, device or
 // mapped host memory). Returns the launch's error for the caller to check.
