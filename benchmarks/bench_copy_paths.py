@@ -85,13 +85,13 @@ def main() -> int:
     if doc["config"].get("compute"):
         cfg = doc["config"]["compute"]
         print(f"\n3. compute slowdown: {cfg['matmul_size']}^2 bf16 matmuls while each path copies "
-              "(median; ? = the copies ended before the matmuls in some reps)")
+              "(median; ? = the copies did not share the whole matmul window in some reps)")
         for p in points:
             parts = []
             for name, m in p["methods"].items():
                 c = m.get("compute")
                 if c and c["n"]:
-                    parts.append(f"{name} {100 * c['slowdown']['median']:+.1f}%{'' if c['outlasted'] == c['n'] else '?'}")
+                    parts.append(f"{name} {100 * c['slowdown']['median']:+.1f}%{'' if c['overlapped'] == c['n'] else '?'}")
             print(f"   {p['direction']:4} {p['label']}: " + ", ".join(parts))
 
     if args.paths:

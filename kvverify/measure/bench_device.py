@@ -198,8 +198,8 @@ class CudaBench:
                        hold_ns: int) -> tuple[float, float, bool]:
         """``count`` matmuls on the compute stream while ``repeats`` reps of ``issue`` run on the copy
         stream, both released together by one hold. Returns (event seconds of the matmuls, event
-        seconds of the copies, whether the copies outlasted the matmuls: the whole matmul window
-        shared the device with copies)."""
+        seconds of the copies, whether the copies shared the whole matmul window: every copy call was
+        queued before the hold ended, and the copies' stop event came after the matmuls')."""
         torch, s, c = self.torch, self.stream, self.compute
         with torch.cuda.stream(s):
             self.kernels.spin(int(hold_ns))
@@ -214,7 +214,11 @@ class CudaBench:
             for _ in range(repeats):
                 issue()
             self.stop.record(s)
+            # A call that blocked the host past the hold (one that waits for pending work, or an
+            # allocation that synchronizes) queued its copies late: the start event cannot tell.
+            covered = not self.gate.query()
         self.mm_stop.synchronize()
         self.stop.synchronize()
-        outlasted = self.start.elapsed_time(self.mm_stop) <= self.start.elapsed_time(self.stop)
-        return self.mm_start.elapsed_time(self.mm_stop) / 1e3, self.start.elapsed_time(self.stop) / 1e3, outlasted
+        overlapped = self.start.elapsed_time(self.mm_stop) <= self.start.elapsed_time(self.stop)
+        return (self.mm_start.elapsed_time(self.mm_stop) / 1e3, self.start.elapsed_time(self.stop) / 1e3,
+                covered and overlapped)

@@ -96,7 +96,7 @@ def _slowdown_text(compute: dict[str, Any] | None) -> str:
     if compute is None or compute["n"] == 0:
         return "—"
     text = f"{100 * compute['slowdown']['median']:+.1f}%"
-    if compute["outlasted"] < compute["n"]:
+    if compute["overlapped"] < compute["n"]:
         text += "?"
     return text + f" ({compute['copy_gbps_during']['median']:.1f})"
 
@@ -113,7 +113,7 @@ def _render_compute(document: dict[str, Any], methods: list[str], console) -> No
         title=f"compute slowdown: {n}x{n} bf16 matmuls on another stream while each path copies "
               f"(one matmul alone: {mm * 1e3:.3f} ms)" if mm else "compute slowdown",
         caption="slowdown = matmul time during the copies / alone − 1, median of "
-                f"{cfg['reps']}; (GB/s of the copies meanwhile); ? the copies ended before the matmuls in some reps",
+                f"{cfg['reps']}; (GB/s of the copies meanwhile); ? the copies did not share the whole matmul window in some reps",
     )
     for name in ["dir", "page", *methods]:
         t.add_column(escape(name), justify="left" if name in ("dir", "page") else "right")

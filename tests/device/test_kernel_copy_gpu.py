@@ -150,6 +150,18 @@ def test_descriptors_are_never_rewritten_while_an_earlier_copy_may_read_them():
         a_src = torch.tensor(host.ptr + np.arange(n) * page, dtype=torch.int64)
         a_dst = torch.tensor(dev.data_ptr() + np.arange(n) * page, dtype=torch.int64)  # quarter 0
         sizes = torch.full((n,), page, dtype=torch.int64)
+        # Warm torch's caching allocators first: 80 calls in flight at once leave 80 pinned blocks of
+        # this size (and device blocks on both streams) cached, so no call below allocates (a
+        # page-locked or device allocation may synchronize the device, which would end the hold).
+        for stream in (held, other):
+            with torch.cuda.stream(stream):
+                kernels.spin(5_000_000)
+                for _ in range(80):
+                    ops.swap_blocks_batch(a_src, dev.data_ptr() + 3 * n * page + np.arange(n) * page, sizes,
+                                          method="kernel")
+        torch.cuda.synchronize()
+        dev.zero_()
+        torch.cuda.synchronize()
         with torch.cuda.stream(held):
             kernels.spin(200_000_000)  # 200 ms
             pending = torch.cuda.Event()
