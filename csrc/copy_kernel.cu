@@ -72,7 +72,8 @@ __device__ __forceinline__ void copy_words(uint64_t src, uint64_t dst, uint32_t 
 }
 
 // Each thread block copies chunks blockIdx.x, blockIdx.x + gridDim.x, ...; every thread reads the
-// chunk's descriptor (one broadcast load each).
+// chunk's descriptor (one broadcast load each). The launch bound caps registers at 32 per thread so
+// that two such kernels (an H2D and a D2H batch at once) fit one SM's register file together.
 __global__ void __launch_bounds__(kThreads, 2 * kBlocksPerSm) copy_chunks_kernel(const int64_t* __restrict__ descriptors, uint32_t chunks) {
   for (uint32_t c = blockIdx.x; c < chunks; c += gridDim.x) {
     const uint64_t src = static_cast<uint64_t>(descriptors[c]);
