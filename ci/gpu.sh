@@ -63,17 +63,19 @@ step probe 200 python3 -m kvverify probe --json "$OUT/probe.json"
 step bench 300 python3 -m kvverify bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png"
 step swap-bandwidth 120 python3 benchmarks/bench_swap.py
 step kernel-bandwidth 120 python3 benchmarks/bench_kernels.py
-# The SM-kernel copy path (issue 14), about 5 minutes: its GPU tests, the bench at 64 MiB per call with
-# the compute slowdown, the calibration grid (paths.json, crossover plot), the figures against the
-# issue's targets, and the kernel cells of every stress scenario. Every part runs; any failure fails the step.
+# The SM-kernel copy path (issue 14), about 5 minutes (estimated): its GPU tests, the kernel cells of
+# every smoke scenario, the bench at 64 MiB per call with the compute slowdown, the calibration grid
+# (paths.json, crossover plot), and the figures against the issue's targets. Every part runs; any
+# failure fails the step.
 step kernel-path 600 bash -c '
   set -o pipefail; out=$1; rc=0
   python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$out/kernel-path-tests.xml" \
     tests/device/test_kernel_copy_gpu.py tests/measure/test_probe_bench_gpu.py || rc=1
+  python3 -m kvverify stress --executors kernel --max-seconds 90 --json "$out/stress-kernel.json" || rc=1
   python3 -m kvverify bench --quick --no-repeat --json "$out/kernel-bench.json" --plot "$out/kernel-bench.png" || rc=1
-  python3 -m kvverify bench --calibrate -o "$out/paths.json" --json "$out/calibrate.json" --plot "$out/crossover.png" || rc=1
+  python3 -m kvverify bench --calibrate --max-seconds 200 -o "$out/paths.json" --json "$out/calibrate.json" \
+    --plot "$out/crossover.png" || rc=1
   python3 benchmarks/bench_copy_paths.py "$out/kernel-bench.json" "$out/paths.json" | tee "$out/kernel-targets.txt" || rc=1
-  python3 -m kvverify stress --executors kernel --max-seconds 120 --json "$out/stress-kernel.json" || rc=1
   exit $rc' _ "$OUT"
 
 if [ ${#failed[@]} -ne 0 ]; then
