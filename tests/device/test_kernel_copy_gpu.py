@@ -70,8 +70,8 @@ def _run(method: str, src_kind: str, dst_kind: str, default_stream: bool, seed: 
     rng = np.random.default_rng(seed)
     src, dst = Pool(src_kind), Pool(dst_kind)
     try:
-        src_bytes = np.frombuffer(rng.bytes(SLOTS * SLOT), dtype=np.uint8)
-        before = np.frombuffer(rng.bytes(SLOTS * SLOT), dtype=np.uint8)  # random poison: a missed byte shows
+        src_bytes = np.frombuffer(rng.bytes(SLOTS * SLOT), dtype=np.uint8).copy()
+        before = np.frombuffer(rng.bytes(SLOTS * SLOT), dtype=np.uint8).copy()  # random poison: a missed byte shows
         src.fill(src_bytes)
         dst.fill(before)
         batch = _batch(rng, src, dst, 2 * len(SIZES))
@@ -112,7 +112,7 @@ def test_many_scattered_16_kib_pages(direction):
     rng = np.random.default_rng(14)
     dev = torch.empty(2 * n * page, dtype=torch.uint8, device="cuda")
     with allocate_host("pinned", 2 * n * page) as host:
-        data = np.frombuffer(rng.bytes(2 * n * page), dtype=np.uint8)
+        data = np.frombuffer(rng.bytes(2 * n * page), dtype=np.uint8).copy()
         src_is_host = direction == "H2D"
         if src_is_host:
             host.numpy(np.uint8)[:] = data
