@@ -63,21 +63,21 @@ step probe 200 python3 -m kvverify probe --json "$OUT/probe.json"
 step bench 300 python3 -m kvverify bench --quick --json "$OUT/bench.json" --plot "$OUT/bench.png"
 step swap-bandwidth 120 python3 benchmarks/bench_swap.py
 step kernel-bandwidth 120 python3 benchmarks/bench_kernels.py
-# The SM-kernel copy path (issue 14), about 5 minutes (estimated): its GPU tests, the kernel cells of
+# The SM-kernel copy path (issue 14), 4-6 minutes (estimated; each part capped): its GPU tests, the kernel cells of
 # every smoke scenario, the bench at 64 MiB per call with the compute slowdown, the calibration grid
 # (paths.json, crossover plot), and the figures against the issue's targets. Every part runs; any
 # failure fails the step.
-step kernel-path 600 bash -c '
+step kernel-path 540 bash -c '
   set -o pipefail; out=$1; rc=0
   python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$out/kernel-path-tests.xml" \
     tests/device/test_kernel_copy_gpu.py tests/measure/test_probe_bench_gpu.py || rc=1
-  python3 -m kvverify stress --executors kernel --max-seconds 90 --json "$out/stress-kernel.json" || rc=1
+  python3 -m kvverify stress --executors kernel --max-seconds 60 --json "$out/stress-kernel.json" || rc=1
   bench_plot=(); calibrate_plot=()  # plots only where matplotlib is (bench refuses --plot without it)
   if python3 -c "import matplotlib" 2>/dev/null; then
     bench_plot=(--plot "$out/kernel-bench.png"); calibrate_plot=(--plot "$out/crossover.png")
   else echo "kernel-path: no matplotlib here: no plots"; fi
-  python3 -m kvverify bench --quick --no-repeat --json "$out/kernel-bench.json" "${bench_plot[@]}" || rc=1
-  python3 -m kvverify bench --calibrate --max-seconds 200 -o "$out/paths.json" --json "$out/calibrate.json" \
+  python3 -m kvverify bench --quick --no-repeat --max-seconds 60 --json "$out/kernel-bench.json" "${bench_plot[@]}" || rc=1
+  python3 -m kvverify bench --calibrate --max-seconds 150 -o "$out/paths.json" --json "$out/calibrate.json" \
     "${calibrate_plot[@]}" || rc=1
   python3 benchmarks/bench_copy_paths.py "$out/kernel-bench.json" "$out/paths.json" | tee "$out/kernel-targets.txt" || rc=1
   exit $rc' _ "$OUT"
