@@ -76,7 +76,7 @@ step kernel-path 540 bash -c '
   if python3 -c "import matplotlib" 2>/dev/null; then
     bench_plot=(--plot "$out/kernel-bench.png"); calibrate_plot=(--plot "$out/crossover.png")
   else echo "kernel-path: no matplotlib here: no plots"; fi
-  python3 -m kvverify bench --quick --no-repeat --max-seconds 60 --json "$out/kernel-bench.json" "${bench_plot[@]}" || rc=1
+  python3 -m kvverify bench --quick --no-repeat --max-seconds 90 --json "$out/kernel-bench.json" "${bench_plot[@]}" || rc=1
   python3 -m kvverify bench --calibrate --max-seconds 150 -o "$out/paths.json" --json "$out/calibrate.json" \
     "${calibrate_plot[@]}" || rc=1
   python3 benchmarks/bench_copy_paths.py "$out/kernel-bench.json" "$out/paths.json" | tee "$out/kernel-targets.txt" || rc=1
