@@ -132,7 +132,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-kernel", action="store_true", help="skip the SM-kernel copy path")
     g.add_argument("--compute", action=argparse.BooleanOptionalAction,
                    help="measure the slowdown of a concurrent bf16 matmul under each path (default on; --calibrate off)")
-    g.add_argument("--matmul-size", type=positive_int_arg, default=4096, help="N of the N x N bf16 matmul (default 4096)")
+    g.add_argument("--matmul-size", type=positive_int_arg, default=4096, metavar="N", help="N of the N x N bf16 matmul (default 4096)")
     g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", help="host pool kind (default pinned)")
     g = parser.add_argument_group("how much")
     g.add_argument("--reps", type=positive_int_arg,
