@@ -11,8 +11,8 @@
 #   GPU_TESTS="tests/test_stress_gpu.py" ci/gpu.sh gpu-tests    only these GPU test files
 #
 # Steps: platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench
-#        swap-bandwidth kernel-bandwidth record. Each has a wall-clock limit (SIGINT, then SIGKILL), so
-#        one stuck step cannot eat a lent device's whole call.
+#        swap-bandwidth kernel-bandwidth record kernel-path. Each has a wall-clock limit (SIGINT, then
+#        SIGKILL), so one stuck step cannot eat a lent device's whole call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -22,7 +22,7 @@ LOG="$OUT/gpu.log"
 failed=()
 
 ALL_STEPS=(platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench swap-bandwidth
-           kernel-bandwidth record)
+           kernel-bandwidth record kernel-path)
 SELECTED=("$@")
 [ ${#SELECTED[@]} -ne 0 ] || SELECTED=("${ALL_STEPS[@]}")
 for s in "${SELECTED[@]}"; do
@@ -69,6 +69,24 @@ step kernel-bandwidth 120 python3 benchmarks/bench_kernels.py
 step record 540 bash -c "rc=0; python3 -m pytest -m gpu -q -rs -s -p no:cacheprovider \
   --junitxml=$OUT/record-tests.xml tests/record || rc=1; python3 benchmarks/bench_record.py \
   --json $OUT/bench-record.json || rc=1; python3 benchmarks/compare_csan.py --json $OUT/record-vs-csan.json || rc=1; exit \$rc"
+# The SM-kernel copy path (issue 14), 4-6 minutes (estimated; each part capped): its GPU tests, the kernel cells of
+# every smoke scenario, the bench at 64 MiB per call with the compute slowdown, the calibration grid
+# (paths.json, crossover plot), and the figures against the issue's targets. Every part runs; any
+# failure fails the step.
+step kernel-path 540 bash -c '
+  set -o pipefail; out=$1; rc=0
+  python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$out/kernel-path-tests.xml" \
+    tests/device/test_kernel_copy_gpu.py tests/measure/test_probe_bench_gpu.py || rc=1
+  python3 -m kvverify stress --executors kernel --max-seconds 60 --json "$out/stress-kernel.json" || rc=1
+  bench_plot=(); calibrate_plot=()  # plots only where matplotlib is (bench refuses --plot without it)
+  if python3 -c "import matplotlib" 2>/dev/null; then
+    bench_plot=(--plot "$out/kernel-bench.png"); calibrate_plot=(--plot "$out/crossover.png")
+  else echo "kernel-path: no matplotlib here: no plots"; fi
+  python3 -m kvverify bench --quick --no-repeat --max-seconds 90 --json "$out/kernel-bench.json" "${bench_plot[@]}" || rc=1
+  python3 -m kvverify bench --calibrate --max-seconds 150 -o "$out/paths.json" --json "$out/calibrate.json" \
+    "${calibrate_plot[@]}" || rc=1
+  python3 benchmarks/bench_copy_paths.py "$out/kernel-bench.json" "$out/paths.json" | tee "$out/kernel-targets.txt" || rc=1
+  exit $rc' _ "$OUT"
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "ci/gpu.sh: failed steps: ${failed[*]}" | tee -a "$LOG"

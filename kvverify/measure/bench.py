@@ -1,16 +1,20 @@
-"""``kvverify bench``: bandwidth of ``swap_blocks_batch`` per direction, source access order and page size.
+"""``kvverify bench``: bandwidth of each copy path per direction, page size and pages per call, the
+compute slowdown each path causes, and the fastest safe path per shape (``--calibrate``).
 
 Method (docs/bench.md has the long form):
 
 * **Pool and pages.** One host pool (``--host-memory``, pinned by default) and one device pool of
   ``--pool-bytes`` each (default 2 GiB: more than 4x the L2 of any current GPU and more than
-  1 GiB). A point is (direction, page size). Each batch call copies ``pages/call`` pages whose
-  source and destination slots are drawn at random, without replacement, from the pool's
-  page-aligned slots; a repetition ("rep") is ``calls/rep`` such calls, each with its own draw
-  (at least 256 MiB per rep by default), and the same draws serve every method of the point.
+  1 GiB). A point is (direction, page size, pages per call); the directions are ``h2d``, ``d2h``
+  and ``both`` (an H2D and a D2H call at once, on two streams, each in its own half of the pools).
+  Each batch call copies ``pages/call`` pages whose source and destination slots are drawn at
+  random, without replacement, from the pool's page-aligned slots; a repetition ("rep") is
+  ``calls/rep`` such calls, each with its own draw (at least 256 MiB per rep by default), and the
+  same draws serve every method of the point.
 * **Methods.** The three orders through ``cuMemcpyBatchAsync`` (``STREAM``, ``DURING_API_CALL``,
-  ``ANY``); ``loop``: the same copies as one ``cudaMemcpyAsync`` each (``use_batch_api=False``);
-  ``ceiling``: one contiguous ``cudaMemcpyAsync`` of the rep's bytes between the same two pools.
+  ``ANY``); ``loop``: the same copies as one ``cudaMemcpyAsync`` each; ``kernel``: the SM-kernel
+  copy path (``method="kernel"``); ``ceiling``: one contiguous ``cudaMemcpyAsync`` of the rep's
+  bytes between the same two pools.
 * **Event-timed bandwidth.** A spin kernel holds the copy stream; the start event is recorded
   behind it, the rep's calls are queued, the stop event follows. If the spin is still running once
   everything is queued (the start event has not completed: "hold covered"), the events enclose
@@ -23,9 +27,16 @@ Method (docs/bench.md has the long form):
   ANY and STREAM run next to each other in every round, alternating which goes first. The ratio
   ANY / STREAM of each round's pair gives the median ratio and its confidence interval
   (``kvverify.stats.paired_ratio_ci``).
+* **Compute slowdown.** After a point's rounds, each method's rep runs (repeated) while a bf16
+  matmul loop runs on another stream, both released by one hold; the matmuls' time against their
+  time alone gives the slowdown that path inflicts on compute.
 * **Repeatability.** After all points, STREAM is measured again at every point as an independent
   series (new random draws, new hold sizing); the relative difference of the two medians is
   reported, and checked against 3% for pages of 256 KiB and up.
+* **Calibration** (``--calibrate -o paths.json``): every page size from 4 KiB to 2 MiB at 16, 256,
+  4096 and 16384 pages per call, each direction and both at once; per shape the fastest path that is
+  safe wherever ``STREAM`` is, its runner-up, and ANY where it would win for loads whose host
+  source stays untouched (kvverify/schemas/paths-v1.json).
 
 GB/s is 1e9 bytes per second throughout. Bytes per rep count each byte once (read or written).
 """
@@ -33,6 +44,7 @@ GB/s is 1e9 bytes per second throughout. Bytes per rep count each byte once (rea
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,7 +53,10 @@ from typing import Any, Callable
 from kvverify.errors import PlanError
 from kvverify.measure import common
 from kvverify.measure.bench_plan import (
+    CALIBRATE_REPS,
+    CEILING,
     DEFAULT_REPS,
+    DIRECTIONS,
     QUICK_MAX_SECONDS,
     QUICK_PAGE_SIZES,
     QUICK_REPS,
@@ -55,11 +70,22 @@ from kvverify.measure.bench_plan import (
     resolve,
     round_order,
 )
-from kvverify.measure.probe import parse_directions, parse_orders
-from kvverify.terms import COPY_KINDS, HOST_MEMORY_KINDS, ORDERS
-from kvverify.units import format_size, positive_float_arg, positive_int_arg, size_arg, size_list_arg
+from kvverify.measure.probe import parse_orders
+from kvverify.terms import HOST_MEMORY_KINDS
+from kvverify.units import (
+    choice_list_arg,
+    format_size,
+    positive_float_arg,
+    positive_int_arg,
+    size_arg,
+    size_list_arg,
+)
 
 WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
+COMPUTE_REPS = 3  # alone / during pairs per method and point
+MATMUL_PROBE = 10  # matmuls timed once per run to size the compute loops
+
+parse_directions = choice_list_arg(DIRECTIONS, upper=False)
 
 
 def _int_list(text: str) -> list[int]:
@@ -95,12 +121,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
                    help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
                         "layout's tensors (default 16)")
-    g.add_argument("--directions", type=parse_directions, default=COPY_KINDS, help="h2d,d2h (default both)")
-    g.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
+    g.add_argument("--calibrate", action="store_true",
+                   help="the fastest safe path per direction, page size and pages per call (write it with -o)")
+    g.add_argument("--pages-per-call", type=_int_list, metavar="LIST",
+                   help="pages per batch call, e.g. 16,256,4096,16384 (instead of --call-bytes / page size)")
+    g.add_argument("--directions", type=parse_directions, default=DIRECTIONS,
+                   help="h2d,d2h,both (both: one call each way at once; default all)")
+    g.add_argument("--orders", type=parse_orders, help="STREAM,DURING_API_CALL,ANY (default all; --calibrate STREAM,ANY)")
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
+    g.add_argument("--no-kernel", action="store_true", help="skip the SM-kernel copy path")
+    g.add_argument("--compute", action=argparse.BooleanOptionalAction,
+                   help="measure the slowdown of a concurrent bf16 matmul under each path (default on; --calibrate off)")
+    g.add_argument("--matmul-size", type=positive_int_arg, default=4096, metavar="N", help="N of the N x N bf16 matmul (default 4096)")
     g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", help="host pool kind (default pinned)")
     g = parser.add_argument_group("how much")
-    g.add_argument("--reps", type=positive_int_arg, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
+    g.add_argument("--reps", type=positive_int_arg,
+                   help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS}; --calibrate {CALIBRATE_REPS})")
     g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
                    help="bytes per batch call without --model; pages/call = call bytes / page size (default 64MiB)")
     g.add_argument("--calls-per-rep", type=positive_int_arg,
@@ -113,6 +149,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0, help="seed of the random page draws (default 0)")
     g = parser.add_argument_group("output")
     g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform as JSON (- for stdout)")
+    g.add_argument("-o", "--output", metavar="PATH", help="with --calibrate: write the paths document (kvverify/schemas/paths-v1.json)")
     g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib: pip install 'kvverify[plot]')")
     g.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
     from kvverify import annotate
@@ -172,12 +209,29 @@ class Rep:
 
 
 @dataclass
+class Slowdown:
+    """The compute slowdown under one method at one point: ``matmuls`` bf16 matmuls timed alone
+    (``alone_s``) and while ``copy_reps`` reps of the method ran on the copy stream (``during_s``,
+    the copies taking ``copies_s``); ``overlapped``: per rep, whether the copies shared the whole
+    matmul window (queued before the hold ended, done after the last matmul)."""
+
+    matmuls: int
+    copy_reps: int
+    alone_s: list[float] = field(default_factory=list)
+    during_s: list[float] = field(default_factory=list)
+    copies_s: list[float] = field(default_factory=list)
+    overlapped: list[bool] = field(default_factory=list)
+
+
+@dataclass
 class Series:
-    """The counted reps of one method at one point; ``error``: why the method stopped early (its op raised)."""
+    """The counted reps of one method at one point; ``error``: why the method stopped early (its op
+    raised); ``slowdown``: the compute slowdown measured under it, if asked."""
 
     reps: list[Rep] = field(default_factory=list)
     blocking: bool = False
     error: str | None = None
+    slowdown: Slowdown | None = None
 
 
 def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate) -> Rep:
@@ -190,37 +244,90 @@ def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate)
     return Rep(copy_s, queue_s, covered, hold_ns / 1e9, e2e_s)
 
 
-def measure_point(backend, point: Point, methods: list[str], reps: int, seed: int, annotate) -> dict[str, Series]:
+def measure_slowdown(backend, issue: Callable[[], None], series: Series, matmul_s: float, reps: int) -> Slowdown:
+    """The slowdown of bf16 matmuls while ``issue``'s reps run: one pass not counted, then ``reps``
+    pairs of (matmuls alone, matmuls during the copies). The matmul loop is sized to half a rep's
+    copy time (``matmul_s``: seconds of one matmul), and the copies repeat until they last twice the
+    loop's time alone, so a slowdown of up to 100% still finds the copies running throughout."""
+    copy_s = common.summary(r.copy_s for r in series.reps)["median"]
+    queue_s = common.summary(r.queue_s for r in series.reps)["median"]
+    matmuls = max(2, round(0.5 * copy_s / matmul_s))
+    copy_reps = max(1, math.ceil(2 * matmuls * matmul_s / copy_s))
+    # The hold covers queueing the matmuls and every copy call (a blocking method waits for it anyway).
+    hold_ns = int(2e6 + 2 * copy_reps * queue_s * 1e9 + matmuls * 50e3)
+    out = Slowdown(matmuls, copy_reps)
+    # Not counted: the first pass may allocate (cuBLAS workspace; the kernel path's pinned descriptor
+    # blocks for copy_reps reps in flight), and an allocation may synchronize the device.
+    backend.matmuls_during(issue, copy_reps, matmuls, hold_ns)
+    for _ in range(reps):
+        out.alone_s.append(backend.matmuls_alone(matmuls, hold_ns))
+        during_s, copies_s, overlapped = backend.matmuls_during(issue, copy_reps, matmuls, hold_ns)
+        out.during_s.append(during_s)
+        out.copies_s.append(copies_s)
+        out.overlapped.append(overlapped)
+    return out
+
+
+def measure_point(backend, point: Point, methods: list[str], reps: int, seed: int, annotate,
+                  matmul_s: float | None = None) -> dict[str, Series]:
     """Measure ``methods`` at ``point``: one warm-up rep each (sizes the hold, not counted), then
-    ``reps`` interleaved rounds (``round_order``). A method whose op raises is dropped from the
-    point's remaining rounds with the error kept (``backend.recover()`` then re-synchronizes; a
-    sticky CUDA error raises there and ends the run)."""
+    ``reps`` interleaved rounds (``round_order``); then, with ``matmul_s`` (seconds of one bf16
+    matmul), the compute slowdown under each method that ran. A method whose op raises is dropped
+    from the point's remaining rounds with the error kept (``backend.recover()`` then
+    re-synchronizes; a sticky CUDA error raises there and ends the run)."""
     calls = backend.prepare(point, seed)
     issuers = {m: backend.issuer(m, point, calls) for m in methods}
     holds = {m: HoldController() for m in methods}
     out = {m: Series() for m in methods}
 
-    def attempt(m: str) -> Rep | None:
+    def attempt(m: str, action: Callable[[], Any]) -> Any:
         try:
-            return _one_rep(backend, issuers[m], holds[m], annotate)
+            return action()
         except Exception as exc:  # noqa: BLE001  (the op's own errors: unsupported memory, invalid value, ...)
             out[m].error = " ".join(str(exc).split())[:300] or type(exc).__name__
             backend.recover()
             return None
 
+    def rep(m: str) -> Rep | None:
+        return attempt(m, lambda: _one_rep(backend, issuers[m], holds[m], annotate))
+
     with annotate.trial_range(WARMUP_TRIAL):
         for m in methods:
-            attempt(m)
+            rep(m)
     for i in range(reps):
         with annotate.trial_range(i):
             for m in round_order(i, methods):
                 if out[m].error is None:
-                    rep = attempt(m)
-                    if rep is not None:
-                        out[m].reps.append(rep)
+                    result = rep(m)
+                    if result is not None:
+                        out[m].reps.append(result)
     for m in methods:
         out[m].blocking = holds[m].blocking
+    if matmul_s is not None:
+        with annotate.trial_range(reps), annotate.phase_range("swap"):
+            for m in methods:
+                if out[m].error is None and out[m].reps:
+                    out[m].slowdown = attempt(m, lambda m=m: measure_slowdown(backend, issuers[m], out[m], matmul_s,
+                                                                              COMPUTE_REPS))
     return out
+
+
+def slowdown_summary(point: Point, slowdown: Slowdown | None) -> dict[str, Any] | None:
+    """JSON of a ``Slowdown``: per-rep ``slowdown`` (during / alone - 1, a fraction), the copies' GB/s
+    while the matmuls ran, and in how many reps the copies shared the whole matmul window."""
+    if slowdown is None:
+        return None
+    ratios = [d / a - 1 for d, a in zip(slowdown.during_s, slowdown.alone_s) if a > 0]
+    return {
+        "matmuls": slowdown.matmuls,
+        "copy_reps": slowdown.copy_reps,
+        "slowdown": common.summary(ratios),
+        "matmul_s_alone": common.summary(slowdown.alone_s),
+        "matmul_s_during": common.summary(slowdown.during_s),
+        "copy_gbps_during": common.summary(common.gbps(point.rep_bytes * slowdown.copy_reps, t) for t in slowdown.copies_s),
+        "overlapped": sum(slowdown.overlapped),
+        "n": len(ratios),
+    }
 
 
 def summarize_series(point: Point, series: Series) -> dict[str, Any]:
@@ -237,6 +344,7 @@ def summarize_series(point: Point, series: Series) -> dict[str, Any]:
         "hold_s": common.summary(r.hold_s for r in series.reps),
         "samples_gbps": bw,
         "samples_e2e_gbps": e2e,
+        "compute": slowdown_summary(point, series.slowdown),
     }
 
 
@@ -244,7 +352,7 @@ def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | 
     """Everything reported for one point: per-method summaries, fraction of the ceiling, the paired
     ANY/STREAM ratios (event-timed and end-to-end) and the repeatability of STREAM."""
     methods = {m: summarize_series(point, s) for m, s in measured.items()}
-    ceiling = methods.get("ceiling", {}).get("gbps", {}).get("median", float("nan"))
+    ceiling = methods.get(CEILING, {}).get("gbps", {}).get("median", float("nan"))
     for m in methods.values():
         m["of_ceiling"] = m["gbps"]["median"] / ceiling if ceiling and ceiling == ceiling else float("nan")
     result: dict[str, Any] = {
@@ -289,23 +397,30 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
     """Measure every planned point on ``backend``, then the repeat series; return the report document.
 
     ``backend`` provides ``prepare(point, seed)``, ``issuer(method, point, calls)``,
-    ``held(issue, hold_ns) -> (copy_s, queue_s, covered)`` and ``end_to_end(issue) -> seconds``.
+    ``held(issue, hold_ns) -> (copy_s, queue_s, covered)``, ``end_to_end(issue) -> seconds``,
+    ``recover()``, and with ``args.compute`` ``matmuls_alone(count, hold_ns) -> seconds`` and
+    ``matmuls_during(issue, repeats, count, hold_ns) -> (matmul_s, copies_s, overlapped)``.
     """
     resolve(args)
-    points = plan_points(args)
+    points, skipped = plan_points(args)
     batch_api = platform.get("batch_api_available") is not False
     methods = methods_for(args, batch_api)
     started = time.perf_counter()
     elapsed = lambda: time.perf_counter() - started  # noqa: E731
     measured: list[tuple[Point, dict[str, Series]]] = []
     truncated = False
+    matmul_s = None
     with annotate.run_range("kvverify bench"):
+        if args.compute:
+            backend.matmuls_alone(1, HoldController.MIN_NS)  # warm-up: library load, first launch
+            matmul_s = backend.matmuls_alone(MATMUL_PROBE, HoldController.INITIAL_NS) / MATMUL_PROBE
         for index, point in enumerate(points):
             if args.max_seconds is not None and elapsed() > args.max_seconds:
                 truncated = True
                 break
-            with annotate.cell_range(f"bench {point.direction} {point.label}", point.direction):
-                series = measure_point(backend, point, methods, args.reps, args.seed * 1_000_003 + index, annotate)
+            with annotate.cell_range(f"bench {point.direction} {point.label}", _nvtx_direction(point.direction)):
+                series = measure_point(backend, point, methods, args.reps, args.seed * 1_000_003 + index, annotate,
+                                       matmul_s)
             measured.append((point, series))
             if progress is not None:
                 progress(_progress_line(point, series, elapsed()))
@@ -315,7 +430,7 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
                 if args.max_seconds is not None and elapsed() > args.max_seconds:
                     truncated = True
                     break
-                with annotate.cell_range(f"bench repeat {point.direction} {point.label}", point.direction):
+                with annotate.cell_range(f"bench repeat {point.direction} {point.label}", _nvtx_direction(point.direction)):
                     repeats[index] = measure_point(
                         backend, point, ["STREAM"], args.reps, args.seed * 1_000_003 + 500_000 + index, annotate
                     )["STREAM"]
@@ -330,34 +445,44 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
             "host_memory": args.host_memory,
             "directions": list(args.directions),
             "methods": methods,
-            "page_sizes": [p.page_bytes for p in points if p.direction == points[0].direction] if points else [],
+            "page_sizes": sorted({p.page_bytes for p in points}),
+            "pages_per_call": list(args.pages_per_call) if args.pages_per_call else None,
             "model": args.model,
             "block_tokens": list(args.block_tokens) if args.model else None,
             "blocks_per_transfer": args.blocks_per_transfer if args.model else None,
             "reps": args.reps,
             "warmup_reps": 1,
             "pool_bytes": args.pool_bytes,
-            "call_bytes": None if args.model else args.call_bytes,
+            "call_bytes": None if args.model or args.pages_per_call else args.call_bytes,
             "confidence": args.confidence,
             "repeat": not args.no_repeat,
+            "compute": {"matmul_size": args.matmul_size, "dtype": "bfloat16", "matmul_s": matmul_s,
+                        "reps": COMPUTE_REPS} if args.compute else None,
             "max_seconds": args.max_seconds,
             "seed": args.seed,
             "quick": bool(args.quick),
+            "calibrate": bool(args.calibrate),
             "units": "GB/s = 1e9 bytes/s; times in seconds; sizes in bytes",
         },
         "ceiling_gbps": _ceilings(results),
         "points": results,
         "points_planned": len(points),
+        "skipped_points": skipped,
         "truncated": truncated,
         "elapsed_s": elapsed(),
     }
 
 
+def _nvtx_direction(direction: str) -> str:
+    """The NVTX category of a point: ``annotate`` knows H2D and D2H; ``both`` counts as H2D."""
+    return "d2h" if direction == "d2h" else "h2d"
+
+
 def _ceilings(results: list[dict[str, Any]]) -> dict[str, float]:
     """Per direction: the median over points of the ceiling's median GB/s (the plot's horizontal line)."""
     out = {}
-    for direction in COPY_KINDS:
-        values = [r["methods"]["ceiling"]["gbps"]["median"] for r in results if r["direction"] == direction and "ceiling" in r["methods"]]
+    for direction in DIRECTIONS:
+        values = [r["methods"][CEILING]["gbps"]["median"] for r in results if r["direction"] == direction and CEILING in r["methods"]]
         if values:
             out[direction] = common.summary(values)["median"]
     return out
@@ -377,7 +502,9 @@ def _progress_line(point: Point, series: dict[str, Series], elapsed_s: float) ->
 def run(args: argparse.Namespace) -> int:
     resolve(args)
     try:
-        points = plan_points(args)
+        if args.output and not args.calibrate:
+            raise PlanError("-o/--output writes the paths document of --calibrate; add --calibrate (or use --json)")
+        points, skipped = plan_points(args)
     except PlanError as exc:
         print(f"kvverify bench: {exc}", file=sys.stderr)
         return 2
@@ -395,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvverify import stats
 
-    if args.reps < stats.min_pairs(args.confidence):
+    if not args.calibrate and args.reps < stats.min_pairs(args.confidence):
         progress(f"warning: {args.reps} reps give no {args.confidence:.0%} interval for ANY/STREAM "
                  f"(it needs {stats.min_pairs(args.confidence)} pairs)")
     l2 = platform.get("l2_cache_bytes")
@@ -403,13 +530,17 @@ def run(args: argparse.Namespace) -> int:
         progress(f"warning: the pool ({format_size(args.pool_bytes)}) is less than 4x the L2 ({format_size(l2)})")
     methods = methods_for(args, platform.get("batch_api_available") is not False)
     if platform.get("batch_api_available") is False:
-        progress("the batch API (cuMemcpyBatchAsync) is absent: only loop and ceiling are measured")
+        progress("the batch API (cuMemcpyBatchAsync) is absent: the orders are not measured")
+    for line in skipped:
+        progress(f"left out: {line}")
     progress(f"{len(points)} points x {len(methods)} methods x ({args.reps} reps + 1 warm-up), each rep held and end-to-end"
-             + ("" if args.no_repeat else ", then a second STREAM series per point"))
+             + ("" if args.no_repeat else ", then a second STREAM series per point")
+             + (", then the compute slowdown under each method" if args.compute else ""))
+    from kvverify.measure import calibration
     from kvverify.measure.bench_device import CudaBench
-    from kvverify.measure.bench_render import plot, render_tables
+    from kvverify.measure.bench_render import plot, render_calibration, render_tables
 
-    backend = CudaBench(args.device, args.host_memory, args.pool_bytes)
+    backend = CudaBench(args.device, args.host_memory, args.pool_bytes, args.matmul_size)
     try:
         document = run_bench(args, backend, platform, annotate, progress)
     finally:
@@ -417,6 +548,12 @@ def run(args: argparse.Namespace) -> int:
     render_tables(document, out)
     if args.json:
         common.write_json(args.json, document)
+    if args.calibrate:
+        paths = calibration.build(document)
+        render_calibration(paths, out)
+        if args.output:
+            common.write_json(args.output, paths)
+            progress(f"paths written to {args.output}")
     if args.plot:
         plot(document, args.plot)
         progress(f"plot written to {args.plot}")

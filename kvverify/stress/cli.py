@@ -59,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--host-memory", type=choice_list_arg(HOST_MEMORY_KINDS, upper=False), metavar="KINDS", help="comma list of pinned,registered,pageable, or all")
     a("--orders", type=choice_list_arg(ORDERS, upper=True), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY, or all")
     a("--scenarios", type=_names, metavar="NAMES", help="comma list of scenarios (H1-broken, P2) or hazards (H3)")
-    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES", help="comma list of native,adversarial, or all")
+    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES", help="comma list of native,adversarial,kernel, or all")
     a("--blocks-per-transfer", type=positive_int_arg, metavar="N", help="KV blocks per batched swap")
     a("--transfers", type=positive_int_arg, metavar="N", help="transfers in flight (2..32)")
     a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write")

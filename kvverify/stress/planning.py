@@ -17,6 +17,7 @@ from kvverify.scenarios.contract import CONTRACT_TENSORS, contract, to_trace
 from kvverify.scenarios.program import HOST, Expect, HostConsume, HostFill
 from kvverify.stress.campaign import Campaign, CampaignError
 from kvverify.stress.report import Cell
+from kvverify.terms import ADVERSARIAL, KERNEL
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,9 +34,19 @@ def witness_text(race) -> str:
     return f"ops {race.first} and {race.second} ({race.kind}): {race.reason}"
 
 
+def runs(executor: str, order: str, host_memory: str) -> bool:
+    """Whether ``executor`` has a cell of this order and host memory kind. The kernel copy path is
+    stream-ordered on both sides whatever order is asked (its contract is ``STREAM``'s), so it
+    runs the ``STREAM`` cells only; and a kernel cannot dereference pageable memory
+    (``swap_blocks_batch(method="kernel")`` refuses it), so it runs pinned and registered cells."""
+    if executor == KERNEL:
+        return order == "STREAM" and host_memory != "pageable"
+    return True
+
+
 def plan(campaign: Campaign, layout: KVLayout, params: Params | None = None) -> list[PlannedCell]:
-    """Every cell of the campaign with its contract verdict. Raises ValueError for an
-    unknown scenario name."""
+    """Every cell of the campaign with its contract verdict (the executors' cells as ``runs``
+    says). Raises ValueError for an unknown scenario name."""
     params = params or Params(campaign.blocks_per_transfer, campaign.transfers)
     cells: list[PlannedCell] = []
     for scenario in select(list(campaign.scenarios)):
@@ -46,7 +57,7 @@ def plan(campaign: Campaign, layout: KVLayout, params: Params | None = None) -> 
                     doc = to_trace(program, order, host, layout.page_bytes, min(CONTRACT_TENSORS, layout.num_tensors))
                     report = contract(doc)
                     witness = witness_text(report.races[0]) if report.races else None
-                    for executor in campaign.executors:
+                    for executor in (e for e in campaign.executors if runs(e, order, host)):
                         cell = Cell(scenario.name, direction, order, host, executor)
                         cells.append(PlannedCell(cell, scenario, program, report.verdict, witness, doc))
     return cells
@@ -85,7 +96,7 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
         params = Params(n, campaign.transfers)
         sizes = pool_sizes([s.program(d, params) for s in scenarios for d in s.directions], layout, staged)
         dev, host = sizes.device_bytes(layout), sizes.host_bytes(layout)
-        if "adversarial" in campaign.executors:  # its host snapshot area (AdversarialExecutor)
+        if ADVERSARIAL in campaign.executors:  # its host snapshot area (AdversarialExecutor)
             host += max(1, sizes.snapshot_pages) * layout.page_bytes
         return dev <= campaign.gpu_mem and host <= campaign.host_mem
 
@@ -118,7 +129,7 @@ def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) 
     from kvverify.stress.executors.adversarial import SCHEDULES
 
     need = math.ceil(campaign.min_checked / max(1, checked_bytes_per_trial))
-    low = campaign.trials if executor == "native" else max(campaign.trials, len(SCHEDULES))
+    low = max(campaign.trials, len(SCHEDULES)) if executor == ADVERSARIAL else campaign.trials
     return max(low, min(need, campaign.max_trials))
 
 

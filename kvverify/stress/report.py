@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from kvverify import __version__
 from kvverify.stats import clopper_pearson_upper
 from kvverify.terms import (
+    ADVERSARIAL,
     BLOCK_STATES,
     CONTRACTS,
     COPY_KIND,
@@ -178,9 +179,10 @@ def cell_verdict(contract: str, observation: Observation | None, executor: str) 
     """Join a contract verdict with an observation, exactly as ``shared/DESIGN.md`` says.
 
     ``contract``: ``"SAFE"`` or ``"RACY"``; ``observation``: None when the cell did not
-    run; ``executor``: ``"native"`` or ``"adversarial"`` (only a RACY cell without
-    corruption depends on it: the adversarial executor must make every permitted
-    reordering visible, the native one need not). Raises ValueError for other values.
+    run; ``executor``: one of ``EXECUTORS`` (only a RACY cell without corruption depends on
+    it: the adversarial executor must make every permitted reordering visible, the native
+    and kernel copy paths run as a user runs them and need not). Raises ValueError for
+    other values.
     """
     _one_of("contract", contract, CONTRACTS)
     _one_of("executor", executor, EXECUTORS)
@@ -192,7 +194,7 @@ def cell_verdict(contract: str, observation: Observation | None, executor: str) 
         return CellVerdict.SAFE_CONFIRMED
     if observation.corrupted:
         return CellVerdict.CONFIRMED_RACE
-    if executor == "adversarial":
+    if executor == ADVERSARIAL:
         return CellVerdict.SENSITIVITY_FAILURE
     return CellVerdict.NO_RACE_OBSERVED
 

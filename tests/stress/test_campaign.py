@@ -20,7 +20,7 @@ def test_smoke_is_every_cell_with_llama_and_a_gib_per_cell():
     assert c.models == ("llama-3.1-8b",)
     assert set(c.orders) == {"STREAM", "DURING_API_CALL", "ANY"}
     assert set(c.host_memory) == {"pinned", "registered", "pageable"}
-    assert set(c.executors) == {"native", "adversarial"}
+    assert set(c.executors) == {"native", "adversarial", "kernel"}
     assert c.scenarios == ("all",) and c.min_checked == 2**30
 
 

@@ -48,6 +48,34 @@ def test_reference_schedule_is_clean_except_reordered_batches(fake_device):
             assert not obs.corrupted, (pc.cell.label, obs.counts)
 
 
+def test_the_kernel_executor_copies_with_the_kernel_path(fake_device, monkeypatch):
+    """Kernel cells (STREAM, host memory a kernel reaches) run every swap through
+    ``method="kernel"``, the native ones through the batch, and the reference schedule leaves
+    every block OK. Pinned memory is the stand-in's pageable memory here (no CUDA)."""
+    from kvverify.device import host_memory, ops
+    from kvverify.stress.executors import pools
+
+    monkeypatch.setattr(pools, "allocate_host", lambda kind, n: host_memory.allocate_host("pageable", n))
+    methods: list[str] = []
+    copy = ops.swap_blocks_batch
+
+    def recording(*args, method="batch", **kwargs):
+        methods.append(method)
+        copy(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "swap_blocks_batch", recording)
+    campaign = _campaign(host_memory=("pinned",), orders=("STREAM", "ANY"), executors=("native", "kernel"),
+                         scenarios=("P2", "H1", "H3"))
+    planned = planning.plan(campaign, TINY, PARAMS)
+    kernel_cells = [pc for pc in planned if pc.cell.executor == "kernel"]
+    assert kernel_cells and all(pc.cell.order == "STREAM" for pc in kernel_cells)
+    for pc in planned:
+        methods.clear()
+        outcome = running.execute([pc], campaign, TINY, PARAMS, device=fake_device)[pc.cell]
+        assert outcome.error is None and not outcome.observation.corrupted, pc.cell.label
+        assert methods and set(methods) == {"kernel" if pc.cell.executor == "kernel" else "batch"}, pc.cell.label
+
+
 def test_random_data_native_is_clean(fake_device):
     planned, outcomes = _run(_campaign(data="random", executors=("native",)), fake_device)
     for pc in planned:

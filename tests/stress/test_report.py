@@ -174,6 +174,9 @@ def test_observation_derived_values():
         ("RACY", corrupted(), "native", CellVerdict.CONFIRMED_RACE),
         ("RACY", clean(), "native", CellVerdict.NO_RACE_OBSERVED),
         ("RACY", clean(), "adversarial", CellVerdict.SENSITIVITY_FAILURE),
+        ("RACY", clean(), "kernel", CellVerdict.NO_RACE_OBSERVED),  # a copy path as a user runs it
+        ("RACY", corrupted(), "kernel", CellVerdict.CONFIRMED_RACE),
+        ("SAFE", corrupted(), "kernel", CellVerdict.UNEXPECTED_CORRUPTION),
         ("SAFE", clean(), "native", CellVerdict.SAFE_CONFIRMED),
         ("SAFE", clean(), "adversarial", CellVerdict.SAFE_CONFIRMED),
         ("SAFE", corrupted(), "native", CellVerdict.UNEXPECTED_CORRUPTION),

@@ -32,7 +32,8 @@ def test_bare_stress_without_gpu_prints_contracts_and_exits_0(tmp_path):
     lines = [line for line in p.stdout.splitlines() if "not run" in line.lower() and "contract verdicts only" in line]
     assert len(lines) == 1, p.stdout[-2000:]
     doc = json.loads(out.read_text())
-    n_cells = sum(len(s.directions) for s in SCENARIOS.values()) * 3 * 3 * 2
+    scenario_directions = sum(len(s.directions) for s in SCENARIOS.values())
+    n_cells = scenario_directions * (3 * 3 * 2 + 2)  # the kernel path: STREAM cells, pinned and registered
     assert len(doc["cells"]) == n_cells
     assert all(c["observed"] is None and c["verdict"] == "NOT_RUN" for c in doc["cells"])
     assert {c["contract"]["verdict"] for c in doc["cells"]} == {"SAFE", "RACY"}
@@ -114,7 +115,7 @@ TINY = KVLayout(ModelGeometry("tiny", 2, 2, 64, 2), block_size=16)
 def test_plan_gives_every_executor_the_same_contract():
     c = load("smoke").override(scenarios=("H5",))
     planned = planning.plan(c, TINY)
-    assert len(planned) == 2 * 3 * 3 * 2
+    assert len(planned) == 2 * 3 * 3 * 2 + 2 * 2  # native and adversarial everywhere; kernel: STREAM, pinned and registered
     by_key = {}
     for pc in planned:
         key = (pc.cell.scenario, pc.cell.order, pc.cell.host_memory)
@@ -124,11 +125,21 @@ def test_plan_gives_every_executor_the_same_contract():
     assert by_key[("H5-broken", "STREAM", "pinned")] == "SAFE"
 
 
+def test_the_kernel_path_runs_stream_cells_a_kernel_can_reach():
+    for order in ("STREAM", "DURING_API_CALL", "ANY"):
+        for host in ("pinned", "registered", "pageable"):
+            assert planning.runs("native", order, host) and planning.runs("adversarial", order, host)
+            assert planning.runs("kernel", order, host) == (order == "STREAM" and host != "pageable")
+    c = load("smoke").override(orders=("ANY",), executors=("kernel", "native"))
+    assert {pc.cell.executor for pc in planning.plan(c, TINY)} == {"native"}  # no STREAM cell: no kernel cell
+
+
 def test_trials_reach_the_checked_bytes_within_bounds():
     c = load("smoke").override(trials=2, max_trials=10, min_checked=2**20)
     assert planning.trials_for(c, 2**18, "native") == 4
     assert planning.trials_for(c, 2**30, "native") == 2
     assert planning.trials_for(c, 2**30, "adversarial") == 3  # each schedule once
+    assert planning.trials_for(c, 2**30, "kernel") == 2  # one path, no schedules
     assert planning.trials_for(c, 1, "native") == 10
 
 
