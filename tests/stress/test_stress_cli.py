@@ -29,8 +29,9 @@ def test_bare_stress_without_gpu_prints_contracts_and_exits_0(tmp_path):
     junit = tmp_path / "r.xml"
     p = stress("--json", str(out), "--junit", str(junit))
     assert p.returncode == 0, p.stderr
-    lines = [line for line in p.stdout.splitlines() if "not run" in line.lower() and "contract verdicts only" in line]
-    assert len(lines) == 1, p.stdout[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("Nothing ran on a device: no CUDA device is visible"), p.stdout[:2000]
+    assert sum(line.startswith("Contract verdicts only") for line in lines) == 1, p.stdout[:2000]
     doc = json.loads(out.read_text())
     n_cells = sum(len(s.directions) for s in SCENARIOS.values()) * 3 * 3 * 2
     assert len(doc["cells"]) == n_cells
@@ -177,7 +178,7 @@ def test_pool_sizes_cover_every_program():
 def test_no_gpu_flag_gives_contract_verdicts_only():
     p = stress("--no-gpu", "--scenarios", "P2", "--orders", "ANY")
     assert p.returncode == 0, p.stderr
-    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+    assert p.stdout.splitlines()[0] == "Nothing ran on a device: --no-gpu was given."
 
 
 @pytest.mark.parametrize("option", ["--json", "--junit"])
@@ -215,3 +216,41 @@ def test_dump_traces_into_a_file_refuses_before_the_run(tmp_path):
     result = stress("--no-gpu", "--dump-traces", str(existing))
     assert result.returncode == 2
     assert result.stderr.strip() == f"kvverify stress: cannot start: --dump-traces {existing}: exists and is not a folder; give a folder path"
+
+
+def test_details_prints_one_row_per_cell_with_its_witness():
+    p = stress("--no-gpu", "--scenarios", "H3", "--orders", "ANY", "--host-memory", "pinned", "--details")
+    assert p.returncode == 0, p.stderr
+    assert "H3-broken load/H2D/ANY/pinned/adversarial" in p.stdout and "Verdict" in p.stdout
+    assert "[1] ops " in p.stdout  # the witness of the RACY contract, numbered
+    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+
+
+def test_plot_writes_the_matrix_as_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "matrix.png"
+    p = stress("--no-gpu", "--scenarios", "H1,H3", "--orders", "STREAM,ANY", "--plot", str(out))
+    assert p.returncode == 0, p.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_refuses_before_the_run(tmp_path):
+    p = stress("--no-gpu", "--plot", str(tmp_path / "no" / "such" / "m.png"))
+    assert p.returncode == 2 and p.stderr.startswith("kvverify stress: cannot start: --plot ")
+    assert "Contract" not in p.stdout  # nothing ran
+
+
+def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example(tmp_path):
+    env = dict(os.environ, COLUMNS="100", PYTHONPATH=ROOT)
+    text = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--help"], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=60, check=True).stdout
+    lines = text.rstrip("\n").splitlines()
+    assert len(lines) <= 50 and max(map(len, lines)) <= 100, text
+    assert not any(mark in text for mark in ("``", "**", "`")), text
+    assert lines[-2] == "Example:" and lines[-1].startswith("  kvverify stress ")
+    example = lines[-1].split()[2:]
+    # the example runs as written (without a device: contract verdicts), writing the files it names
+    pytest.importorskip("matplotlib")  # it draws a PNG
+    done = stress("--no-gpu", *example, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(a for a in example if a.endswith((".json", ".png")))
