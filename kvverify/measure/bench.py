@@ -1,33 +1,9 @@
-"""``kvverify bench``: bandwidth of ``swap_blocks_batch`` per direction, source access order and page size.
+"""``kvverify bench``: bandwidth of ``swap_blocks_batch`` per direction, source access order and
+page size, against a contiguous copy (the ceiling) and a per-copy loop.
 
-Method (docs/bench.md has the long form):
-
-* **Pool and pages.** One host pool (``--host-memory``, pinned by default) and one device pool of
-  ``--pool-bytes`` each (default 2 GiB: more than 4x the L2 of any current GPU and more than
-  1 GiB). A point is (direction, page size). Each batch call copies ``pages/call`` pages whose
-  source and destination slots are drawn at random, without replacement, from the pool's
-  page-aligned slots; a repetition ("rep") is ``calls/rep`` such calls, each with its own draw
-  (at least 256 MiB per rep by default), and the same draws serve every method of the point.
-* **Methods.** The three orders through ``cuMemcpyBatchAsync`` (``STREAM``, ``DURING_API_CALL``,
-  ``ANY``); ``loop``: the same copies as one ``cudaMemcpyAsync`` each (``use_batch_api=False``);
-  ``ceiling``: one contiguous ``cudaMemcpyAsync`` of the rep's bytes between the same two pools.
-* **Event-timed bandwidth.** A spin kernel holds the copy stream; the start event is recorded
-  behind it, the rep's calls are queued, the stop event follows. If the spin is still running once
-  everything is queued (the start event has not completed: "hold covered"), the events enclose
-  the copies alone, without launch or call gaps. The hold is sized from the measured queueing time
-  (twice it plus 1 ms); a method whose calls wait for the held work (no hold can cover them) is
-  marked and then run behind a 1 ms hold, so its event time includes its call gaps.
-* **End-to-end bandwidth.** The same rep without a hold: host clock from before the first call to
-  the completion of a stop event recorded after the last.
-* **Paired ANY / STREAM.** Within a point the reps of all methods are interleaved round by round;
-  ANY and STREAM run next to each other in every round, alternating which goes first. The ratio
-  ANY / STREAM of each round's pair gives the median ratio and its confidence interval
-  (``kvverify.stats.paired_ratio_ci``).
-* **Repeatability.** After all points, STREAM is measured again at every point as an independent
-  series (new random draws, new hold sizing); the relative difference of the two medians is
-  reported, and checked against 3% for pages of 256 KiB and up.
-
-GB/s is 1e9 bytes per second throughout. Bytes per rep count each byte once (read or written).
+``docs/bench.md`` describes the method (pools and random page draws, event timing behind a stream
+hold, end-to-end timing, paired ANY / STREAM rounds, repeatability); ``DESCRIPTION`` and
+``EPILOG`` are the ``--help`` text. GB/s is 1e9 bytes per second throughout.
 """
 
 from __future__ import annotations
@@ -57,7 +33,20 @@ from kvverify.measure.bench_plan import (
 )
 from kvverify.measure.probe import parse_directions, parse_orders
 from kvverify.terms import COPY_KINDS, HOST_MEMORY_KINDS, ORDERS
-from kvverify.units import format_size, positive_float_arg, positive_int_arg, size_arg, size_list_arg
+from kvverify.units import HelpFormatter, format_size, positive_float_arg, positive_int_arg, size_arg, size_list_arg
+
+DESCRIPTION = """\
+Per point (direction, page size) it copies randomly drawn pages between a host pool and a device
+pool under each order, with a per-copy cudaMemcpyAsync loop and one contiguous copy (the
+ceiling) beside them. Each is timed by events behind a stream hold (no launch gaps) and end to
+end; ANY and STREAM run side by side in every round, giving a confidence interval on their
+ratio; STREAM is measured twice for repeatability. GB/s is 1e9 bytes per second.
+docs/bench.md has the method in full and H200 figures. Needs a CUDA device and the built
+extension; without them: exit status 2, one line on stderr."""
+
+EPILOG = """\
+Example:
+  kvverify bench --quick --json bench.json --plot bench.png"""
 
 WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
 
@@ -80,41 +69,47 @@ def _confidence(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
+    parser.formatter_class = HelpFormatter
+    parser.usage = "%(prog)s [OPTIONS]"
+    parser.description = (parser.description or "") + ".\n\n" + DESCRIPTION
+    parser.epilog = EPILOG
+    quick = ",".join(format_size(p).replace(" ", "") for p in QUICK_PAGE_SIZES)
     g = parser.add_argument_group("what to measure")
     g.add_argument("--quick", action="store_true",
-                   help=f"page sizes {','.join(format_size(p).replace(' ', '') for p in QUICK_PAGE_SIZES)}, "
-                        f"{QUICK_REPS} reps, stop starting points after {QUICK_MAX_SECONDS:g} s (options given explicitly win)")
+                   help=f"pages {quick}, {QUICK_REPS} reps, at most {QUICK_MAX_SECONDS:g} s (explicit options win)")
     g.add_argument("--page-sizes", type=size_list_arg, metavar="LIST",
-                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB in powers of two)")
-    g.add_argument("--model", metavar="PRESET",
-                   help="take page sizes and pages per call from a model preset of kvverify.geometry (e.g. llama-3.1-8b)")
+                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB, powers of 2)")
+    g.add_argument("--model", metavar="PRESET", help="page sizes and pages per call of a model preset (llama-3.1-8b)")
     g.add_argument("--block-tokens", type=_int_list, default=[16, 32, 64], metavar="LIST",
-                   help="with --model: tokens per KV block (GPU page), one page size each (default 16,32,64)")
-    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
-                   help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
-                        "layout's tensors (default 16)")
-    g.add_argument("--directions", type=parse_directions, default=COPY_KINDS, help="h2d,d2h (default both)")
-    g.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
+                   help="with --model: tokens per KV block (default 16,32,64)")
+    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16, metavar="N",
+                   help="with --model: KV blocks per batch call (default 16)")
+    g.add_argument("--directions", type=parse_directions, default=COPY_KINDS, metavar="DIRS",
+                   help=f"comma list of {','.join(COPY_KINDS)} (default both)")
+    g.add_argument("--orders", type=parse_orders, default=ORDERS, metavar="ORDERS",
+                   help=f"comma list of {','.join(ORDERS)} (default all)")
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
-    g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", help="host pool kind (default pinned)")
+    g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", metavar="KIND",
+                   help=f"host pool: {', '.join(HOST_MEMORY_KINDS)} (default pinned)")
     g = parser.add_argument_group("how much")
-    g.add_argument("--reps", type=positive_int_arg, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
-    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
-                   help="bytes per batch call without --model; pages/call = call bytes / page size (default 64MiB)")
-    g.add_argument("--calls-per-rep", type=positive_int_arg,
-                   help="batch calls per rep (default: the fewest that move at least 256 MiB)")
-    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, help="bytes of each pool, host and device (default 2GiB)")
-    g.add_argument("--confidence", type=_confidence, default=0.95, help="confidence of the ANY/STREAM interval (default 0.95)")
-    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (the repeatability check)")
-    g.add_argument("--max-seconds", type=positive_float_arg,
-                   help=f"start no new point after this many seconds; the report says it was cut short (--quick: {QUICK_MAX_SECONDS:g})")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random page draws (default 0)")
+    g.add_argument("--reps", type=positive_int_arg, metavar="N",
+                   help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
+    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB, metavar="SIZE",
+                   help="bytes per batch call without --model (default 64MiB)")
+    g.add_argument("--calls-per-rep", type=positive_int_arg, metavar="N",
+                   help="batch calls per rep (default: the fewest moving 256 MiB)")
+    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, metavar="SIZE",
+                   help="bytes of each pool, host and device (default 2GiB)")
+    g.add_argument("--confidence", type=_confidence, default=0.95, metavar="C",
+                   help="confidence of the ANY/STREAM interval (default 0.95)")
+    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (repeatability)")
+    g.add_argument("--max-seconds", type=positive_float_arg, metavar="S",
+                   help=f"start no point after S seconds; the report says so (--quick: {QUICK_MAX_SECONDS:g})")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random page draws (default 0)")
     g = parser.add_argument_group("output")
-    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform as JSON (- for stdout)")
-    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib: pip install 'kvverify[plot]')")
-    g.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform (- for stdout)")
+    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib)")
+    g.add_argument("--device", type=int, default=0, metavar="N", help="CUDA device index (default 0)")
     from kvverify import annotate
 
     annotate.add_cli_option(g)

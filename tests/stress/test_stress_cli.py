@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from help_screen import check_screen, help_lines
 
 from kvverify.geometry import KVLayout, ModelGeometry, preset
 from kvverify.scenarios import SCENARIOS, Params
@@ -241,16 +242,10 @@ def test_plot_refuses_before_the_run(tmp_path):
 
 
 def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example(tmp_path):
-    env = dict(os.environ, COLUMNS="100", PYTHONPATH=ROOT)
-    text = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--help"], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=60, check=True).stdout
-    lines = text.rstrip("\n").splitlines()
-    assert len(lines) <= 50 and max(map(len, lines)) <= 100, text
-    assert not any(mark in text for mark in ("``", "**", "`")), text
-    assert lines[-2] == "Example:" and lines[-1].startswith("  kvverify stress ")
-    example = lines[-1].split()[2:]
+    (example,) = check_screen(help_lines("stress"))
     # the example runs as written (without a device: contract verdicts), writing the files it names
     pytest.importorskip("matplotlib")  # it draws a PNG
-    done = stress("--no-gpu", *example, cwd=tmp_path)
+    args = example.split()[2:]
+    done = stress("--no-gpu", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(a for a in example if a.endswith((".json", ".png")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(a for a in args if a.endswith((".json", ".png")))
