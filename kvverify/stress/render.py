@@ -79,7 +79,7 @@ def _window(window) -> str:
     return " ".join(f"{k}={v}" for k, v in window.items()) or "-"
 
 
-def _row(r: CellResult, footnote: int | None) -> list[str | Text]:
+def _row(r: CellResult, footnote: int | None, window: str) -> list[str | Text]:
     contract = r.contract if footnote is None else f"{r.contract} [{footnote}]"
     verdict = Text(r.verdict.value, style=_STYLE[r.verdict])
     obs = r.observation
@@ -95,7 +95,7 @@ def _row(r: CellResult, footnote: int | None) -> list[str | Text]:
         str(obs.blocks_checked),
         _bytes(obs.bytes_checked),
         *(str(v) for v in obs.counts.values()),
-        _window(obs.window),
+        window,
         "-" if bound is None else f"{bound:.3g}",
         verdict,
     ]
@@ -273,8 +273,8 @@ def _say(console: Console, text: str) -> None:
 
 def render_table(report: StressReport, console: Console) -> None:
     """Print ``report`` on ``console`` (``--details``): one row per cell, then the witnesses of
-    the RACY contracts (numbered, each once), the not-run line, where each order was safe among
-    the cells that ran, and the headline."""
+    the RACY contracts ([1], [2], ...) and the race windows (w1, w2, ...), each once, the not-run
+    line, where each order was safe among the cells that ran, and the headline."""
     table = Table(title=_title(report))
     for name in COLUMNS:
         # Where the console is too narrow a number or verdict is cut visibly (…), never
@@ -287,12 +287,16 @@ def render_table(report: StressReport, console: Console) -> None:
             no_wrap=name == "Verdict",  # the column the table exists for
         )
     witnesses: dict[str, int] = {}
+    windows: dict[str, int] = {}  # a window is long and shared by many cells: named once, below
     for r in report.cells:
         note = witnesses.setdefault(r.witness, len(witnesses) + 1) if r.witness else None
-        table.add_row(*_row(r, note))
+        window = f"w{windows.setdefault(_window(r.observation.window), len(windows) + 1)}" if r.observation else "-"
+        table.add_row(*_row(r, note, window))
     console.print(table)
     for witness, n in witnesses.items():
         console.print(f"[{n}] {witness}", markup=False, highlight=False)
+    for window, n in windows.items():
+        console.print(f"w{n}: {window}", markup=False, highlight=False)
     if report.not_run_reason:
         console.print(
             f"Observed columns not run: {report.not_run_reason}; contract verdicts only.",

@@ -477,7 +477,7 @@ def test_table_has_every_column_and_cell():
     for r in make_report().cells:
         assert r.cell.label in text
     assert "RACY [1]" in text and f"[1] {WITNESS}" in text
-    assert "writer_spin_ns=200000" in text and "200.0 MiB" in text
+    assert "w1: writer_spin_ns=200000 reader_ns=100000" in text and "200.0 MiB" in text  # each window once
     assert "ANY safe in store: nowhere; load: H3-fixed [pinned]" in text
     assert "Headline: YES" in text
 
