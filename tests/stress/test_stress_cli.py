@@ -249,3 +249,15 @@ def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example(tmp_path):
     done = stress("--no-gpu", *args, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(a for a in args if a.endswith((".json", ".png")))
+
+
+def test_plot_without_matplotlib_refuses_before_the_run(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from kvverify import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main(["stress", "--no-gpu", "--plot", str(tmp_path / "m.png")]) == 2
+    captured = capsys.readouterr()
+    assert "cannot start: --plot needs matplotlib" in captured.err and "Nothing ran" not in captured.out
