@@ -16,9 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def setup_py(**env) -> subprocess.CompletedProcess:
-    """``python setup.py --name`` (runs the extension decision, builds nothing) in ``env``."""
+    """``python setup.py --name`` (runs the extension decision, builds nothing) with ``env`` set, and
+    KVVERIFY_CPU_ONLY only if ``env`` sets it (``KVVERIFY_CPU_ONLY=1 bash ci/cpu.sh`` exports it)."""
+    base = {k: v for k, v in os.environ.items() if k != "KVVERIFY_CPU_ONLY"}
     return subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, **env), timeout=120, check=False)
+                          env=base | env, timeout=120, check=False)
 
 
 def test_a_host_without_nvcc_fails_the_install_with_the_reason_and_the_ways_out(tmp_path):
