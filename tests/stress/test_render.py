@@ -166,10 +166,10 @@ def test_plot_writes_a_png(tmp_path, ran):
 # -- in a terminal ---------------------------------------------------------------------------
 
 
-def run_in_pty(argv: list[str], columns: int = 100, env: dict | None = None) -> list[str]:
-    """Run ``argv`` in a pseudo-terminal ``columns`` wide; return what it printed as lines, with
-    escape sequences removed and each line as the last carriage return left it (an upper bound on
-    what stays on the screen: a progress bar that erases itself still counts)."""
+def run_in_pty(argv: list[str], columns: int = 100, env: dict | None = None) -> tuple[int, list[str]]:
+    """Run ``argv`` in a pseudo-terminal ``columns`` wide; return its exit status and what it printed
+    as lines, with escape sequences removed and each line as the last carriage return left it (an
+    upper bound on what stays on the screen: a progress bar that erases itself still counts)."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: the terminal's size is set before it starts
         try:
@@ -187,15 +187,15 @@ def run_in_pty(argv: list[str], columns: int = 100, env: dict | None = None) -> 
             break
         out += data
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) in (0, 1), out.decode(errors="replace")[-3000:]
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
     lines = [line.rstrip("\r").split("\r")[-1].rstrip() for line in text.split("\n")]
-    return lines[:-1] if lines and not lines[-1] else lines
+    return os.waitstatus_to_exitcode(status), lines[:-1] if lines and not lines[-1] else lines
 
 
 def test_no_gpu_stress_in_a_100_column_terminal():
-    lines = run_in_pty([sys.executable, "-m", "kvverify", "stress"],
-                       env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)})
+    status, lines = run_in_pty([sys.executable, "-m", "kvverify", "stress"],
+                               env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)})
+    assert status == 0, "\n".join(lines)
     assert len(lines) <= 60, "\n".join(lines)
     assert max(map(len, lines)) <= 100, "\n".join(lines)
     assert lines[0].startswith("Nothing ran on a device: no CUDA device is visible"), "\n".join(lines)
@@ -233,11 +233,29 @@ def test_the_h200_smoke_in_a_100_column_terminal(tmp_path):
     H200's observations replayed into the stand-in device's run."""
     script = tmp_path / "replay.py"
     script.write_text(REPLAY)
-    lines = run_in_pty([sys.executable, str(script), str(ROOT / "tests"), str(H200_SMOKE)],
-                       env={"PYTHONPATH": str(ROOT)})
+    status, lines = run_in_pty([sys.executable, str(script), str(ROOT / "tests"), str(H200_SMOKE)],
+                               env={"PYTHONPATH": str(ROOT)})
+    assert status == 0, "\n".join(lines)
     assert len(lines) <= 80, "\n".join(lines)
     assert max(map(len, lines)) <= 100, "\n".join(lines)
     assert lines[0].startswith("planned: 324 cells") and any(line.startswith("Headline: YES") for line in lines)
+
+
+@pytest.mark.gpu
+def test_every_scenario_on_the_gpu_in_a_100_column_terminal(tmp_path):
+    """The smoke's 324 cells with small blocks, on the device, as a person sees them: the whole
+    output (plan line, progress bar, report, throughput, NVTX) fits 80 lines of 100 columns."""
+    campaign = tmp_path / "every-cell.toml"
+    campaign.write_text('models = ["llama-3.1-8b"]\nblock_size = 16\ntrials = 3\nmax_trials = 3\n'
+                        'min_checked = "1MiB"\nblocks_per_transfer = 8\ntransfers = 4\n')
+    status, lines = run_in_pty([sys.executable, "-m", "kvverify", "stress", "--campaign", str(campaign)],
+                               env={"PYTHONPATH": str(ROOT)})
+    text = "\n".join(lines)
+    assert status in (0, 1), text  # 1: a cell contradicts its contract; the report must fit all the same
+    assert len(lines) <= 80 and max(map(len, lines)) <= 100, text
+    assert lines[0].startswith("planned: 324 cells"), text
+    assert any(line.startswith("kvverify stress: every-cell (") and " on " in line for line in lines), text
+    assert "Each cell: one mark per executor: native adversarial" in text and "Headline: " in text
 
 
 def test_piped_output_honours_columns():
