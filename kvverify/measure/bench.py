@@ -1,44 +1,11 @@
-"""``kvverify bench``: bandwidth of each copy path per direction, page size and pages per call, the
-compute slowdown each path causes, and the fastest safe path per shape (``--calibrate``).
+"""``kvverify bench``: bandwidth of each copy path (the driver batch under each source access
+order, a per-copy loop, the SM-kernel copy) per direction, page size and pages per call, against a
+contiguous copy (the ceiling); the compute slowdown each path causes; and, with ``--calibrate``, the
+fastest safe path per shape.
 
-Method (docs/bench.md has the long form):
-
-* **Pool and pages.** One host pool (``--host-memory``, pinned by default) and one device pool of
-  ``--pool-bytes`` each (default 2 GiB: more than 4x the L2 of any current GPU and more than
-  1 GiB). A point is (direction, page size, pages per call); the directions are ``h2d``, ``d2h``
-  and ``both`` (an H2D and a D2H call at once, on two streams, each in its own half of the pools).
-  Each batch call copies ``pages/call`` pages whose source and destination slots are drawn at
-  random, without replacement, from the pool's page-aligned slots; a repetition ("rep") is
-  ``calls/rep`` such calls, each with its own draw (at least 256 MiB per rep by default), and the
-  same draws serve every method of the point.
-* **Methods.** The three orders through ``cuMemcpyBatchAsync`` (``STREAM``, ``DURING_API_CALL``,
-  ``ANY``); ``loop``: the same copies as one ``cudaMemcpyAsync`` each; ``kernel``: the SM-kernel
-  copy path (``method="kernel"``); ``ceiling``: one contiguous ``cudaMemcpyAsync`` of the rep's
-  bytes between the same two pools.
-* **Event-timed bandwidth.** A spin kernel holds the copy stream; the start event is recorded
-  behind it, the rep's calls are queued, the stop event follows. If the spin is still running once
-  everything is queued (the start event has not completed: "hold covered"), the events enclose
-  the copies alone, without launch or call gaps. The hold is sized from the measured queueing time
-  (twice it plus 1 ms); a method whose calls wait for the held work (no hold can cover them) is
-  marked and then run behind a 1 ms hold, so its event time includes its call gaps.
-* **End-to-end bandwidth.** The same rep without a hold: host clock from before the first call to
-  the completion of a stop event recorded after the last.
-* **Paired ANY / STREAM.** Within a point the reps of all methods are interleaved round by round;
-  ANY and STREAM run next to each other in every round, alternating which goes first. The ratio
-  ANY / STREAM of each round's pair gives the median ratio and its confidence interval
-  (``kvverify.stats.paired_ratio_ci``).
-* **Compute slowdown.** After a point's rounds, each method's rep runs (repeated) while a bf16
-  matmul loop runs on another stream, both released by one hold; the matmuls' time against their
-  time alone gives the slowdown that path inflicts on compute.
-* **Repeatability.** After all points, STREAM is measured again at every point as an independent
-  series (new random draws, new hold sizing); the relative difference of the two medians is
-  reported, and checked against 3% for pages of 256 KiB and up.
-* **Calibration** (``--calibrate -o paths.json``): every page size from 4 KiB to 2 MiB at 16, 256,
-  4096 and 16384 pages per call, each direction and both at once; per shape the fastest path that is
-  safe wherever ``STREAM`` is, its runner-up, and ANY where it would win for loads whose host
-  source stays untouched (kvverify/schemas/paths-v1.json).
-
-GB/s is 1e9 bytes per second throughout. Bytes per rep count each byte once (read or written).
+``docs/bench.md`` describes the method (pools and random page draws, event timing behind a stream
+hold, end-to-end timing, paired ANY / STREAM rounds, the compute slowdown, repeatability,
+calibration); ``DESCRIPTION`` and ``EPILOG`` are the ``--help`` text. GB/s is 1e9 bytes per second.
 """
 
 from __future__ import annotations
@@ -71,8 +38,9 @@ from kvverify.measure.bench_plan import (
     round_order,
 )
 from kvverify.measure.probe import parse_orders
-from kvverify.terms import HOST_MEMORY_KINDS
+from kvverify.terms import HOST_MEMORY_KINDS, ORDERS
 from kvverify.units import (
+    HelpFormatter,
     choice_list_arg,
     format_size,
     positive_float_arg,
@@ -80,6 +48,16 @@ from kvverify.units import (
     size_arg,
     size_list_arg,
 )
+
+DESCRIPTION = """\
+Copies random pages host <-> device by each path (driver batch per order, per-copy loop, SM kernel)
+beside one contiguous copy (the ceiling), timed behind a stream hold and end to end, with the
+slowdown each path causes a concurrent matmul. Method and H200 figures: docs/bench.md."""
+
+EPILOG = """\
+Examples:
+  kvverify bench --quick --json bench.json --plot bench.png
+  kvverify bench --calibrate -o paths.json"""
 
 WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
 COMPUTE_REPS = 3  # alone / during pairs per method and point
@@ -106,52 +84,57 @@ def _confidence(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
+    parser.formatter_class = HelpFormatter
+    parser.usage = "%(prog)s [OPTIONS]"
+    parser.description = (parser.description or "") + ".\n\n" + DESCRIPTION
+    parser.epilog = EPILOG
+    quick = ",".join(format_size(p).replace(" ", "") for p in QUICK_PAGE_SIZES)
     g = parser.add_argument_group("what to measure")
     g.add_argument("--quick", action="store_true",
-                   help=f"page sizes {','.join(format_size(p).replace(' ', '') for p in QUICK_PAGE_SIZES)}, "
-                        f"{QUICK_REPS} reps, stop starting points after {QUICK_MAX_SECONDS:g} s (options given explicitly win)")
+                   help=f"pages {quick}, {QUICK_REPS} reps, at most {QUICK_MAX_SECONDS:g} s (explicit options win)")
     g.add_argument("--page-sizes", type=size_list_arg, metavar="LIST",
-                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB in powers of two)")
-    g.add_argument("--model", metavar="PRESET",
-                   help="take page sizes and pages per call from a model preset of kvverify.geometry (e.g. llama-3.1-8b)")
+                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB, powers of 2)")
+    g.add_argument("--model", metavar="PRESET", help="page sizes and pages per call of a model preset (llama-3.1-8b)")
     g.add_argument("--block-tokens", type=_int_list, default=[16, 32, 64], metavar="LIST",
-                   help="with --model: tokens per KV block (GPU page), one page size each (default 16,32,64)")
-    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
-                   help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
-                        "layout's tensors (default 16)")
-    g.add_argument("--calibrate", action="store_true",
-                   help="the fastest safe path per direction, page size and pages per call (write it with -o)")
+                   help="with --model: tokens per KV block (default 16,32,64)")
+    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16, metavar="N",
+                   help="with --model: KV blocks per batch call (default 16)")
+    g.add_argument("--calibrate", action="store_true", help="the fastest safe path per shape (write it with -o)")
     g.add_argument("--pages-per-call", type=_int_list, metavar="LIST",
-                   help="pages per batch call, e.g. 16,256,4096,16384 (instead of --call-bytes / page size)")
-    g.add_argument("--directions", type=parse_directions, default=DIRECTIONS,
-                   help="h2d,d2h,both (both: one call each way at once; default all)")
-    g.add_argument("--orders", type=parse_orders, help="STREAM,DURING_API_CALL,ANY (default all; --calibrate STREAM,ANY)")
+                   help="pages per call, e.g. 16,256,4096 (instead of --call-bytes)")
+    g.add_argument("--directions", type=parse_directions, default=DIRECTIONS, metavar="DIRS",
+                   help=f"comma list of {','.join(DIRECTIONS)} (both: each way at once; default all)")
+    g.add_argument("--orders", type=parse_orders, metavar="ORDERS",
+                   help=f"comma list of {','.join(ORDERS)} (default all; --calibrate STREAM,ANY)")
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
     g.add_argument("--no-kernel", action="store_true", help="skip the SM-kernel copy path")
     g.add_argument("--compute", action=argparse.BooleanOptionalAction,
-                   help="measure the slowdown of a concurrent bf16 matmul under each path (default on; --calibrate off)")
-    g.add_argument("--matmul-size", type=positive_int_arg, default=4096, metavar="N", help="N of the N x N bf16 matmul (default 4096)")
-    g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", help="host pool kind (default pinned)")
+                   help="the slowdown of a concurrent bf16 matmul per path (default on; --calibrate off)")
+    g.add_argument("--matmul-size", type=positive_int_arg, default=4096, metavar="N",
+                   help="N of the N x N bf16 matmul (default 4096)")
+    g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", metavar="KIND",
+                   help=f"host pool: {', '.join(HOST_MEMORY_KINDS)} (default pinned)")
     g = parser.add_argument_group("how much")
-    g.add_argument("--reps", type=positive_int_arg,
-                   help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS}; --calibrate {CALIBRATE_REPS})")
-    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
-                   help="bytes per batch call without --model; pages/call = call bytes / page size (default 64MiB)")
-    g.add_argument("--calls-per-rep", type=positive_int_arg,
-                   help="batch calls per rep (default: the fewest that move at least 256 MiB)")
-    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, help="bytes of each pool, host and device (default 2GiB)")
-    g.add_argument("--confidence", type=_confidence, default=0.95, help="confidence of the ANY/STREAM interval (default 0.95)")
-    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (the repeatability check)")
-    g.add_argument("--max-seconds", type=positive_float_arg,
-                   help=f"start no new point after this many seconds; the report says it was cut short (--quick: {QUICK_MAX_SECONDS:g})")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random page draws (default 0)")
+    g.add_argument("--reps", type=positive_int_arg, metavar="N",
+                   help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS}; "
+                        f"--calibrate {CALIBRATE_REPS})")
+    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB, metavar="SIZE",
+                   help="bytes per batch call without --model (default 64MiB)")
+    g.add_argument("--calls-per-rep", type=positive_int_arg, metavar="N",
+                   help="batch calls per rep (default: the fewest moving 256 MiB)")
+    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, metavar="SIZE",
+                   help="bytes of each pool, host and device (default 2GiB)")
+    g.add_argument("--confidence", type=_confidence, default=0.95, metavar="C",
+                   help="confidence of the ANY/STREAM interval (default 0.95)")
+    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (repeatability)")
+    g.add_argument("--max-seconds", type=positive_float_arg, metavar="S",
+                   help=f"start no point after S seconds; the report says so (--quick: {QUICK_MAX_SECONDS:g})")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random page draws (default 0)")
     g = parser.add_argument_group("output")
-    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform as JSON (- for stdout)")
-    g.add_argument("-o", "--output", metavar="PATH", help="with --calibrate: write the paths document (kvverify/schemas/paths-v1.json)")
-    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib: pip install 'kvverify[plot]')")
-    g.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform (- for stdout)")
+    g.add_argument("-o", "--output", metavar="PATH", help="with --calibrate: the paths document (schemas/paths-v1.json)")
+    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib)")
+    g.add_argument("--device", type=int, default=0, metavar="N", help="CUDA device index (default 0)")
     from kvverify import annotate
 
     annotate.add_cli_option(g)

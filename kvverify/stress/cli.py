@@ -1,19 +1,14 @@
 """``kvverify stress``: run a campaign of cells on the GPU and print one verdict per cell.
 
-Exit status: 0 when every cell passed (or there is no CUDA device: contract verdicts
-only); 1 when a cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE, or a cell could not
-be run; 2 when the run could not start (bad options, campaign or model config, memory
-that does not fit), with the reason on stderr.
-
-Campaigns: smoke (the default), nightly (every preset, more trials), soak (long, for leaks),
-or a TOML file of your own (--campaign PATH; the shipped ones are in the repository's stress/
-folder and show every key). Options given here override the campaign's values.
+``DESCRIPTION`` and ``EPILOG`` are its ``--help`` (what it runs, the exit status, an example);
+``docs/stress.md`` has the long form.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import os
 import select
@@ -27,7 +22,21 @@ from kvverify import annotate
 from kvverify.device import extension
 from kvverify.stress.campaign import DATA_MODES, CampaignError
 from kvverify.terms import EXECUTORS, HOST_MEMORY_KINDS, ORDERS
-from kvverify.units import choice_list_arg, positive_int_arg, size_arg
+from kvverify.units import HelpFormatter, choice_list_arg, positive_int_arg, size_arg
+
+DESCRIPTION = """\
+Options left out take the campaign's values: a bare kvverify stress runs the smoke campaign
+(stress/smoke.toml: Llama-3.1-8B pages, every scenario, order, host memory kind and executor,
+at least 1 GiB checked per cell; about 90 s on one H200). It prints a verdict matrix, the cells
+that need a reader's eye, and a headline. Without a CUDA device: the contract verdicts only."""
+
+EPILOG = """\
+Exit status: 0 when every cell agrees with its contract (or nothing ran: no device); 1 when a
+cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE, could not run, or --max-seconds stopped
+the run; 2 when the run cannot start (the reason on stderr). More in docs/stress.md.
+
+Example:
+  kvverify stress --scenarios H1,H3 --orders STREAM,ANY --json report.json --plot matrix.png"""
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -35,42 +44,39 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = __doc__.split("\n\n", 1)[1]
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.description = (
-        (parser.description or "") + ".\n\nOptions left out take the campaign's values: a bare "
-        "`kvverify stress` runs stress/smoke.toml\n(Llama-3.1-8B, every scenario, order, host memory "
-        "kind and executor, >= 1 GiB checked per cell).")
+    parser.formatter_class = HelpFormatter
+    parser.usage = "%(prog)s [OPTIONS]"
+    parser.description = (parser.description or "") + ".\n\n" + DESCRIPTION
+    parser.epilog = EPILOG
     a = parser.add_argument
-    a("--campaign", default="smoke", metavar="NAME|PATH", help="campaign name in stress/ or a .toml path (default: smoke)")
+    a("--campaign", default="smoke", metavar="NAME|PATH", help="smoke (default), nightly, soak, or a campaign .toml file")
     model = parser.add_mutually_exclusive_group()
-    model.add_argument("--model", metavar="PRESET",
-                       help="model preset (e.g. llama-3.1-8b, qwen2.5-7b); overrides the campaign's models")
-    model.add_argument("--model-config", metavar="PATH",
-                       help="a Hugging Face config.json (or its directory) instead of a preset")
-    a("--kv-cache-dtype", metavar="DTYPE",
-      help="KV-cache dtype (e.g. bfloat16, float8_e4m3fn) where --model-config has no torch_dtype, or to override it")
+    model.add_argument("--model", metavar="PRESET", help="model preset (llama-3.1-8b, qwen2.5-7b, ...) instead of the campaign's")
+    model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its folder) instead of a preset")
+    a("--kv-cache-dtype", metavar="DTYPE", help="with --model-config: KV-cache dtype, e.g. bfloat16, float8_e4m3fn")
     a("--block-size", type=positive_int_arg, metavar="TOKENS", help="tokens per KV page")
     a("--tp", type=positive_int_arg, help="tensor-parallel ranks (KV heads per rank)")
-    a("--trials", type=positive_int_arg, help="at least this many trials per cell")
-    a("--seed", type=int, help="block pattern seed")
+    a("--trials", type=positive_int_arg, metavar="N", help="at least this many trials per cell")
+    a("--seed", type=int, metavar="N", help="block pattern seed")
     a("--gpu-mem", type=size_arg, metavar="SIZE", help="cap on device memory, e.g. 8GiB")
     a("--host-mem", type=size_arg, metavar="SIZE", help="cap on host memory, e.g. 6GiB")
-    a("--host-memory", type=choice_list_arg(HOST_MEMORY_KINDS, upper=False), metavar="KINDS", help="comma list of pinned,registered,pageable, or all")
-    a("--orders", type=choice_list_arg(ORDERS, upper=True), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY, or all")
+    a("--host-memory", type=choice_list_arg(HOST_MEMORY_KINDS, upper=False), metavar="KINDS",
+      help=f"comma list of {','.join(HOST_MEMORY_KINDS)}, or all")
+    a("--orders", type=choice_list_arg(ORDERS, upper=True), metavar="ORDERS", help=f"comma list of {','.join(ORDERS)}, or all")
     a("--scenarios", type=_names, metavar="NAMES", help="comma list of scenarios (H1-broken, P2) or hazards (H3)")
-    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES", help="comma list of native,adversarial,kernel, or all")
+    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES",
+      help=f"comma list of {','.join(EXECUTORS)}, or all")
     a("--blocks-per-transfer", type=positive_int_arg, metavar="N", help="KV blocks per batched swap")
     a("--transfers", type=positive_int_arg, metavar="N", help="transfers in flight (2..32)")
-    a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write")
-    a("--data", choices=DATA_MODES, help="block contents: the generation pattern (default) or random bytes with checksums")
-    a("--json", metavar="PATH", help="write the report as JSON (kvverify/schemas/stress-report-v1.json); '-' for stdout "
-                                     "(the table then goes to stderr)")
-    a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
-    a("--dump-traces", metavar="DIR", help="write each cell's trace, for `kvverify check`")
+    a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write, microseconds")
+    a("--data", choices=DATA_MODES, help="block contents: generation pattern (default) or random + checksums")
     a("--no-gpu", action="store_true", help="contract verdicts only, even where a CUDA device is present")
-    a("--max-seconds", type=float, metavar="S",
-      help="safety cap on the wall time: no cell starts after S seconds; cells not run are NOT_RUN (exit 1)")
+    a("--max-seconds", type=float, metavar="S", help="start no cell after S seconds; cells not run are NOT_RUN")
+    a("--details", action="store_true", help="one row per cell (counts, window, bound, witness), not the matrix")
+    a("--plot", metavar="PATH.png", help="also draw the verdict matrix as a PNG (needs matplotlib)")
+    a("--json", metavar="PATH", help="write the report as JSON; - for stdout (the report then on stderr)")
+    a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
+    a("--dump-traces", metavar="DIR", help="write each cell's trace, for kvverify check")
     annotate.add_cli_option(parser)
 
 
@@ -182,14 +188,19 @@ def run(args) -> int:
     # the process first initializes CUDA, which happens later in this run.
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
-    # In a log (not a terminal) the table keeps one line per cell instead of wrapping its labels.
+    # The width is the terminal's, else COLUMNS, else rich's 80; only --details in a log without
+    # COLUMNS gets 200, so that its table keeps one line per cell.
     console = Console(stderr=args.json == "-")
-    if not console.is_terminal:
-        console = Console(stderr=args.json == "-", width=max(console.width, 200))
+    if args.details and not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=args.json == "-", width=200)
     err = Console(stderr=True)
     try:
         _check_writable("--json", args.json)
         _check_writable("--junit", args.junit)
+        _check_writable("--plot", args.plot)
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            raise _StartError("--plot needs matplotlib: pip install matplotlib (or the plot extra: "
+                              "pip install -e '.[plot]')")
         c = _campaign(args)
         if c.data == "random" and "adversarial" in c.executors:
             raise _StartError("--data random checks by checksums and runs with the native executor only; "
@@ -294,7 +305,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
         return 2
     if note:
-        err.print(f"kvverify stress: {note}", markup=False, highlight=False, soft_wrap=True)
+        _say(err, f"kvverify stress: {note}")
     if args.dump_traces:
         _dump_traces(planned, Path(args.dump_traces))
     reason = "--no-gpu was given" if args.no_gpu else extension.gpu_refusal()
@@ -320,12 +331,12 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         platform=_platform(reason is None), campaign=c.name, seed=c.seed, cells=tuple(results),
         layout=layout.describe(), not_run_reason=reason,
     )
-    render.render_table(report, console)
+    (render.render_table if args.details else render.render_matrix)(report, console)
     if outcomes:
-        console.print(_throughput_line(outcomes), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"NVTX: {annotate.state()}", markup=False, highlight=False, soft_wrap=True)
+        _say(console, _throughput_line(outcomes))
+    _say(console, f"NVTX: {annotate.state()}")
     if annotate.is_active():
-        console.print(annotate.HOST_SIDE_NOTE, markup=False, highlight=False, soft_wrap=True)
+        _say(console, annotate.HOST_SIDE_NOTE)
     for e in errors:
         err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False, soft_wrap=True)
     if skipped:
@@ -337,11 +348,16 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         report.write_json(_output_path(args.json, layout.geometry.name, several))
     if args.junit:
         render.write_junit(report, _output_path(args.junit, layout.geometry.name, several))
+    if args.plot:
+        from kvverify.stress import plot
+
+        plot.plot_matrix(report, _output_path(args.plot, layout.geometry.name, several))
     return max(report.exit_status(), 1 if errors or skipped else 0)
 
 
-def _say(err, text: str) -> None:
-    err.print(text, markup=False, highlight=False, soft_wrap=True)
+def _say(console, text: str) -> None:
+    """One message, folded at the console's width (a report line, not an error)."""
+    console.print(text, markup=False, highlight=False, overflow="fold")
 
 
 def _throughput_line(outcomes) -> str:

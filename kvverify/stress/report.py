@@ -322,15 +322,22 @@ class StressReport:
         """1 if any cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE, else 0."""
         return int(any(r.verdict.failing for r in self.cells))
 
-    def summary(self) -> dict[str, dict[str, dict[str, list[str]]]]:
+    def ran(self) -> tuple[CellResult, ...]:
+        """The cells that ran on a device (those with an observation), in report order."""
+        return tuple(r for r in self.cells if r.observation is not None)
+
+    def summary(self, *, ran_only: bool = False) -> dict[str, dict[str, dict[str, list[str]]]]:
         """Where each order was safe: order → direction → scenario → host memory kinds.
 
         A (scenario, direction, order, host memory) is safe when every executor's cell of
-        it is ``CellResult.safe``. Every order present in the run appears, with both
-        directions (an empty mapping where it was safe nowhere).
+        it is ``CellResult.safe``. Every order present among the cells considered appears,
+        with both directions (an empty mapping where it was safe nowhere). ``ran_only``:
+        consider only the cells that ran (``ran()``), so that a run cut short, or one without
+        a device, claims nothing from contract verdicts alone; the JSON document keeps every
+        cell.
         """
         groups: dict[tuple[str, str, str, str], bool] = {}
-        for r in self.cells:
+        for r in self.ran() if ran_only else self.cells:
             key = (r.cell.order, r.cell.direction, r.cell.scenario, r.cell.host_memory)
             groups[key] = groups.get(key, True) and r.safe
         out: dict[str, dict[str, dict[str, list[str]]]] = {}
@@ -357,11 +364,16 @@ class StressReport:
           scenario, direction and host memory) are both SAFE.
 
         The claim holds when the two sets are equal. Taken from the contract verdicts and
-        the observations, never from scenario names.
+        the observations, never from scenario names. Only the ANY cells that ran are
+        compared (a run cut short speaks of what it ran); when no cell ran at all (no
+        device), every ANY cell is, by its contract alone, and the text says "on paper only".
         """
-        any_cells = [r for r in self.cells if r.cell.order == "ANY"]
+        ran = self.ran()
+        every_any = [r for r in self.cells if r.cell.order == "ANY"]
+        any_cells = [r for r in (ran or self.cells) if r.cell.order == "ANY"]
         if not any_cells:
-            return Headline(None, "ANY: no ANY cell in this run, nothing to compare")
+            where = "ran" if ran else "in this run"
+            return Headline(None, f"ANY: no ANY cell {where}, nothing to compare")
         contracts = {_contract_key(r.cell, r.cell.order): r.contract for r in self.cells}
         safe_extra, unsafe_quiescent, undecided = [], [], []
         for r in any_cells:
@@ -380,7 +392,13 @@ class StressReport:
                 unsafe_quiescent.append(r.cell.label)
         n_safe = sum(r.safe for r in any_cells)
         subject = "ANY was safe exactly for the host-source loads whose source stayed untouched"
-        tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
+        not_run = len(every_any) - len(any_cells)
+        if not ran:
+            tally = f"{n_safe} of {len(any_cells)} ANY cells safe, on paper only: no cell ran"
+        elif not_run:
+            tally = f"{n_safe} of the {len(any_cells)} ANY cells that ran safe; {not_run} not run"
+        else:
+            tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
         if undecided:
             text = (
                 f"cannot tell whether {subject}: {len(undecided)} ANY load cell(s) lack "
@@ -389,8 +407,6 @@ class StressReport:
             return Headline(
                 None, text, tuple(safe_extra), tuple(unsafe_quiescent), tuple(undecided)
             )
-        if not any(r.observation for r in any_cells):
-            tally += ", on paper only: no ANY cell ran"
         if not safe_extra and not unsafe_quiescent:
             return Headline(True, f"YES: {subject} ({tally})")
         parts = []

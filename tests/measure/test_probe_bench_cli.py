@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from help_screen import check_screen, help_lines
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -108,6 +109,15 @@ def test_subcommand_help(monkeypatch, capsys, command, options):
     out = capsys.readouterr().out
     for option in options:
         assert option in out
+
+
+@pytest.mark.parametrize("command", ["probe", "bench"])
+def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example(command):
+    examples = check_screen(help_lines(command))
+    module = {"probe": probe, "bench": bench}[command]
+    for example in examples:
+        assert example.split()[1] == command
+        parse(module, example.split()[2:])  # each example's options parse as written
 
 
 def test_probe_defaults_and_lists():

@@ -308,6 +308,22 @@ def test_headline_on_paper_when_nothing_ran():
     assert h.holds is True and "on paper" in h.text
 
 
+def test_headline_and_summary_speak_only_of_the_cells_that_ran():
+    """A run cut short: contract verdicts of cells that did not run claim nothing."""
+    stores_ran = results(observe=faithful)
+    stores_ran = [r if r.cell.direction == "store" else dataclasses.replace(r, observation=None) for r in stores_ran]
+    report = make_report(stores_ran)
+    h = report.headline()
+    assert h.holds is True
+    assert h.text.endswith("(0 of the 4 ANY cells that ran safe; 6 not run)")
+    assert report.summary(ran_only=True)["ANY"] == {"store": {}, "load": {}}
+    assert report.summary()["ANY"]["load"] == {"H3-fixed": ["pinned"]}  # the JSON's summary: every cell
+    only_stream = [r if r.cell.order == "STREAM" else dataclasses.replace(r, observation=None) for r in results()]
+    h = make_report(only_stream).headline()
+    assert (h.holds, h.text) == (None, "ANY: no ANY cell ran, nothing to compare")
+    assert len(make_report(only_stream).ran()) == 10
+
+
 def test_report_rejects_duplicates_and_contract_disagreement():
     cells = results()
     with pytest.raises(ValueError, match="twice"):
@@ -464,7 +480,7 @@ def test_table_has_every_column_and_cell():
     for r in make_report().cells:
         assert r.cell.label in text
     assert "RACY [1]" in text and f"[1] {WITNESS}" in text
-    assert "writer_spin_ns=200000" in text and "200.0 MiB" in text
+    assert "w1: writer_spin_ns=200000 reader_ns=100000" in text and "200.0 MiB" in text  # each window once
     assert "ANY safe in store: nowhere; load: H3-fixed [pinned]" in text
     assert "Headline: YES" in text
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+from help_screen import check_screen, help_lines
 
 from kvverify.geometry import KVLayout, ModelGeometry, preset
 from kvverify.scenarios import SCENARIOS, Params
@@ -29,8 +30,9 @@ def test_bare_stress_without_gpu_prints_contracts_and_exits_0(tmp_path):
     junit = tmp_path / "r.xml"
     p = stress("--json", str(out), "--junit", str(junit))
     assert p.returncode == 0, p.stderr
-    lines = [line for line in p.stdout.splitlines() if "not run" in line.lower() and "contract verdicts only" in line]
-    assert len(lines) == 1, p.stdout[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("Nothing ran on a device: no CUDA device is visible"), p.stdout[:2000]
+    assert sum(line.startswith("Contract verdicts only") for line in lines) == 1, p.stdout[:2000]
     doc = json.loads(out.read_text())
     scenario_directions = sum(len(s.directions) for s in SCENARIOS.values())
     n_cells = scenario_directions * (3 * 3 * 2 + 2)  # the kernel path: STREAM cells, pinned and registered
@@ -188,7 +190,7 @@ def test_pool_sizes_cover_every_program():
 def test_no_gpu_flag_gives_contract_verdicts_only():
     p = stress("--no-gpu", "--scenarios", "P2", "--orders", "ANY")
     assert p.returncode == 0, p.stderr
-    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+    assert p.stdout.splitlines()[0] == "Nothing ran on a device: --no-gpu was given."
 
 
 @pytest.mark.parametrize("option", ["--json", "--junit"])
@@ -226,3 +228,47 @@ def test_dump_traces_into_a_file_refuses_before_the_run(tmp_path):
     result = stress("--no-gpu", "--dump-traces", str(existing))
     assert result.returncode == 2
     assert result.stderr.strip() == f"kvverify stress: cannot start: --dump-traces {existing}: exists and is not a folder; give a folder path"
+
+
+def test_details_prints_one_row_per_cell_with_its_witness():
+    p = stress("--no-gpu", "--scenarios", "H3", "--orders", "ANY", "--host-memory", "pinned", "--details")
+    assert p.returncode == 0, p.stderr
+    assert "H3-broken load/H2D/ANY/pinned/adversarial" in p.stdout and "Verdict" in p.stdout
+    assert "[1] ops " in p.stdout  # the witness of the RACY contract, numbered
+    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+
+
+def test_plot_writes_the_matrix_as_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "matrix.png"
+    p = stress("--no-gpu", "--scenarios", "H1,H3", "--orders", "STREAM,ANY", "--plot", str(out))
+    assert p.returncode == 0, p.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_refuses_before_the_run(tmp_path):
+    p = stress("--no-gpu", "--plot", str(tmp_path / "no" / "such" / "m.png"))
+    assert p.returncode == 2 and p.stderr.startswith("kvverify stress: cannot start: --plot ")
+    assert "Contract" not in p.stdout  # nothing ran
+
+
+def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example(tmp_path):
+    (example,) = check_screen(help_lines("stress"))
+    # the example runs as written (without a device: contract verdicts), writing the files it names
+    pytest.importorskip("matplotlib")  # it draws a PNG
+    args = example.split()[2:]
+    done = stress("--no-gpu", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(a for a in args if a.endswith((".json", ".png")))
+
+
+def test_plot_without_matplotlib_refuses_before_the_run(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from kvverify import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main(["stress", "--no-gpu", "--plot", str(tmp_path / "m.png")]) == 2
+    captured = capsys.readouterr()
+    assert "cannot start: --plot needs matplotlib" in captured.err and "Nothing ran" not in captured.out
