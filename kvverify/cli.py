@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.command_argv = argv  # for a subcommand that starts copies of itself (stress --gpus)
     if args.command is None:
         parser.print_help()
         return 2
