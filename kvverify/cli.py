@@ -32,6 +32,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.measure.bench",
         "measure swap_blocks_batch bandwidth per direction, order and page size against a contiguous copy and a per-copy loop",
     ),
+    "merge": (
+        "kvverify.stress.merge",
+        "merge stress and probe reports from several hosts into one table per platform (GPU, driver, CUDA)",
+    ),
 }
 
 DESCRIPTION = """\
