@@ -54,8 +54,8 @@ def test_known_noise_alone_passes():
 def test_a_memory_error_fails_and_is_shown():
     j = sanitize.judge(log(NOISE, OOB, summary="========= ERROR SUMMARY: 2 errors"))
     assert not j.passed and j.unexplained == 1
-    assert j.other == ["Invalid __global__ read of size 8 bytes at verify_blocks_kernel(const long *, long, ...)+0x1f0 "
-                       "by thread (3,0,0) in block (0,0,0) Address 0x7f00001000 is out of bounds"]
+    assert j.other == [("Invalid __global__ read of size 8 bytes at verify_blocks_kernel(const long *, long, ...)+0x1f0 "
+                        "by thread (3,0,0) in block (0,0,0) Address 0x7f00001000 is out of bounds")]
 
 
 def test_errors_counted_but_not_printed_still_fail():
