@@ -38,9 +38,9 @@ NOISE = (
     (
         "cuGetProcAddress INVALID_VALUE",
         re.compile(r"Program hit CUDA_ERROR_INVALID_VALUE\b.*\bon CUDA API call to cuGetProcAddress(_v2)?\b"),
-        "cuda-python's bindings (and torch) ask the driver for optional entry points with cuGetProcAddress; "
-        "where this driver has none it answers CUDA_ERROR_INVALID_VALUE and the caller goes on without it. "
-        "On the H200 a memcheck run of the op tests reported 35 of these and no other error (issue 15).",
+        ("cuda-python's bindings (and torch) ask the driver for optional entry points with cuGetProcAddress; "
+         "where this driver has none it answers CUDA_ERROR_INVALID_VALUE and the caller goes on without it. "
+         "On the H200 a memcheck run of the op tests reported 35 of these and no other error (issue 15)."),
     ),
 )
 
