@@ -243,7 +243,8 @@ def run(args) -> int:
         return EXIT_CANNOT_START
 
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
-    if ranks.world > 1:
+    joined = ranks.world > 1  # one rank needs no process group (nor torch.distributed)
+    if joined:
         distributed.join(ranks)
     try:
         with _interrupts():
@@ -255,7 +256,8 @@ def run(args) -> int:
                     break
             return worst_exit_status(statuses)
     finally:
-        distributed.leave()
+        if joined:
+            distributed.leave()
 
 
 def _launch(args, ranks) -> int:

@@ -71,10 +71,10 @@ def join(ranks: Ranks) -> None:
 
 
 def leave() -> None:
-    """Leave the process group, if this process joined one."""
+    """Leave the process group ``join`` made."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
