@@ -222,11 +222,11 @@ def run(args) -> int:
         console = Console(stderr=args.json == "-", width=max(console.width, 200))
     err = Console(stderr=True)
     try:
-        ranks = distributed.from_env()
-        if args.gpus is not None:
-            return _launch(args, ranks)
-        ranks = ranks or distributed.Ranks()
-        if ranks.leader:  # only rank 0 writes
+        under_torchrun = distributed.from_env()
+        if args.gpus is not None and under_torchrun is not None:
+            raise _StartError("--gpus starts its own ranks; under torchrun leave it out (--nproc-per-node decides)")
+        ranks = under_torchrun or distributed.Ranks()
+        if ranks.leader:  # only rank 0 writes (with --gpus: this process checks for the ranks it starts)
             _check_writable("--json", args.json)
             _check_writable("--junit", args.junit)
         c = _campaign(args)
@@ -238,6 +238,8 @@ def run(args) -> int:
             raise _StartError("--max-seconds must be positive")
         if ranks.leader:
             _check_folder("--dump-traces", args.dump_traces)  # last: it creates the folder
+        if args.gpus is not None:
+            return _launch(args)
     except (CampaignError, ValueError, _StartError) as exc:
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_CANNOT_START
@@ -260,10 +262,8 @@ def run(args) -> int:
             distributed.leave()
 
 
-def _launch(args, ranks) -> int:
+def _launch(args) -> int:
     """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run)."""
-    if ranks is not None:
-        raise _StartError("--gpus starts its own ranks; under torchrun leave it out (--nproc-per-node decides)")
     n = args.gpus
     if n == "all":
         reason = extension.gpu_refusal()

@@ -131,6 +131,14 @@ def test_gpus_flag_under_torchrun_cannot_start(tmp_path):
     assert "cannot start: --gpus starts its own ranks; under torchrun leave it out" in p.stderr
 
 
+def test_gpus_flag_checks_the_report_paths_before_starting_ranks(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--gpus", "2", "--json",
+                        str(tmp_path / "no" / "such" / "r.json")], capture_output=True, text=True, check=False,
+                       env=_env(), cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "cannot start: --json" in p.stderr
+    assert "OMP_NUM_THREADS" not in p.stderr  # torch.distributed.run never started
+
+
 def test_ranks_from_the_environment():
     assert distributed.from_env({}) is None
     r = distributed.from_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1"})
