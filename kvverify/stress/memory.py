@@ -71,6 +71,9 @@ class Sample:
 class Recorder:
     """Collects samples of this process's footprint on ``device`` during a run.
 
+    Keeps every settled sample and, before each, one sample of the largest readings since the
+    previous one (the peak with that kind's pools live): a long run keeps a few samples per round,
+    not one per cell, so that the recorder's own memory does not grow with the trials.
     ``read_host`` / ``read_device`` default to ``host_rss_bytes`` / ``device_used_bytes``
     (tests give others); ``clock`` to ``time.monotonic``.
     """
@@ -79,20 +82,35 @@ class Recorder:
                  read_device: Callable[[], int | None] | None = None,
                  clock: Callable[[], float] | None = None) -> None:
         self.samples: list[Sample] = []
+        self.readings = 0
+        self._peak: Sample | None = None
         self._read_host = read_host or host_rss_bytes
         self._read_device = read_device or ((lambda: device_used_bytes(device)) if device is not None else (lambda: None))
         self._clock = clock or time.monotonic
         self._start = self._clock()
 
     def sample(self, round_index: int, settled: bool) -> Sample:
-        """Read the footprint now and keep it."""
+        """Read the footprint now; keep it if ``settled``, else fold it into the pending peak."""
         s = Sample(self._clock() - self._start, self._read_host(), self._read_device(), round_index, settled)
+        self.readings += 1
+        if not settled:
+            p = self._peak
+            self._peak = s if p is None else Sample(s.t, _max(p.host_rss, s.host_rss),
+                                                    _max(p.device_used, s.device_used), round_index, False)
+            return s
+        if self._peak is not None:
+            self.samples.append(self._peak)
+            self._peak = None
         self.samples.append(s)
         return s
 
     def trend(self) -> Trend:
-        """``trend(self.samples)``."""
-        return trend(self.samples)
+        """``trend`` of the kept samples, counting every reading."""
+        return trend(self.samples, readings=self.readings)
+
+
+def _max(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,11 +162,12 @@ def _series(points: Sequence[tuple[float, int]], peak: int) -> Series:
 
 
 def trend(samples: Sequence[Sample], tolerance: float | None = None, min_span_s: float | None = None,
-          min_samples: int | None = None) -> Trend:
+          min_samples: int | None = None, readings: int | None = None) -> Trend:
     """The trend of ``samples`` (see the module docstring): over the settled samples from the
     last one of round 0 on. ``tolerance``, ``min_span_s``, ``min_samples`` default to
-    ``GROWTH_TOLERANCE``, ``MIN_TREND_S``, ``MIN_TREND_SAMPLES``. Raises nothing; a run too short
-    to tell gets ``growing`` None and a ``note``."""
+    ``GROWTH_TOLERANCE``, ``MIN_TREND_S``, ``MIN_TREND_SAMPLES``; ``readings``: how many readings
+    the samples stand for (default: as many as there are). Raises nothing; a run too short to
+    tell gets ``growing`` None and a ``note``."""
     tolerance = GROWTH_TOLERANCE if tolerance is None else tolerance
     min_span_s = MIN_TREND_S if min_span_s is None else min_span_s
     min_samples = MIN_TREND_SAMPLES if min_samples is None else min_samples
@@ -178,4 +197,5 @@ def trend(samples: Sequence[Sample], tolerance: float | None = None, min_span_s:
         note = "neither host nor device memory could be read"
     else:
         growing = any(s is not None and s.growth > tolerance for s in (host, device))
-    return Trend(len(samples), warmup_s, span, tolerance, host, device, growing, note, series)
+    return Trend(len(samples) if readings is None else readings, warmup_s, span, tolerance, host, device, growing,
+                 note, series)

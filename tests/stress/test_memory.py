@@ -71,3 +71,15 @@ def test_recorder_reads_this_process():
     s = rec.sample(0, settled=True)
     assert s == Sample(1.5, s.host_rss, 7, 0, True) and rec.samples == [s]
     assert memory.device_used_bytes("cpu") is None
+
+
+def test_recorder_keeps_the_peak_between_settled_samples_not_every_reading():
+    host = iter([5, 9, 7, 3, 6, 4, 2])
+    device = iter([1, 1, 8, 1, None, 2, 1])
+    clock = iter(range(100))
+    rec = Recorder(read_host=lambda: next(host), read_device=lambda: next(device), clock=lambda: next(clock))
+    for settled in (False, False, False, True, False, False, True):
+        rec.sample(0 if len(rec.samples) < 2 else 1, settled)
+    assert [(s.host_rss, s.device_used, s.settled) for s in rec.samples] == [
+        (9, 8, False), (3, 1, True), (6, 2, False), (2, 1, True)]
+    assert rec.readings == 7 and rec.trend().samples == 7
