@@ -118,7 +118,17 @@ def test_trials_are_numbered_on_across_rounds(fake_device, monkeypatch):
 
 
 CAMPAIGN = ('trials = 3\nmax_trials = 9\nmin_checked = "1GiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
-            'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["P2", "H7-broken"]\nmodels = ["qwen2.5-7b"]\n')
+            'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["P2", "H7-broken"]\nwriter_delay_us = 0\n'
+            'reader_us = 0\n')
+# A two-layer model: the stand-in device checks every page in numpy.
+CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "hidden_size": 32,
+          "torch_dtype": "bfloat16"}
+
+
+def _files(tmp_path, campaign=CAMPAIGN):
+    (tmp_path / "c.toml").write_text(campaign)
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    return ["--campaign", str(tmp_path / "c.toml"), "--model-config", str(tmp_path / "config.json"), "--no-nvtx"]
 
 
 def test_capped_run_with_every_cell_seen_exits_0_and_says_so(monkeypatch, tmp_path, capsys):
@@ -126,11 +136,8 @@ def test_capped_run_with_every_cell_seen_exits_0_and_says_so(monkeypatch, tmp_pa
 
     stand_in.install_for_stress(monkeypatch)
     _stop_after_first_round(monkeypatch)
-    campaign = tmp_path / "c.toml"
-    campaign.write_text(CAMPAIGN)
     out = tmp_path / "r.json"
-    status = cli.main(["stress", "--campaign", str(campaign), "--json", str(out), "--max-seconds", "1000",
-                       "--no-nvtx"])
+    status = cli.main(["stress", *_files(tmp_path), "--json", str(out), "--max-seconds", "1000"])
     captured = capsys.readouterr()
     doc = json.loads(out.read_text())
     assert status == doc["exit_status"] == 0, captured.err[-3000:]
@@ -146,11 +153,8 @@ def test_cap_that_leaves_cells_unrun_exits_1_in_the_shell_and_the_json(monkeypat
     from kvverify import cli
 
     stand_in.install_for_stress(monkeypatch)
-    campaign = tmp_path / "c.toml"
-    campaign.write_text(CAMPAIGN)
     out = tmp_path / "r.json"
-    status = cli.main(["stress", "--campaign", str(campaign), "--json", str(out), "--max-seconds", "1e-9",
-                       "--no-nvtx"])
+    status = cli.main(["stress", *_files(tmp_path), "--json", str(out), "--max-seconds", "1e-9"])
     doc = json.loads(out.read_text())
     assert status == doc["exit_status"] == 1
     assert doc["execution"]["stopped"] is True and doc["execution"]["trials_run"] == 0
@@ -168,10 +172,8 @@ def test_memory_growth_fails_with_its_own_status(monkeypatch, tmp_path, capsys, 
     readings = iter(int(2**30 * (1 + growth_per_sample) ** k) for k in range(10**6))
     monkeypatch.setattr(memory, "host_rss_bytes", lambda: next(readings))
     monkeypatch.setattr(memory, "MIN_TREND_S", 0.0)
-    campaign = tmp_path / "c.toml"
-    campaign.write_text(CAMPAIGN.replace('"H7-broken"', '"H3-fixed"'))
     out = tmp_path / "r.json"
-    code = cli.main(["stress", "--campaign", str(campaign), "--json", str(out), "--no-nvtx"])
+    code = cli.main(["stress", *_files(tmp_path, CAMPAIGN.replace('"H7-broken"', '"H3-fixed"')), "--json", str(out)])
     captured = capsys.readouterr()
     doc = json.loads(out.read_text())
     assert code == doc["exit_status"] == status, captured.err[-3000:]
