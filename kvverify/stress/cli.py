@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvverify import annotate
 from kvverify.device import extension
@@ -47,6 +48,11 @@ from kvverify.stress.report import (
     worst_exit_status,
 )
 from kvverify.terms import EXECUTORS, HOST_MEMORY_KINDS, ORDERS
+
+if TYPE_CHECKING:
+    from kvverify.stress.memory import Trend
+    from kvverify.stress.report import Cell, Platform
+    from kvverify.stress.running import CellOutcome
 from kvverify.units import choice_list_arg, positive_int_arg, size_arg
 
 
@@ -356,11 +362,11 @@ class _RankResult:
     rank: int
     host: str
     device: int | None
-    platform: object  # report.Platform
+    platform: Platform
     not_run_reason: str | None
-    given: tuple  # the cells of its share
-    outcomes: dict  # Cell -> running.CellOutcome
-    memory: object  # memory.Trend, or None
+    given: tuple[Cell, ...]  # the cells of its share
+    outcomes: dict[Cell, CellOutcome]
+    memory: Trend | None
     rounds_planned: int
     trials_planned: int
 
@@ -444,7 +450,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         render.write_junit(report, _output_path(args.junit, layout.geometry.name, several))
     status = report.exit_status()
     if status == EXIT_MEMORY_GREW:
-        _say(err, "kvverify stress: memory grew over the run (exit status 3); see the Memory line above")
+        _say(err, "kvverify stress: memory grew over the run (exit status 3); see the GPU memory lines above")
     return status
 
 
