@@ -11,8 +11,16 @@
 #   GPU_TESTS="tests/test_stress_gpu.py" ci/gpu.sh gpu-tests    only these GPU test files
 #
 # Steps: platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench
-#        swap-bandwidth kernel-bandwidth record kernel-path. Each has a wall-clock limit (SIGINT, then
-#        SIGKILL), so one stuck step cannot eat a lent device's whole call.
+#        swap-bandwidth kernel-bandwidth record kernel-path, and on request only (not in a bare
+#        `ci/gpu.sh`):
+#        sanitizer       compute-sanitizer memcheck / racecheck / synccheck (ci/sanitize.py), ~10 min
+#        soak            the soak campaign capped at 8 minutes (one device call on its own)
+#        torchrun-1      the smoke under torchrun with one rank; its verdicts against stress-smoke's
+#        stress-2gpu     two GPUs: every cell on each (torchrun --nproc-per-node 2)
+#        stress-2gpu-shard  two GPUs, the cells split (--shard)
+#        merge           stress-2gpu, stress-2gpu-shard and probe reports merged; every report validated
+#        Each has a wall-clock limit (SIGINT, then SIGKILL), so one stuck step cannot eat a lent
+#        device's whole call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -23,10 +31,12 @@ failed=()
 
 ALL_STEPS=(platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench swap-bandwidth
            kernel-bandwidth record kernel-path)
+ON_REQUEST=(sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge)
 SELECTED=("$@")
 [ ${#SELECTED[@]} -ne 0 ] || SELECTED=("${ALL_STEPS[@]}")
 for s in "${SELECTED[@]}"; do
-  [[ " ${ALL_STEPS[*]} " == *" $s "* ]] || { echo "ci/gpu.sh: unknown step '$s'; steps: ${ALL_STEPS[*]}" >&2; exit 2; }
+  [[ " ${ALL_STEPS[*]} ${ON_REQUEST[*]} " == *" $s "* ]] || {
+    echo "ci/gpu.sh: unknown step '$s'; steps: ${ALL_STEPS[*]}; on request: ${ON_REQUEST[*]}" >&2; exit 2; }
 done
 
 step() {  # step NAME LIMIT_S COMMAND...: run if selected, under a time limit, log, remember a failure
@@ -89,6 +99,26 @@ step kernel-path 540 bash -c '
     "${calibrate_plot[@]}" || rc=1
   python3 benchmarks/bench_copy_paths.py "$out/kernel-bench.json" "$out/paths.json" | tee "$out/kernel-targets.txt" || rc=1
   exit $rc' _ "$OUT"
+# compute-sanitizer: memcheck over the op and kernel tests, racecheck and synccheck over the harness
+# kernels; tests marked sanitizer_incompatible deselected; only documented noise forgiven (ci/sanitize.py).
+step sanitizer 590 python3 ci/sanitize.py --out "$OUT"
+# The soak: rounds of trials over every cell until the 8-minute cap (the first round covers the
+# matrix in ~2 min); host RSS and device memory trend in the report, exit status 3 if they grew.
+step soak 570 python3 -m kvverify stress --campaign soak --max-seconds 480 --json "$OUT/soak.json" \
+  --junit "$OUT/soak-junit.xml"
+# One rank under torchrun must give the verdicts of the plain smoke run (stress-smoke's report).
+step torchrun-1 260 bash -c 'python3 -m torch.distributed.run --standalone --nproc-per-node 1 -m kvverify stress \
+  --max-seconds 180 --json "$0/stress-torchrun-1.json" && python3 ci/reports.py same-verdicts "$0/stress.json" \
+  "$0/stress-torchrun-1.json"' "$OUT"
+# Two GPUs (nvidia-h200-x2): every cell on each GPU at once, then the cells split across them.
+step stress-2gpu 260 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m kvverify stress \
+  --max-seconds 180 --json "$OUT/stress-2gpu.json"
+step stress-2gpu-shard 200 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m kvverify stress \
+  --shard --max-seconds 120 --json "$OUT/stress-2gpu-shard.json"
+step merge 120 bash -c 'stress=(); for f in stress.json stress-2gpu.json stress-2gpu-shard.json; do
+  [ -f "$0/$f" ] && stress+=("$0/$f"); done; probe=(); [ -f "$0/probe.json" ] && probe=("$0/probe.json")
+  python3 -m kvverify merge "${stress[@]}" "${probe[@]}" --json "$0/merged.json"; rc=$?
+  python3 ci/reports.py validate "$0/merged.json" "${stress[@]}" || rc=1; exit $rc' "$OUT"
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "ci/gpu.sh: failed steps: ${failed[*]}" | tee -a "$LOG"

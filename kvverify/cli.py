@@ -36,6 +36,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.measure.bench",
         "measure each copy path's bandwidth per direction and page size; calibrate the fastest safe one",
     ),
+    "merge": (
+        "kvverify.stress.merge",
+        "merge stress and probe reports from several hosts into one table per platform (GPU, driver, CUDA)",
+    ),
 }
 
 DESCRIPTION = """\
@@ -80,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.command_argv = argv  # for a subcommand that starts copies of itself (stress --gpus)
     if args.command is None:
         parser.print_help()
         return 2

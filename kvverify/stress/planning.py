@@ -123,14 +123,56 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
     return Params(low, campaign.transfers), note
 
 
+def first_round_trials(campaign: Campaign, executor: str) -> int:
+    """Trials every cell gets before any cell gets more: ``trials``, and for the adversarial
+    executor at least one trial of each of its schedules (so its verdict means something)."""
+    from kvverify.stress.executors.adversarial import SCHEDULES
+
+    return max(campaign.trials, len(SCHEDULES)) if executor == ADVERSARIAL else campaign.trials
+
+
 def trials_for(campaign: Campaign, checked_bytes_per_trial: int, executor: str) -> int:
     """Enough trials to check ``min_checked`` bytes, within [trials, max_trials]; the
     adversarial executor runs each of its schedules at least once."""
+    need = math.ceil(campaign.min_checked / max(1, checked_bytes_per_trial))
+    return max(first_round_trials(campaign, executor), min(need, campaign.max_trials))
+
+
+def round_trials() -> int:
+    """Trials a cell gets in each round after the first: one per adversarial schedule, so every
+    round rotates through all of them."""
     from kvverify.stress.executors.adversarial import SCHEDULES
 
-    need = math.ceil(campaign.min_checked / max(1, checked_bytes_per_trial))
-    low = max(campaign.trials, len(SCHEDULES)) if executor == ADVERSARIAL else campaign.trials
-    return max(low, min(need, campaign.max_trials))
+    return len(SCHEDULES)
+
+
+def rounds(planned: list[PlannedCell], campaign: Campaign, layout: KVLayout) -> list[list[tuple[PlannedCell, int]]]:
+    """The run as rounds of trials over every cell: ``[[(cell, trials), ...], ...]``, in plan order
+    within a round.
+
+    Round 0 gives every cell ``first_round_trials``; each later round gives ``round_trials()`` more
+    (fewer in a cell's last round) to every cell that has not reached ``trials_for`` yet. A run
+    stopped at any round boundary has therefore seen every cell, and its later rounds spread the
+    remaining time over the whole matrix instead of spending it on the first cells of the plan.
+    A cell's trials are numbered on across rounds (the adversarial schedule is trial mod 3).
+    """
+    remaining = []
+    for pc in planned:
+        b = program_blocks(pc.program)
+        total = trials_for(campaign, b["checked"] * layout.block_bytes, pc.cell.executor)
+        remaining.append(total)
+    out: list[list[tuple[PlannedCell, int]]] = []
+    step = [first_round_trials(campaign, pc.cell.executor) for pc in planned]
+    while any(remaining):
+        this = []
+        for i, pc in enumerate(planned):
+            n = min(remaining[i], step[i])
+            if n:
+                this.append((pc, n))
+                remaining[i] -= n
+            step[i] = round_trials()
+        out.append(this)
+    return out
 
 
 # -- cost estimate (no GPU) ------------------------------------------------------------------

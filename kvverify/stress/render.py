@@ -34,7 +34,7 @@ from kvverify.terms import (
 if TYPE_CHECKING:
     from kvverify.stress.report import StressReport
 
-__all__ = ["COLUMNS", "render_matrix", "render_table", "write_junit"]
+__all__ = ["COLUMNS", "render_gpus", "render_matrix", "render_table", "write_junit"]
 
 # One-sided Clopper-Pearson upper bound on the per-trial corruption rate.
 _BOUND = f"Rate ≤ ({CONFIDENCE:.0%})"
@@ -391,3 +391,59 @@ def _failure_message(r: CellResult) -> str:
         f"contract RACY but the adversarial executor saw no corruption in {obs.trials} trials: "
         "the harness failed to make a permitted reordering visible"
     )
+
+
+# -- GPUs, memory and rounds (a compact section below the table) ----------------------------------
+
+
+def _memory_line(trend) -> str:
+    def one(name: str, series) -> str:
+        if series is None:
+            return f"{name} unreadable"
+        return (f"{name} {_bytes(series.first)} -> {_bytes(series.last)} ({series.growth:+.2%}, "
+                f"peak {_bytes(series.peak)}, {series.slope_per_hour / 2**20:+.1f} MiB/h)")
+
+    if trend.growing is None:
+        return f"memory: cannot tell ({trend.note})"
+    verdict = f"GREW beyond {trend.tolerance:.0%}" if trend.growing else f"flat within {trend.tolerance:.0%}"
+    return (f"memory: {one('host RSS', trend.host_rss)}, {one('device', trend.device_used)} over "
+            f"{trend.span_s:.0f} s after a {trend.warmup_s:.0f} s warm-up: {verdict}")
+
+
+def render_gpus(report: StressReport, console: Console) -> None:
+    """Print one line per GPU of ``report`` (rank, host, device, platform, or why it ran nothing)
+    with its memory trend; with several GPUs, each GPU's verdict tally and the cells on which
+    GPUs disagree; then the rounds and trials run against the plan."""
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False, overflow="fold")
+
+    for g in report.gpus:
+        if g.not_run_reason and len(report.gpus) == 1:
+            continue  # one GPU that ran nothing: the report's first line already says why
+        where = f"{g.host}, cuda:{g.device}" if g.device is not None else g.host
+        p = g.platform
+        line = f"GPU {g.rank} ({where}): {p.gpu or 'no GPU'}, driver {p.driver or '-'}, CUDA {p.cuda or '-'}"
+        if g.not_run_reason:
+            line += f"; ran nothing: {g.not_run_reason}"
+        say(line)
+        if g.memory is not None:
+            say(f"  {_memory_line(g.memory)}")
+    if len(report.gpus) > 1:
+        tallies: dict[int, dict[str, int]] = {g.rank: {} for g in report.gpus}
+        disagree = []
+        for r in report.cells:
+            verdicts = r.gpu_verdicts
+            for rank, v in verdicts:
+                tallies[rank][v.value] = tallies[rank].get(v.value, 0) + 1
+            if len({v for _, v in verdicts}) > 1:
+                disagree.append(f"{r.cell.label} (" + ", ".join(f"GPU {g} {v.value}" for g, v in verdicts) + ")")
+        for rank, tally in tallies.items():
+            say(f"GPU {rank} verdicts: " + ", ".join(f"{n} {v}" for v, n in sorted(tally.items())))
+        if disagree:
+            shown = "; ".join(disagree[:10]) + (f"; and {len(disagree) - 10} more" if len(disagree) > 10 else "")
+            say(f"GPUs disagree on {len(disagree)} cell(s): {shown}")
+    e = report.execution
+    if e is not None and e.trials_planned:
+        cap = f" (cap {e.max_seconds:g} s reached)" if e.stopped else ""
+        say(f"Rounds: {e.rounds_run} of {e.rounds_planned}{cap}; trials: {e.trials_run} of {e.trials_planned} planned"
+            + (", cells split across GPUs" if e.shard else ""))

@@ -1,6 +1,8 @@
 """Planned cells -> GPU runs -> observations: ``execute`` runs the cells of a plan
-(``kvverify.stress.planning``) on the device, one host memory kind at a time so that each kind's
-pools are allocated once and freed before the next (also on Ctrl-C).
+(``kvverify.stress.planning``) on the device in rounds of trials over every cell
+(``planning.rounds``), and within a round one host memory kind at a time, so that each kind's
+pools are allocated once per round and freed before the next kind (also on Ctrl-C). A run cut
+short by its deadline has seen every cell once its first round is done.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from kvverify import annotate
 from kvverify.geometry import KVLayout
 from kvverify.scenarios import Params
 from kvverify.stress.campaign import Campaign
-from kvverify.stress.planning import PlannedCell, pool_sizes, trials_for
+from kvverify.stress.planning import PlannedCell, pool_sizes, rounds
 from kvverify.stress.report import Cell, Observation
 
 # A cell label here makes trial 0 of that cell fail in its verify phase: how tests check that
@@ -24,9 +26,15 @@ FAIL_CELL_ENV = "KVVERIFY_STRESS_FAIL_CELL"
 
 @dataclasses.dataclass
 class CellOutcome:
+    """A cell's evidence so far: ``observation`` over every trial it ran (None once a round of it
+    failed: ``error`` says how), the wall time per phase summed over trials, the trials its plan
+    asks for and the rounds it took part in."""
+
     observation: Observation | None
     error: str | None = None
     phase_s: dict[str, float] = dataclasses.field(default_factory=dict)  # summed over trials
+    planned_trials: int = 0
+    rounds: int = 0
 
 
 SETTLE_S = 30.0  # how long cleanup waits for the device to go idle before it gives up
@@ -37,14 +45,18 @@ def execute(
     campaign: Campaign,
     layout: KVLayout,
     params: Params,
-    on_cell_done: Callable[[PlannedCell, CellOutcome], None] = lambda pc, o: None,
+    on_cell_done: Callable[[PlannedCell, CellOutcome, int], None] = lambda pc, o, r: None,
     device=None,
     deadline: float | None = None,
+    memory=None,
 ) -> dict[Cell, CellOutcome]:
-    """Run every planned cell on ``device`` (default: the current CUDA device). A cell whose
-    run fails (a refused copy, a hang) gets an outcome with ``error`` and no observation;
-    the run goes on. ``deadline`` (``time.monotonic()``): no cell starts after it; cells not
-    run have no outcome.
+    """Run every planned cell on ``device`` (default: the current CUDA device), in the rounds of
+    ``planning.rounds``. ``on_cell_done(cell, outcome so far, round index)`` is called after each
+    cell's share of a round. A cell whose run fails (a refused copy, a hang) gets an outcome with
+    ``error`` and no observation, and no later rounds; the run goes on. ``deadline``
+    (``time.monotonic()``): no cell's share of a round starts after it; cells not run have no
+    outcome. ``memory`` (a ``kvverify.stress.memory.Recorder``): sampled after each cell's
+    share of a round and after each host memory kind's pools are freed.
 
     Every exit (normal, error, KeyboardInterrupt) releases every stream hold first, then
     waits at most ``SETTLE_S`` for the device to go idle before freeing the pools (memory
@@ -62,28 +74,54 @@ def execute(
         hold_timeout_s=campaign.hold_timeout_s,
         data=campaign.data,
     )
-    outcomes: dict[Cell, CellOutcome] = {}
+    schedule = rounds(planned, campaign, layout)
+    planned_trials = {pc.cell: 0 for pc in planned}
+    for this in schedule:
+        for pc, n in this:
+            planned_trials[pc.cell] += n
+    # Each kind's pools are sized for all of its cells, every round: the same footprint each
+    # round, so that memory samples compare across rounds.
+    sizes = {}
     for host_kind in campaign.host_memory:
-        mine = [pc for pc in planned if pc.cell.host_memory == host_kind]
-        if not mine or (deadline is not None and time.monotonic() > deadline):
-            continue
-        # Registered memory gets a staging area too, used where kernels cannot reach it in place.
-        staged = host_kind in ("pageable", "registered") or campaign.data == "random"
-        sizes = pool_sizes([pc.program for pc in mine], layout, staged)
-        pools = Pools(layout, host_kind, sizes, device)
-        runners: dict = {}
-        try:
-            for name in campaign.executors:
-                runners[name] = executors.make(name, pools, settings)
-            for pc in mine:
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                outcome = _run_cell(pc, runners[pc.cell.executor], campaign, params)
-                outcomes[pc.cell] = outcome
-                on_cell_done(pc, outcome)
-        finally:
-            _release_and_free(runners, pools, device)
+        mine = [pc.program for pc in planned if pc.cell.host_memory == host_kind]
+        if mine:
+            # Registered memory gets a staging area too, used where kernels cannot reach it in place.
+            staged = host_kind in ("pageable", "registered") or campaign.data == "random"
+            sizes[host_kind] = pool_sizes(mine, layout, staged)
+    tallies: dict[Cell, _Tally] = {}
+    outcomes: dict[Cell, CellOutcome] = {}
+    for round_index, this in enumerate(schedule):
+        for host_kind in campaign.host_memory:
+            mine = [(pc, n) for pc, n in this if pc.cell.host_memory == host_kind
+                    and not (pc.cell in outcomes and outcomes[pc.cell].error)]
+            if not mine:
+                continue
+            if _past(deadline):
+                return outcomes
+            pools = Pools(layout, host_kind, sizes[host_kind], device)
+            runners: dict = {}
+            try:
+                for name in campaign.executors:
+                    runners[name] = executors.make(name, pools, settings)
+                for pc, n in mine:
+                    if _past(deadline):
+                        break
+                    tally = tallies.setdefault(pc.cell, _Tally())
+                    _run_trials(pc, runners[pc.cell.executor], campaign, n, tally)
+                    outcome = tally.outcome(campaign, params, planned_trials[pc.cell])
+                    outcomes[pc.cell] = outcome
+                    if memory is not None:
+                        memory.sample(round_index, settled=False)
+                    on_cell_done(pc, outcome, round_index)
+            finally:
+                _release_and_free(runners, pools, device)
+                if memory is not None:
+                    memory.sample(round_index, settled=True)
     return outcomes
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() > deadline
 
 
 def _release_and_free(runners: dict, pools, device) -> None:
@@ -148,26 +186,65 @@ def settle(device, timeout_s: float) -> bool:
     return done.wait(timeout_s)
 
 
-def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> CellOutcome:
+@dataclasses.dataclass
+class _Tally:
+    """What a cell's trials have shown so far, across rounds."""
+
+    trials: int = 0
+    counts: list[int] = dataclasses.field(default_factory=lambda: [0, 0, 0, 0])
+    corrupted: int = 0
+    checked: int = 0
+    elapsed_s: float = 0.0
+    phase_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    rounds: int = 0
+    hold: str | None = None
+    error: str | None = None
+
+    def outcome(self, campaign: Campaign, params: Params, planned_trials: int) -> CellOutcome:
+        if self.error is not None:
+            return CellOutcome(None, self.error, dict(self.phase_s), planned_trials, self.rounds)
+        window: dict[str, int | float | str] = {
+            "writer_spin_ns": campaign.writer_delay_us * 1000,
+            "reader_ns": campaign.reader_us * 1000,
+            "blocks_per_transfer": params.blocks_per_transfer,
+            "transfers_in_flight": params.transfers,
+        }
+        if self.hold is not None:
+            window["hold"] = self.hold
+        observation = Observation(
+            trials=self.trials,
+            corrupted_trials=self.corrupted,
+            blocks_checked=sum(self.counts),
+            bytes_checked=self.checked,
+            ok=self.counts[0],
+            stale=self.counts[1],
+            torn=self.counts[2],
+            garbage=self.counts[3],
+            elapsed_s=self.elapsed_s,
+            window=window,
+        )
+        return CellOutcome(observation, None, dict(self.phase_s), planned_trials, self.rounds)
+
+
+def _run_trials(pc: PlannedCell, executor, campaign: Campaign, count: int, tally: _Tally) -> None:
+    """Run ``count`` more trials of ``pc`` (numbered on from ``tally.trials``) and add them to
+    ``tally``; a failure sets ``tally.error`` instead."""
     from kvverify.stress.executors import HarnessError
 
     start = time.perf_counter()
     with annotate.cell_range(pc.cell.label, pc.cell.direction):
         try:
             prepared = executor.prepare(pc.program)
-            trials = trials_for(campaign, prepared.checked_pages * executor.page_bytes, pc.cell.executor)
-            counts = [0, 0, 0, 0]
-            corrupted = checked = 0
-            phase_s: dict[str, float] = {}
             fault = os.environ.get(FAIL_CELL_ENV) == pc.cell.label
-            for trial in range(trials):
+            for trial in range(tally.trials, tally.trials + count):
                 with annotate.trial_range(trial):
                     result = executor.run_trial(prepared, pc.cell.order, trial, inject_fault=fault and trial == 0)
-                counts = [a + int(b) for a, b in zip(counts, result.counts)]
-                corrupted += result.corrupted
-                checked += result.checked_bytes
+                tally.counts = [a + int(b) for a, b in zip(tally.counts, result.counts)]
+                tally.corrupted += result.corrupted
+                tally.checked += result.checked_bytes
                 for name, seconds in result.phase_s.items():
-                    phase_s[name] = phase_s.get(name, 0.0) + seconds
+                    tally.phase_s[name] = tally.phase_s.get(name, 0.0) + seconds
+            tally.trials += count
         except (HarnessError, RuntimeError, ValueError) as exc:
             # The failed trial may have left work on the device (a timed-out wait, a refused
             # copy after others were queued): let it finish before the next cell writes the
@@ -179,25 +256,9 @@ def _run_cell(pc: PlannedCell, executor, campaign: Campaign, params: Params) -> 
                 pass
             if not settle(executor.pools.device, SETTLE_S):
                 note = f" (and the device did not go idle within {SETTLE_S:g} s: later cells may see its copies)"
-            return CellOutcome(None, f"{pc.cell.label}: {type(exc).__name__}: {exc}{note}")
-    window: dict[str, int | float | str] = {
-        "writer_spin_ns": campaign.writer_delay_us * 1000,
-        "reader_ns": campaign.reader_us * 1000,
-        "blocks_per_transfer": params.blocks_per_transfer,
-        "transfers_in_flight": params.transfers,
-    }
-    if pc.cell.executor == "adversarial":
-        window["hold"] = executor.hold_note
-    observation = Observation(
-        trials=trials,
-        corrupted_trials=corrupted,
-        blocks_checked=sum(counts),
-        bytes_checked=checked,
-        ok=counts[0],
-        stale=counts[1],
-        torn=counts[2],
-        garbage=counts[3],
-        elapsed_s=time.perf_counter() - start,
-        window=window,
-    )
-    return CellOutcome(observation, None, phase_s)
+            tally.error = f"{pc.cell.label}: {type(exc).__name__}: {exc}{note}"
+        finally:
+            tally.elapsed_s += time.perf_counter() - start
+            tally.rounds += 1
+    if pc.cell.executor == "adversarial" and tally.error is None:
+        tally.hold = executor.hold_note
