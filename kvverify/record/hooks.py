@@ -148,7 +148,9 @@ class CudaPlatform(Platform):
         """Check that recording an event reaches the callbacks (it does not on a torch whose C++
         was built without them): better one clear error than a trace without synchronization."""
         seen = []
-        probe = seen.append
+
+        def probe(*args) -> None:  # called as (event, stream)
+            seen.append(args)
         gpu_trace.EventRecordCallbacks.callback_list.insert(0, probe)
         try:
             self.torch.cuda.Event().record()
