@@ -166,6 +166,11 @@ def test_plot_writes_a_png(tmp_path, ran):
 # -- in a terminal ---------------------------------------------------------------------------
 
 
+def _pythonpath() -> str:
+    """This checkout first, then whatever the environment adds (wheels carried to a GPU host)."""
+    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+
 def run_in_pty(argv: list[str], columns: int = 100, env: dict | None = None) -> tuple[int, list[str]]:
     """Run ``argv`` in a pseudo-terminal ``columns`` wide; return its exit status and what it printed
     as lines, with escape sequences removed and each line as the last carriage return left it (an
@@ -194,7 +199,7 @@ def run_in_pty(argv: list[str], columns: int = 100, env: dict | None = None) -> 
 
 def test_no_gpu_stress_in_a_100_column_terminal():
     status, lines = run_in_pty([sys.executable, "-m", "kvverify", "stress"],
-                               env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)})
+                               env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": _pythonpath()})
     assert status == 0, "\n".join(lines)
     assert len(lines) <= 60, "\n".join(lines)
     assert max(map(len, lines)) <= 100, "\n".join(lines)
@@ -239,7 +244,7 @@ def test_the_h200_smoke_in_a_100_column_terminal(tmp_path):
     script.write_text(REPLAY)
     # The saved run predates the kernel executor: replay the executors it has.
     status, lines = run_in_pty([sys.executable, str(script), str(ROOT / "tests"), str(H200_SMOKE),
-                                "--executors", "native,adversarial"], env={"PYTHONPATH": str(ROOT)})
+                                "--executors", "native,adversarial"], env={"PYTHONPATH": _pythonpath()})
     assert status == 0, "\n".join(lines)
     assert len(lines) <= 80, "\n".join(lines)
     assert max(map(len, lines)) <= 100, "\n".join(lines)
@@ -254,7 +259,7 @@ def test_every_scenario_on_the_gpu_in_a_100_column_terminal(tmp_path):
     campaign.write_text('models = ["llama-3.1-8b"]\nblock_size = 16\ntrials = 3\nmax_trials = 3\n'
                         'min_checked = "1MiB"\nblocks_per_transfer = 8\ntransfers = 4\n')
     status, lines = run_in_pty([sys.executable, "-m", "kvverify", "stress", "--campaign", str(campaign)],
-                               env={"PYTHONPATH": str(ROOT)})
+                               env={"PYTHONPATH": _pythonpath()})
     text = "\n".join(lines)
     assert status in (0, 1), text  # 1: a cell contradicts its contract; the report must fit all the same
     assert len(lines) <= 80 and max(map(len, lines)) <= 100, text
