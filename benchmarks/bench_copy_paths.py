@@ -5,8 +5,10 @@ Prints figures; a figure short of its target is reported, not raised (this is a 
     kvverify bench --calibrate -o paths.json
     python benchmarks/bench_copy_paths.py bench.json [paths.json]
 
-Targets (event-timed GB/s, 1e9 bytes/s, pinned host memory):
-- the kernel path at >= 45 GB/s for 16 KiB pages, H2D and D2H, and >= 10x the driver batch (STREAM) for H2D;
+Targets (GB/s, 1e9 bytes/s, pinned host memory; event-timed unless said otherwise):
+- the kernel path at >= 45 GB/s for 16 KiB pages, H2D and D2H, and >= 10x the driver batch (STREAM) for H2D,
+  end to end (the issue's own driver-batch figures are end-to-end: at small pages the batch's cost is its call,
+  which the event-timed figure leaves out; both ratios are printed);
 - the best safe path (STREAM, loop or kernel) at >= 90% of the point's ceiling (one contiguous copy of the same
   bytes, both directions at once for ``both``) for every page size from 16 KiB, in each direction and both at once.
 Also printed: the compute slowdown of a bf16 matmul under each path, and the calibration's pick per shape.
@@ -63,8 +65,13 @@ def main() -> int:
             line = (f"   {direction} {p['pages_per_call']} pages/call: kernel {gbps(kernel)} GB/s "
                     f"(>= {KERNEL_TARGET_GBPS:g}: {verdict(ok)}); STREAM {gbps(stream)} GB/s")
             if direction == "h2d" and kernel is not None and stream:
-                ratio = kernel / stream
-                line += f"; kernel/STREAM {ratio:.1f}x (>= {KERNEL_OVER_BATCH_H2D:g}x: {verdict(ratio >= KERNEL_OVER_BATCH_H2D)})"
+                k_e2e = median(p["methods"].get("kernel"), "e2e_gbps")
+                s_e2e = median(p["methods"].get("STREAM"), "e2e_gbps")
+                line += f"; kernel/STREAM {kernel / stream:.1f}x event-timed"
+                if k_e2e and s_e2e:
+                    ratio = k_e2e / s_e2e
+                    line += (f", end to end {gbps(k_e2e)}/{gbps(s_e2e)} = {ratio:.1f}x "
+                             f"(>= {KERNEL_OVER_BATCH_H2D:g}x: {verdict(ratio >= KERNEL_OVER_BATCH_H2D)})")
             print(line)
 
     print(f"\n2. best safe path against the ceiling, pages from {format_size(FROM_PAGE)} (target >= {OF_CEILING:.0%})")

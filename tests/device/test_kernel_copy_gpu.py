@@ -135,6 +135,9 @@ def test_many_scattered_16_kib_pages(direction):
         assert (out[untouched] == 0x5A).all()
 
 
+# compute-sanitizer serializes kernels: the 200 ms hold ends before the other stream's calls run,
+# and the test rightly refuses to count that as proof (seen under memcheck on the H200).
+@pytest.mark.sanitizer_incompatible
 def test_descriptors_are_never_rewritten_while_an_earlier_copy_may_read_them():
     """Call A is issued on a held stream: its descriptors wait in pinned memory for their H2D copy.
     While A waits, the caller rewrites A's pointer tensors and 64 more calls run to completion on
