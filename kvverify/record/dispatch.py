@@ -440,7 +440,9 @@ class RecordingMode(TorchDispatchMode):
         s_index, s_offset = self._resolve(src, sizes, "src_ptrs", at)
         d_index, d_offset = self._resolve(dst, sizes, "dst_ptrs", at)
         stream = self.platform.stream_key(None)
-        self.rec.copy_batch(stream, info.name, order.name, CopyArrays(s_index, s_offset, d_index, d_offset, sizes), at)
+        # sizes may be a view of the program's tensor: the log keeps its own copy
+        self.rec.copy_batch(stream, info.name, order.name,
+                            CopyArrays(s_index, s_offset, d_index, d_offset, sizes.copy()), at)
 
     def _swap_loop(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         # one cudaMemcpyAsync per entry: stream-ordered, and ordered among themselves

@@ -144,6 +144,20 @@ def test_a_batched_swap_resolves_every_pointer_and_keeps_its_order(fake):
     assert rec.summary().unresolved == []
 
 
+def test_a_swap_is_recorded_with_the_sizes_it_was_called_with_whatever_the_program_does_with_them_later(fake):
+    # the log must own what it keeps: a view of the program's sizes tensor would follow its later
+    # rewrites (and keep its memory from the allocator, so that every call's tensor is new memory)
+    kvswap, _ = swap_ops()
+    gpu = fake.device(2, BLOCK)
+    cpu = fake.pinned(2, BLOCK)
+    sizes = ptrs(BLOCK, BLOCK)
+    with record(fake) as rec:
+        kvswap(ptrs(gpu[0].data_ptr(), gpu[1].data_ptr()), ptrs(cpu[0].data_ptr(), cpu[1].data_ptr()), sizes, 1)
+    sizes.fill_(16)  # the program reuses its sizes tensor
+    (op,) = ops_of(rec)
+    assert [(c["src"][2], c["dst"][2]) for c in op["copies"]] == [(BLOCK, BLOCK)] * 2
+
+
 def test_an_engines_own_swap_op_is_recorded_when_named_with_its_order(fake):
     _, engine = swap_ops()
     gpu = fake.device(BLOCK)
