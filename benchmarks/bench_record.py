@@ -49,55 +49,132 @@ def run_once(shape, recorded: bool):
     return time.perf_counter() - start, rec
 
 
+# The host-only cases: what each does once (a fixture of tensors and ids is passed in), and how many
+# times one call does it (the figures are per op, or per callback).
+HOST_CASES = {
+    "fill": ("layer[0:8].fill_(1): a view, an in-place op", 1),
+    "attend": ("torch.sum(layer[0:8], dim=(0, 1), dtype=int64, out=scores[0]): two views, an out= op", 1),
+    "strided": ("layer[:, 0:4].zero_(): a strided view's covering span", 1),
+    "copy": ("ids.copy_(descriptor, non_blocking=True): a host-to-device copy of pointers", 1),
+    "swap": ("a batched swap of 256 pointers each way (sizes made by torch.full, as the demo)", 1),
+    "event": ("GPU-trace callbacks of one event as Stream.wait_stream makes it: create, record, wait, delete", 4),
+    "alloc": ("GPU-trace callbacks of one caching-allocator block: allocate, free", 2),
+}
+
+
 def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
-    """Microseconds per ``layer[0:8].fill_(1)`` plain, under a pass-through dispatch mode, and recorded."""
+    """Microseconds per op (per callback for ``event`` and ``alloc``) of each of ``HOST_CASES``:
+    plain, under a pass-through dispatch mode (the floor any dispatcher hook pays; None for the
+    callbacks, which no dispatch mode sees) and recorded. No GPU: device memory is a CPU arena a
+    stand-in platform calls device memory; the callbacks are ``kvverify.record.hooks``' own, fired
+    from Python as torch's C++ fires them on a GPU."""
+    import itertools
+
     import torch
+    import torch.cuda._gpu_trace as gpu_trace
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from kvverify.record import recording
-    from kvverify.record.dispatch import Platform
+    from kvverify.record.hooks import CudaPlatform
 
-    class HostAsDevice(Platform):
+    arena = torch.zeros(5 << 20, dtype=torch.uint8)  # everything the stand-in calls device memory
+    lo, hi = arena.data_ptr(), arena.data_ptr() + arena.numel()
+
+    class ArenaAsDevice(CudaPlatform):
         def where(self, t):
-            return "device" if t.is_cpu else None
+            return "device" if lo <= t.data_ptr() < hi else "host"
 
         def stream_key(self, t):
             return 0x1000
 
         def is_pinned(self, t):
-            return False
+            return True
 
-        def install(self, recorder, guard):
-            pass
+        def allocator_blocks(self):  # the arena is one block of the caching allocator
+            return [(lo, hi - lo)]
 
-        def uninstall(self):
+        def host_range(self, address):  # the host caches are pinned: CUDA knows them (cuPointerGetAttribute)
+            for t in host_caches:
+                if t.data_ptr() <= address < t.data_ptr() + t.numel():
+                    return t.data_ptr(), t.numel(), "host_pinned"
+            return None
+
+        def _probe(self, gpu_trace):  # records a CUDA event
             pass
 
     class PassThrough(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
-    layers = [torch.zeros(96, 16, dtype=torch.uint8) for _ in range(32)]
+    lib = torch.library.Library("kvbench", "DEF")
+    lib.define("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int src_access_order=1) -> ()")
+    lib.impl("swap_blocks_batch", lambda *args: None, "CompositeExplicitAutograd")
+    swap = torch.ops.kvbench.swap_blocks_batch
 
-    def per_op() -> float:
-        for _ in range(steps // 10):  # warm-up (the first dispatch imports torch._dynamo)
+    block = 1 << 14  # the layers' caches lie past the small tensors, from 1 MiB on
+    layers = [arena[k * (96 << 4):(k + 1) * (96 << 4)].view(96, 16) for k in range(32)]
+    gpu_caches = [arena[(1 << 20) + k * 8 * block:(1 << 20) + (k + 1) * 8 * block] for k in range(32)]
+    host_caches = [torch.zeros(8 * block, dtype=torch.uint8) for _ in range(32)]
+    offsets = torch.arange(8, dtype=torch.int64) * block
+    gpu_ptrs = (torch.tensor([t.data_ptr() for t in gpu_caches])[:, None] + offsets).reshape(-1)
+    host_ptrs = (torch.tensor([t.data_ptr() for t in host_caches])[:, None] + offsets).reshape(-1)
+    scores = arena[-64:].view(torch.int64)
+    ids, descriptor = scores[:4], torch.arange(4, dtype=torch.int64)
+    handles = itertools.count(0x7000_0000, 0x100)
+
+    def event_cycle(_):
+        h = next(handles)
+        gpu_trace.EventCreationCallbacks.fire_callbacks(h)
+        gpu_trace.EventRecordCallbacks.fire_callbacks(h, 0x5100)
+        gpu_trace.EventWaitCallbacks.fire_callbacks(h, 0x5200)
+        gpu_trace.EventDeletionCallbacks.fire_callbacks(h)
+
+    def alloc_cycle(layer):
+        gpu_trace.MemoryAllocationCallbacks.fire_callbacks(layer.data_ptr())
+        gpu_trace.MemoryDeallocationCallbacks.fire_callbacks(layer.data_ptr())
+
+    cases = {
+        "fill": lambda layer: layer[0:8].fill_(1),
+        "attend": lambda layer: torch.sum(layer[0:8], dim=(0, 1), dtype=torch.int64, out=scores[0]),
+        "strided": lambda layer: layer[:, 0:4].zero_(),
+        "copy": lambda layer: ids.copy_(descriptor, non_blocking=True),
+        "swap": lambda layer: swap(gpu_ptrs, host_ptrs, torch.full((256,), block, dtype=torch.int64), 1),
+        "event": event_cycle,
+        "alloc": alloc_cycle,
+    }
+
+    def per_op(case) -> float:
+        run, (_, per_call) = cases[case], HOST_CASES[case]
+        n = steps // 10 if case == "swap" else steps
+        for _ in range(max(1, n // 10)):  # warm-up (the first dispatch imports torch._dynamo)
             for layer in layers:
-                layer[0:8].fill_(1)
+                run(layer)
         best = float("inf")
         for _ in range(repeats):
             start = time.perf_counter()
-            for _ in range(steps):
+            for _ in range(n):
                 for layer in layers:
-                    layer[0:8].fill_(1)
-            best = min(best, (time.perf_counter() - start) / steps / len(layers) * 1e6)
+                    run(layer)
+            best = min(best, (time.perf_counter() - start) / n / len(layers) / per_call * 1e6)
         return best
 
-    plain = per_op()
-    with PassThrough():
-        mode = per_op()
-    with recording(platform=HostAsDevice()):
-        recorded = per_op()
-    return {"plain_us": plain, "pass_through_mode_us": mode, "recorded_us": recorded}
+    current_device = torch.cuda.current_device
+    torch.cuda.current_device = lambda: 0  # no device here: the callbacks ask which one is current
+    try:
+        out = {}
+        for case in HOST_CASES:
+            plain = per_op(case)
+            mode = None
+            if case not in ("event", "alloc"):
+                with PassThrough():
+                    mode = per_op(case)
+            with recording(platform=ArenaAsDevice()):
+                recorded = per_op(case)
+            out[case] = {"plain_us": plain, "pass_through_mode_us": mode, "recorded_us": recorded,
+                         "recorder_us": recorded - (plain if mode is None else mode)}
+    finally:
+        torch.cuda.current_device = current_device
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -115,9 +192,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.host_only:
-        r = host_overhead()
-        print(f"host: layer[0:8].fill_(1) takes {r['plain_us']:.1f} us plain, {r['pass_through_mode_us']:.1f} us under "
-              f"a pass-through dispatch mode, {r['recorded_us']:.1f} us recorded (best of 5 x 200 x 32)")
+        r = host_overhead(repeats=args.repeats)
+        print(f"host only, us per op (per callback for event, alloc), best of {args.repeats} x 200 x 32 (swap: x 20 "
+              "x 32); the recorder's own: recorded minus the pass-through mode (minus plain for callbacks)")
+        print(f"{'case':8s} {'plain':>7s} {'mode':>7s} {'recorded':>9s} {'own':>7s}  what")
+        for case, row in r.items():
+            mode = "-" if row["pass_through_mode_us"] is None else f"{row['pass_through_mode_us']:.1f}"
+            print(f"{case:8s} {row['plain_us']:7.1f} {mode:>7s} {row['recorded_us']:9.1f} {row['recorder_us']:7.1f}  "
+                  f"{HOST_CASES[case][0]}")
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
