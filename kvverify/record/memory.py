@@ -91,8 +91,13 @@ class MemoryMap:
         self.allocations: list[Allocation] = []
         self.unresolved: list[Unresolved] = []
         self.version = 0  # changes whenever the live set does
-        self._bases: list[int] = []  # sorted bases of the live allocations
-        self._live: dict[int, Allocation] = {}  # base -> live allocation
+        # The live allocations sorted by base, as parallel lists (a lookup is one bisect and one
+        # index), with where each stops resolving ranges: its end, a placeholder's base (nothing
+        # resolves in it), and its index; resolve_batch turns them into arrays once per version.
+        self._bases: list[int] = []
+        self._live: list[Allocation] = []
+        self._ends: list[int] = []
+        self._indices: list[int] = []
         self._arrays: tuple | None = None  # (version, bases, ends, indices) for resolve_batch
 
     # -- learning ------------------------------------------------------------------------------
@@ -104,19 +109,22 @@ class MemoryMap:
             raise ValueError(f"an allocation has at least one byte, got {size} at {base:#x} ({origin})")
         a = Allocation(len(self.allocations), int(base), int(size), space, origin, at, label)
         self.allocations.append(a)
-        self._live[a.base] = a
-        bisect.insort(self._bases, a.base)
+        i = bisect.bisect_left(self._bases, a.base)
+        self._bases.insert(i, a.base)
+        self._live.insert(i, a)
+        self._ends.insert(i, a.base if a.placeholder else a.end)
+        self._indices.insert(i, a.index)
         self.version += 1
         return a
 
     def _overlapping(self, base: int, end: int) -> list[Allocation]:
         i = bisect.bisect_right(self._bases, base) - 1
         out = []
-        if i >= 0 and self._live[self._bases[i]].end > base:
-            out.append(self._live[self._bases[i]])
+        if i >= 0 and self._live[i].end > base:
+            out.append(self._live[i])
         i += 1
         while i < len(self._bases) and self._bases[i] < end:
-            out.append(self._live[self._bases[i]])
+            out.append(self._live[i])
             i += 1
         return out
 
@@ -143,6 +151,7 @@ class MemoryMap:
                 limit = self._bases[nxt] if nxt < len(self._bases) else base + size
                 if limit > holder.end:
                     holder.size = min(size, limit - base)
+                    self._ends[nxt - 1] = holder.end
                     self.version += 1
             return holder
         hi = base + size
@@ -162,14 +171,16 @@ class MemoryMap:
     def retire(self, base: int) -> Allocation | None:
         """The allocation at ``base`` was freed: forget it (later addresses in it are unresolved
         until memory is allocated there again). Returns it, or None if none starts there."""
-        a = self._live.get(base)
-        if a is not None:
-            self._drop(a)
+        i = bisect.bisect_left(self._bases, base)
+        if i == len(self._bases) or self._bases[i] != base:
+            return None
+        a = self._live[i]
+        self._drop(a)
         return a
 
     def _drop(self, a: Allocation) -> None:
-        del self._live[a.base]
-        del self._bases[bisect.bisect_left(self._bases, a.base)]
+        i = bisect.bisect_left(self._bases, a.base)
+        del self._bases[i], self._live[i], self._ends[i], self._indices[i]
         self.version += 1
 
     # -- looking up ------------------------------------------------------------------------
@@ -179,19 +190,27 @@ class MemoryMap:
         i = bisect.bisect_right(self._bases, address) - 1
         if i < 0:
             return None
-        a = self._live[self._bases[i]]
+        a = self._live[i]
         return a if address < a.base + a.size else None
 
     def resolve(self, address: int, length: int) -> Span | None:
         """``(index, offset, length)`` when ``length`` bytes from ``address`` lie in one live
         allocation, else None."""
-        i = bisect.bisect_right(self._bases, address) - 1  # find(), inlined: once per tensor of every op
+        i = bisect.bisect_right(self._bases, address) - 1  # find(), inlined
         if i < 0:
             return None
-        a = self._live[self._bases[i]]
+        a = self._live[i]
         if address + length > a.base + a.size:
             return None
         return (a.index, address - a.base, length)
+
+    def resolve_known(self, address: int, length: int) -> Span | None:
+        """As ``resolve``, but None where the range lies in a placeholder (``length`` >= 1): the
+        lookup of every tensor of every op, which learns memory only where this fails."""
+        i = bisect.bisect_right(self._bases, address) - 1
+        if i < 0 or address + length > self._ends[i]:
+            return None
+        return (self._indices[i], address - self._bases[i], length)
 
     def why_not(self, address: int, length: int) -> str:
         """Why ``resolve(address, length)`` found nothing, in words."""
@@ -241,10 +260,8 @@ class MemoryMap:
         import numpy as np
 
         if self._arrays is None or self._arrays[0] != self.version:
-            live = [self._live[b] for b in self._bases]
-            self._arrays = (self.version, np.array([a.base for a in live], dtype=np.int64),
-                            np.array([a.end if not a.placeholder else a.base for a in live], dtype=np.int64),
-                            np.array([a.index for a in live], dtype=np.int64))
+            self._arrays = (self.version, np.array(self._bases, dtype=np.int64), np.array(self._ends, dtype=np.int64),
+                            np.array(self._indices, dtype=np.int64))
         _, bases, ends, indices = self._arrays
         slot = np.searchsorted(bases, addresses, side="right") - 1
         has = slot >= 0

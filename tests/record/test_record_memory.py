@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from kvverify.record.memory import MemoryMap
@@ -117,3 +117,36 @@ def test_the_live_allocations_stay_disjoint_and_batch_lookups_agree_with_single_
         assert bool(found[k]) == real
         if real:
             assert (int(index[k]), int(offset[k])) == single[:2]
+
+
+operations = st.lists(st.tuples(st.sampled_from(["fresh", "known", "unresolved", "retire"]), st.integers(0, 8),
+                                st.integers(1, 6)), max_size=25)
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=operations, probes=st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12)), min_size=1, max_size=12))
+@example(ops=[("fresh", 0, 1), ("known", 0, 4)], probes=[(2, 1)])  # known memory grows an allocation
+def test_lookups_after_every_change_agree_with_the_live_allocations(ops, probes):
+    # resolve_batch keeps its arrays between calls and resolve_known reads the map's own lists:
+    # neither may answer from a state the map has left (a grown, retired or absorbed allocation)
+    m = MemoryMap()
+    addresses = np.array([p * 8 for p, _ in probes], dtype=np.int64)
+    lengths = np.array([n * 8 for _, n in probes], dtype=np.int64)
+    for op, b, n in ops:
+        if op == "fresh":
+            m.fresh(b * 16, n * 16, "device", "f")
+        elif op == "known":
+            m.known(b * 16, n * 16, "host_pinned", "k")
+        elif op == "unresolved":
+            m.unresolved_span(b * 16 + 3, n * 8, "probe", None)
+        else:
+            m.retire(b * 16)
+        live = [a for a in m.allocations if m.find(a.base) is a and not a.placeholder]
+        index, offset, found = m.resolve_batch(addresses, lengths)
+        for k, (a, length) in enumerate(zip(addresses.tolist(), lengths.tolist())):
+            holder = next((x for x in live if x.base <= a and a + length <= x.end), None)
+            expected = None if holder is None else (holder.index, a - holder.base, length)
+            assert m.resolve_known(a, length) == expected
+            assert bool(found[k]) == (holder is not None)
+            if holder is not None:
+                assert (int(index[k]), int(offset[k])) == expected[:2]
