@@ -18,6 +18,7 @@ from pathlib import Path
 _RECORD_DIR = Path(__file__).resolve().parent
 _DEVICE_DIR = _RECORD_DIR.parent / "device"
 USER_CODE = ("demo.py",)  # the recorder's demo stands for a user's program
+CALL_SITES = 1 << 16  # ``at`` strings a Locator keeps; past that it starts afresh
 
 
 def library_dirs() -> tuple[str, ...]:
@@ -56,11 +57,16 @@ class Locator:
         self._stdlib = _prefix(paths["stdlib"])
         self._site = tuple({_prefix(paths["purelib"]), _prefix(paths["platlib"])})
         self._cwd = os.path.join(os.getcwd(), "")
-        self._is_library: dict[object, bool] = {}  # code object -> library frame?
+        # Keyed by file name, not by code object: hashing a code object hashes its constants,
+        # every time, and whether a frame is library code depends on its file alone.
+        self._is_library: dict[str, bool] = {}
         self._shown: dict[str, str] = {}  # file name -> as shown in ``at``
+        # (id(code), f_lasti) -> (code, at): a frame's line is found by walking its code's line
+        # table (microseconds at the end of a long function), the same call site gives the same
+        # line, and holding the code object keeps its id from naming another one meanwhile.
+        self._at: dict[tuple[int, int], tuple[object, str]] = {}
 
-    def _library(self, code) -> bool:
-        name = code.co_filename
+    def _library(self, name: str) -> bool:
         if name.startswith("<"):
             return name not in ("<string>", "<stdin>")
         real = os.path.realpath(name)
@@ -82,10 +88,17 @@ class Locator:
         cache = self._is_library
         while frame is not None:
             code = frame.f_code
-            library = cache.get(code)
+            name = code.co_filename
+            library = cache.get(name)
             if library is None:
-                library = cache[code] = self._library(code)
+                library = cache[name] = self._library(name)
             if not library:
-                return f"{self._show(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+                key = (id(code), frame.f_lasti)
+                known = self._at.get(key)
+                if known is None:
+                    if len(self._at) >= CALL_SITES:
+                        self._at.clear()
+                    known = self._at[key] = (code, f"{self._show(name)}:{frame.f_lineno} in {code.co_name}")
+                return known[1]
             frame = frame.f_back
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import types
 from collections import Counter
 
 import numpy as np
@@ -196,3 +197,22 @@ def test_the_locator_skips_library_frames_and_shows_user_paths_relative(tmp_path
     out = []
     exec(code, {"f": lambda: out.append(Locator([]).locate(2))})
     assert out == ["<string>:1 in <module>"]
+
+
+def test_the_locator_names_each_call_site_and_never_another_codes_line(monkeypatch):
+    # the locator keeps the line of each call site by code object: two calls in one function,
+    # code objects made and dropped at one address, and a cache it started afresh must each get
+    # their own line
+    import kvverify.record.frames as frames
+
+    loc = Locator([])
+    calls = "def step(locate):\n" + "    x = 1\n" * 300 + "    a = locate()\n    b = locate()\n    return a, b\n"
+    ns: dict = {}
+    exec(compile(calls, "engine.py", "exec"), ns)
+    assert ns["step"](loc.locate) == ("engine.py:302 in step", "engine.py:303 in step")
+    assert ns["step"](loc.locate) == ("engine.py:302 in step", "engine.py:303 in step")
+    monkeypatch.setattr(frames, "CALL_SITES", 3)
+    for k in range(12):  # each code object dropped before the next is made: CPython reuses its address
+        code = compile("\n" * k + "def f(locate):\n    return locate()\n", "made.py", "exec").co_consts[0]
+        assert types.FunctionType(code, {})(loc.locate) == f"made.py:{k + 2} in f"
+        del code
