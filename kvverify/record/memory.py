@@ -25,6 +25,7 @@ ops that used them then name the real allocation (``final``).
 
 from __future__ import annotations
 
+import array
 import bisect
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -91,13 +92,16 @@ class MemoryMap:
         self.allocations: list[Allocation] = []
         self.unresolved: list[Unresolved] = []
         self.version = 0  # changes whenever the live set does
-        # The live allocations sorted by base, as parallel lists (a lookup is one bisect and one
-        # index), with where each stops resolving ranges: its end, a placeholder's base (nothing
-        # resolves in it), and its index; resolve_batch turns them into arrays once per version.
+        # The live allocations sorted by base, in parallel sequences: a lookup is one bisect (on a
+        # list: an array would make an int of every element it compares) and one index. Where each
+        # stops resolving ranges (its end; a placeholder's base: nothing resolves in it) and its
+        # index are C arrays, as is a copy of the bases: resolve_batch copies them into numpy
+        # arrays without converting each element.
         self._bases: list[int] = []
         self._live: list[Allocation] = []
-        self._ends: list[int] = []
-        self._indices: list[int] = []
+        self._base_column = array.array("q")
+        self._ends = array.array("q")
+        self._indices = array.array("q")
         self._arrays: tuple | None = None  # (version, bases, ends, indices) for resolve_batch
 
     # -- learning ------------------------------------------------------------------------------
@@ -112,6 +116,7 @@ class MemoryMap:
         i = bisect.bisect_left(self._bases, a.base)
         self._bases.insert(i, a.base)
         self._live.insert(i, a)
+        self._base_column.insert(i, a.base)
         self._ends.insert(i, a.base if a.placeholder else a.end)
         self._indices.insert(i, a.index)
         self.version += 1
@@ -180,7 +185,7 @@ class MemoryMap:
 
     def _drop(self, a: Allocation) -> None:
         i = bisect.bisect_left(self._bases, a.base)
-        del self._bases[i], self._live[i], self._ends[i], self._indices[i]
+        del self._bases[i], self._live[i], self._base_column[i], self._ends[i], self._indices[i]
         self.version += 1
 
     # -- looking up ------------------------------------------------------------------------
@@ -260,8 +265,8 @@ class MemoryMap:
         import numpy as np
 
         if self._arrays is None or self._arrays[0] != self.version:
-            self._arrays = (self.version, np.array(self._bases, dtype=np.int64), np.array(self._ends, dtype=np.int64),
-                            np.array(self._indices, dtype=np.int64))
+            self._arrays = (self.version, np.array(self._base_column, dtype=np.int64),
+                            np.array(self._ends, dtype=np.int64), np.array(self._indices, dtype=np.int64))
         _, bases, ends, indices = self._arrays
         slot = np.searchsorted(bases, addresses, side="right") - 1
         has = slot >= 0
