@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvverify.record.memory import Span
@@ -103,26 +104,40 @@ class OpInfo:
     fresh_returns: tuple  # positions of returns that are new tensors (no alias annotation)
     launches: bool  # False for empty() and friends: the output is allocated, not written
     schema: object
+    # name -> (position, kwarg_only, has_default, default) of every argument: the schema's own
+    # objects are made anew at each access of ``schema.arguments``
+    arguments: dict
+    pins: bool  # the output is pinned whatever the arguments say (``_pin_memory``)
 
 
 def _tensors(value) -> Iterable[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, Tensor):
         yield value
     elif isinstance(value, (list, tuple)):
         for v in value:
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, Tensor):
                 yield v
 
 
+def _flat(t: torch.Tensor) -> np.ndarray:
+    """A host tensor's elements as a 1-D numpy array: a view of its memory where it is one already
+    (``contiguous`` and ``view`` are dispatcher calls, a microsecond each)."""
+    t = t.detach()
+    if t.dim() != 1 or not t.is_contiguous():
+        t = t.contiguous().view(-1)
+    return t.numpy()
+
+
 def _argument(info: OpInfo, args: tuple, kwargs: dict, name: str, default=None):
-    for k, a in enumerate(info.schema.arguments):
-        if a.name == name:
-            if k < len(args) and not a.kwarg_only:
-                return args[k]
-            if name in kwargs:
-                return kwargs[name]
-            return a.default_value if a.has_default_value() else default
-    return default
+    found = info.arguments.get(name)
+    if found is None:
+        return default
+    k, kwarg_only, has_default, value = found
+    if k < len(args) and not kwarg_only:
+        return args[k]
+    if name in kwargs:
+        return kwargs[name]
+    return value if has_default else default
 
 
 class RecordingMode(TorchDispatchMode):
@@ -203,20 +218,22 @@ class RecordingMode(TorchDispatchMode):
             handler = RecordingMode._host_memory
         elif qualified in ("kvverify::host_free", "kvverify::host_unregister"):
             handler = RecordingMode._host_release
-        return OpInfo(str(func), qualified, handler, tuple(tensor_args), fresh, launches, schema)
+        arguments = {a.name: (k, a.kwarg_only, a.has_default_value(),
+                              a.default_value if a.has_default_value() else None)
+                     for k, a in enumerate(schema.arguments)}
+        return OpInfo(str(func), qualified, handler, tuple(tensor_args), fresh, launches, schema, arguments,
+                      qualified == "aten::_pin_memory")
 
     # -- tensors as byte ranges --------------------------------------------------------------
 
     def span(self, t: torch.Tensor, where: str, at: str | None) -> Span | None:
         """The covering span of ``t``'s elements, resolved; None for an empty tensor."""
-        n = t.numel()
-        if n == 0:
+        length = t.nbytes  # elements times element size: one read for both, and 0 for an empty tensor
+        if not length:
             return None
-        size = t.element_size()
         start = t.data_ptr()
-        if t.is_contiguous():
-            length = n * size
-        else:
+        if not t.is_contiguous():
+            size = t.element_size()
             lo = hi = 0
             for extent, stride in zip(t.shape, t.stride()):
                 if extent > 1:
@@ -228,8 +245,8 @@ class RecordingMode(TorchDispatchMode):
             start += lo * size
             length = (hi - lo + 1) * size
         memory = self.rec.memory
-        span = memory.resolve(start, length)
-        if span is not None and not memory.allocations[span[0]].placeholder:
+        span = memory.resolve_known(start, length)
+        if span is not None:
             return span
         storage = t.untyped_storage()
         if where == "device":
@@ -258,33 +275,42 @@ class RecordingMode(TorchDispatchMode):
         """The op's device stream (or None) and its ranges: device reads, device writes, host
         reads, host writes. Registers fresh outputs."""
         where = self.platform.where
+        span_of = self.span
+        fresh_returns = info.fresh_returns
         stream = None
         reads: list = []
         writes: list = []
         host_reads: list = []
         host_writes: list = []
         inputs: set[int] = set()  # storages of the inputs, where an output may alias one
+        n_args = len(args)
         for k, name, is_write, metadata_only in info.tensor_args:
-            value = args[k] if k < len(args) else kwargs.get(name)
-            for t in _tensors(value):
+            value = args[k] if k < n_args else kwargs.get(name)
+            if isinstance(value, Tensor):
+                tensors = (value,)
+            elif isinstance(value, (list, tuple)):
+                tensors = [v for v in value if isinstance(v, Tensor)]
+            else:
+                continue
+            for t in tensors:
                 w = where(t)
                 if w is None:
                     continue
                 if w == "device" and stream is None:
                     stream = self.platform.stream_key(t)
-                if info.fresh_returns:
+                if fresh_returns:
                     inputs.add(t.untyped_storage().data_ptr())
                 if metadata_only:
                     continue
-                span = self.span(t, w, at)
+                span = span_of(t, w, at)
                 if span is not None:
                     if w == "device":
                         (writes if is_write else reads).append(span)
                     else:
                         (host_writes if is_write else host_reads).append(span)
-        if info.fresh_returns:
+        if fresh_returns:
             outs = out if isinstance(out, (tuple, list)) and len(info.schema.returns) > 1 else (out,)
-            for k in info.fresh_returns:
+            for k in fresh_returns:
                 if k >= len(outs):
                     continue
                 for t in _tensors(outs[k]):
@@ -302,16 +328,18 @@ class RecordingMode(TorchDispatchMode):
 
     def _emit(self, info: OpInfo, stream, reads, writes, host_reads, host_writes, at) -> None:
         rec = self.rec
-        rec.host_access("host_read", host_reads, info.name, at)
+        if host_reads:
+            rec.host_access("host_read", host_reads, info.name, at)
         if stream is not None and (reads or writes):  # views and empty() launch nothing
             rec.kernel(stream, info.name, reads, writes, at)
-        rec.host_access("host_write", host_writes, info.name, at)
+        if host_writes:
+            rec.host_access("host_write", host_writes, info.name, at)
 
     # -- handlers ---------------------------------------------------------------------------
 
     def _generic(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         at = self.rec.locate()
-        may_pin = bool(kwargs.get("pin_memory")) or info.qualified == "aten::_pin_memory"
+        may_pin = info.pins or bool(kwargs.get("pin_memory"))
         self._emit(info, *self._accesses(info, args, kwargs, out, at, may_pin), at)
 
     def _copy(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
@@ -360,7 +388,7 @@ class RecordingMode(TorchDispatchMode):
         """An int64 tensor's values as a numpy array (a device tensor: from the host copy that
         filled it, else read back)."""
         if self.platform.where(t) != "device":
-            return t.detach().contiguous().view(-1).numpy()
+            return _flat(t)
         entry = self._pointers.get(t.data_ptr())
         if entry is not None:
             allocation, version, values = entry
@@ -382,7 +410,7 @@ class RecordingMode(TorchDispatchMode):
             version = dst._version + bumps
         except RuntimeError:  # an inference tensor: no version counter
             version = 0
-        self._pointers[dst.data_ptr()] = (allocation, version, src.detach().contiguous().view(-1).numpy().copy())
+        self._pointers[dst.data_ptr()] = (allocation, version, _flat(src).copy())
         self._pointers.move_to_end(dst.data_ptr())
         while len(self._pointers) > POINTER_TABLES:
             self._pointers.popitem(last=False)
@@ -406,6 +434,15 @@ class RecordingMode(TorchDispatchMode):
                 a, n = int(addresses[i]), int(lengths[i])
                 index[i], offset[i], _ = memory.unresolved_span(a, n, f"{what}[{i}] {memory.why_not(a, n)}", at)
         return index, offset
+
+    def _resolve_both(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, at: str | None):
+        """``_resolve`` of a swap's sources, then of its destinations: one lookup for both where
+        every pointer lies in known memory (a swap's usual case)."""
+        n = len(sizes)
+        index, offset, found = self.rec.memory.resolve_batch(np.concatenate((src, dst)), np.concatenate((sizes, sizes)))
+        if found.all():
+            return index[:n], offset[:n], index[n:], offset[n:]
+        return (*self._resolve(src, sizes, "src_ptrs", at), *self._resolve(dst, sizes, "dst_ptrs", at))
 
     def _learn(self, addresses: np.ndarray) -> None:
         memory = self.rec.memory
@@ -437,8 +474,7 @@ class RecordingMode(TorchDispatchMode):
                 else:
                     order = SrcAccessOrder(int(value))
         at = self.rec.locate()
-        s_index, s_offset = self._resolve(src, sizes, "src_ptrs", at)
-        d_index, d_offset = self._resolve(dst, sizes, "dst_ptrs", at)
+        s_index, s_offset, d_index, d_offset = self._resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         # sizes may be a view of the program's tensor: the log keeps its own copy
         self.rec.copy_batch(stream, info.name, order.name,
@@ -448,8 +484,7 @@ class RecordingMode(TorchDispatchMode):
         # one cudaMemcpyAsync per entry: stream-ordered, and ordered among themselves
         src, dst, sizes = (self._values(t).astype(np.int64, copy=False) for t in args[:3])
         at = self.rec.locate()
-        s_index, s_offset = self._resolve(src, sizes, "src_ptrs", at)
-        d_index, d_offset = self._resolve(dst, sizes, "dst_ptrs", at)
+        s_index, s_offset, d_index, d_offset = self._resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         for si, so, di, do, n in zip(s_index.tolist(), s_offset.tolist(), d_index.tolist(), d_offset.tolist(),
                                      sizes.tolist()):

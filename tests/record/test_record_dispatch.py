@@ -85,6 +85,25 @@ def test_a_blocking_copy_synchronizes_its_stream_and_a_non_blocking_one_does_not
     assert buffers[d2h["dst"][0]]["space"] == "host_pageable" and d2h["dst"][1:] == [BLOCK, BLOCK]
 
 
+def test_arguments_are_read_positional_by_keyword_or_as_the_schemas_default_at_every_call(fake):
+    # what a schema says of its arguments is kept per op: each call still reads its own values
+    kvswap, _ = swap_ops()
+    gpu = fake.device(4, BLOCK)
+    pinned = fake.pinned(4, BLOCK)
+    pair = (ptrs(gpu[0].data_ptr()), ptrs(pinned[0].data_ptr()), ptrs(BLOCK))
+    with record(fake) as rec:
+        gpu[0].copy_(pinned[0], True)  # non_blocking, positional
+        gpu[1].copy_(pinned[1])  # the default: blocking
+        gpu[2].copy_(pinned[2], non_blocking=True)
+        gpu[3].copy_(pinned[3], non_blocking=False)
+        kvswap(*pair)  # src_access_order's default: STREAM
+        kvswap(*pair, 3)
+        kvswap(*pair, src_access_order=2)
+    assert [op["op"] for op in ops_of(rec, "copy", "sync_stream")] == ["copy", "copy", "sync_stream", "copy", "copy",
+                                                                     "sync_stream"]
+    assert [op["order"] for op in ops_of(rec, "copy_batch")] == ["STREAM", "ANY", "DURING_API_CALL"]
+
+
 def test_a_host_read_of_a_non_blocking_d2h_destination_races_until_it_is_synchronized(fake):
     gpu = fake.device(BLOCK)
     pinned = fake.pinned(BLOCK)
