@@ -33,6 +33,7 @@ from typing import NamedTuple
 from kvverify.terms import SPACES
 
 UNRESOLVED_ORIGIN = "unresolved"
+_BELOW_ALL = -(1 << 63)  # the least int64: below every address
 
 
 @dataclass(eq=False)
@@ -96,12 +97,14 @@ class MemoryMap:
         # list: an array would make an int of every element it compares) and one index. Where each
         # stops resolving ranges (its end; a placeholder's base: nothing resolves in it) and its
         # index are C arrays, as is a copy of the bases: resolve_batch copies them into numpy
-        # arrays without converting each element.
+        # arrays without converting each element. The C arrays start with an entry below every
+        # address where nothing resolves, so that every batched lookup lands on an entry: the
+        # allocation at position i of the lists is at i + 1 in them.
         self._bases: list[int] = []
         self._live: list[Allocation] = []
-        self._base_column = array.array("q")
-        self._ends = array.array("q")
-        self._indices = array.array("q")
+        self._base_column = array.array("q", [_BELOW_ALL])
+        self._ends = array.array("q", [_BELOW_ALL])
+        self._indices = array.array("q", [-1])
         self._arrays: tuple | None = None  # (version, bases, ends, indices) for resolve_batch
 
     # -- learning ------------------------------------------------------------------------------
@@ -116,9 +119,9 @@ class MemoryMap:
         i = bisect.bisect_left(self._bases, a.base)
         self._bases.insert(i, a.base)
         self._live.insert(i, a)
-        self._base_column.insert(i, a.base)
-        self._ends.insert(i, a.base if a.placeholder else a.end)
-        self._indices.insert(i, a.index)
+        self._base_column.insert(i + 1, a.base)
+        self._ends.insert(i + 1, a.base if a.placeholder else a.end)
+        self._indices.insert(i + 1, a.index)
         self.version += 1
         return a
 
@@ -156,7 +159,7 @@ class MemoryMap:
                 limit = self._bases[nxt] if nxt < len(self._bases) else base + size
                 if limit > holder.end:
                     holder.size = min(size, limit - base)
-                    self._ends[nxt - 1] = holder.end
+                    self._ends[nxt] = holder.end  # its position nxt - 1, plus the first entry
                     self.version += 1
             return holder
         hi = base + size
@@ -185,7 +188,7 @@ class MemoryMap:
 
     def _drop(self, a: Allocation) -> None:
         i = bisect.bisect_left(self._bases, a.base)
-        del self._bases[i], self._live[i], self._base_column[i], self._ends[i], self._indices[i]
+        del self._bases[i], self._live[i], self._base_column[i + 1], self._ends[i + 1], self._indices[i + 1]
         self.version += 1
 
     # -- looking up ------------------------------------------------------------------------
@@ -212,10 +215,10 @@ class MemoryMap:
     def resolve_known(self, address: int, length: int) -> Span | None:
         """As ``resolve``, but None where the range lies in a placeholder (``length`` >= 1): the
         lookup of every tensor of every op, which learns memory only where this fails."""
-        i = bisect.bisect_right(self._bases, address) - 1
-        if i < 0 or address + length > self._ends[i]:
+        i = bisect.bisect_right(self._bases, address)  # the position in the C arrays
+        if address + length > self._ends[i]:
             return None
-        return (self._indices[i], address - self._bases[i], length)
+        return (self._indices[i], address - self._bases[i - 1], length)
 
     def why_not(self, address: int, length: int) -> str:
         """Why ``resolve(address, length)`` found nothing, in words."""
@@ -268,11 +271,6 @@ class MemoryMap:
             self._arrays = (self.version, np.array(self._base_column, dtype=np.int64),
                             np.array(self._ends, dtype=np.int64), np.array(self._indices, dtype=np.int64))
         _, bases, ends, indices = self._arrays
-        slot = np.searchsorted(bases, addresses, side="right") - 1
-        has = slot >= 0
-        slot = np.where(has, slot, 0)
-        if len(bases):
-            found = has & (addresses + lengths <= ends[slot])
-            return indices[slot], addresses - bases[slot], found
-        n = len(addresses)
-        return np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.zeros(n, dtype=bool)
+        slot = bases.searchsorted(addresses, side="right")
+        slot -= 1
+        return indices.take(slot), addresses - bases.take(slot), addresses + lengths <= ends.take(slot)
