@@ -155,8 +155,12 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
                 run(layer)
         return (time.perf_counter() - start) / n / len(layers) / per_call * 1e6
 
-    current_device = torch.cuda.current_device
-    torch.cuda.current_device = lambda: 0  # no device here: the callbacks ask which one is current
+    # no device here to say which one is current (callbacks of the default streams ask)
+    saved = [(owner, name, getattr(owner, name)) for owner, name in ((torch.cuda, "current_device"),
+                                                                      (torch._C, "_cuda_getDevice"))
+             if hasattr(owner, name)]
+    for owner, name, _ in saved:
+        setattr(owner, name, lambda: 0)
     try:
         out = {}
         for case in HOST_CASES:
@@ -173,7 +177,8 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
             out[case] = {"plain_us": min(plain), "pass_through_mode_us": None if callbacks else min(mode),
                          "recorded_us": min(recorded), "recorder_us": min(recorded) - floor}
     finally:
-        torch.cuda.current_device = current_device
+        for owner, name, value in saved:
+            setattr(owner, name, value)
     return out
 
 

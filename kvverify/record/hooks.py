@@ -32,7 +32,7 @@ import numpy as np
 
 from kvverify.errors import RecordingError
 from kvverify.record.dispatch import Platform
-from kvverify.record.recorder import Recorder
+from kvverify.record.recorder import DEFAULT_STREAMS, Recorder
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 
@@ -61,6 +61,7 @@ class CudaPlatform(Platform):
         self.torch = torch
         # the current stream's raw handle without making a Python stream object (torch's own codegen uses it)
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._current_device = torch.cuda.current_device
         self._undo: list[Callable[[], None]] = []
 
     def where(self, t) -> str | None:
@@ -69,16 +70,17 @@ class CudaPlatform(Platform):
         return "host" if t.is_cpu else None
 
     def stream_key(self, t) -> object:
-        torch = self.torch
-        device = t.device.index if t is not None and t.is_cuda else torch.cuda.current_device()
+        device = t.get_device() if t is not None and t.is_cuda else self._current_device()
         if self._raw_stream is not None:
             handle = self._raw_stream(device)
         else:
-            handle = torch.cuda.current_stream(device).cuda_stream
+            handle = self.torch.cuda.current_stream(device).cuda_stream
         return Recorder.stream_key(int(handle), device)
 
     def _callback_key(self, handle: int) -> object:
-        return Recorder.stream_key(int(handle), self.torch.cuda.current_device())
+        # a callback gives the handle alone: only the default streams need the device
+        handle = int(handle)
+        return Recorder.stream_key(handle, self._current_device() if handle in DEFAULT_STREAMS else None)
 
     def is_pinned(self, t) -> bool:
         return bool(t.is_pinned())
@@ -121,6 +123,9 @@ class CudaPlatform(Platform):
                 "torch.cuda._gpu_trace; PyTorch's CUDA Stream Sanitizer needs them too): record with torch >= 2.1")
         activate()
         self._probe(gpu_trace)
+        # CUDA is initialised now (the probe recorded an event): torch.cuda.current_device would
+        # check that again at every call
+        self._current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
         key = self._callback_key
         try:
             callbacks = (
@@ -195,7 +200,7 @@ class CudaPlatform(Platform):
             self._undo.append(lambda: setattr(torch, "Event", generic))
 
     def stream_key_of(self, stream) -> object:
-        device = stream.device.index if stream.device.index is not None else self.torch.cuda.current_device()
+        device = stream.device.index if stream.device.index is not None else self._current_device()
         return Recorder.stream_key(int(stream.cuda_stream), device)
 
     def _wrap_host_register(self, recorder: Recorder, guard) -> None:

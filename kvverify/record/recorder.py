@@ -28,6 +28,8 @@ from kvverify.record.memory import MemoryMap, Span
 
 LEGACY_STREAM, PER_THREAD_STREAM = 0, 2
 """``cudaStreamLegacy`` (torch's default stream, handle 0) and ``cudaStreamPerThread``: one per device."""
+DEFAULT_STREAMS = frozenset((LEGACY_STREAM, 1, PER_THREAD_STREAM))
+"""The special handles: each names one stream per device (``Recorder.stream_key``)."""
 
 
 @dataclass(frozen=True)
@@ -70,14 +72,16 @@ class Recorder:
         self._stream_serial = 0
         self._in_op = False
         self._held: list[dict] | None = None  # ops reported while an op runs
+        self._short: dict[str, str] = {}  # at -> short_at(at), for the names of new events
 
     # -- names -------------------------------------------------------------------------------
 
     @staticmethod
-    def stream_key(handle: int, device: int) -> object:
-        """The key of stream ``handle`` on ``device``: the special handles (legacy and
-        per-thread default streams) exist once per device, the others once per process."""
-        return (handle, device) if handle in (LEGACY_STREAM, 1, PER_THREAD_STREAM) else handle
+    def stream_key(handle: int, device: int | None) -> object:
+        """The key of stream ``handle`` on ``device``: the special handles (``DEFAULT_STREAMS``:
+        legacy and per-thread default streams) exist once per device, the others once per process
+        (``device`` may be None for them)."""
+        return (handle, device) if handle in DEFAULT_STREAMS else handle
 
     def stream(self, key: object, at: str | None) -> str:
         """The trace name of a stream, given at its first use."""
@@ -89,7 +93,7 @@ class Recorder:
                 name = base if device == 0 else f"{base} (cuda:{device})"
             else:
                 self._stream_serial += 1
-                name = f"stream{self._stream_serial} ({short_at(at)})"
+                name = f"stream{self._stream_serial} ({self._short_at(at)})"
             self._streams[key] = name
         return name
 
@@ -97,8 +101,15 @@ class Recorder:
         name = self._events.get(handle)
         if name is None:
             self._event_serial += 1
-            name = self._events[handle] = f"event{self._event_serial} ({short_at(at)})"
+            name = self._events[handle] = f"event{self._event_serial} ({self._short_at(at)})"
         return name
+
+    def _short_at(self, at: str | None) -> str:
+        # a transfer makes new events at the same lines at every step
+        short = self._short.get(at)
+        if short is None:
+            short = self._short[at] = short_at(at)
+        return short
 
     # -- the log -----------------------------------------------------------------------------
 
@@ -177,7 +188,7 @@ class Recorder:
             return
         at = self.locate()
         self._event_serial += 1
-        event = f"query{self._event_serial} ({short_at(at)})"
+        event = f"query{self._event_serial} ({self._short_at(at)})"
         self._emit({"op": "record", "event": event, "stream": self.stream(stream, at), "at": at})
         self._emit({"op": "query_event", "event": event, "result": True, "at": at})
 
@@ -202,8 +213,8 @@ class Recorder:
                at: str | None) -> None:
         """A kernel on ``stream``: its accesses happen in stream order (spans: allocation index,
         offset and length in bytes)."""
-        self.issued({"op": "kernel", "stream": self.stream(stream, at), "name": name,
-                     "reads": tuple(reads), "writes": tuple(writes), "at": at})
+        self.ops.append({"op": "kernel", "stream": self._streams.get(stream) or self.stream(stream, at), "name": name,
+                         "reads": tuple(reads), "writes": tuple(writes), "at": at})
 
     def copy(self, stream: object, name: str, src: Span, dst: Span, at: str | None) -> None:
         """One stream-ordered copy (cudaMemcpyAsync); ``src`` and ``dst`` have one length."""

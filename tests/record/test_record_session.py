@@ -124,6 +124,7 @@ def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(m
     platform = CudaPlatform()
     monkeypatch.setattr(platform, "_probe", lambda gpu_trace: None)  # records a CUDA event
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0)  # what install() asks once CUDA is up
     rec = Recorder(lambda: "prog.py:1 in f")
     before = {r: list(r.callback_list) for r in (gpu_trace.EventRecordCallbacks, gpu_trace.MemoryAllocationCallbacks)}
     query, generic = torch.cuda.Event.query, torch.Event
