@@ -123,8 +123,9 @@ def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(m
 
     platform = CudaPlatform()
     monkeypatch.setattr(platform, "_probe", lambda gpu_trace: None)  # records a CUDA event
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0)  # what install() asks once CUDA is up
+    device = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0])  # what install() asks once CUDA is up
     rec = Recorder(lambda: "prog.py:1 in f")
     before = {r: list(r.callback_list) for r in (gpu_trace.EventRecordCallbacks, gpu_trace.MemoryAllocationCallbacks)}
     query, generic = torch.cuda.Event.query, torch.Event
@@ -134,6 +135,9 @@ def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(m
         gpu_trace.EventCreationCallbacks.fire_callbacks(0xE0)
         gpu_trace.EventRecordCallbacks.fire_callbacks(0xE0, 0x5100)
         gpu_trace.EventWaitCallbacks.fire_callbacks(0xE0, 0)  # the legacy default stream
+        device[0] = 1  # the default streams are one per device: asked at each callback
+        gpu_trace.StreamSynchronizationCallbacks.fire_callbacks(0)
+        device[0] = 0
         gpu_trace.StreamSynchronizationCallbacks.fire_callbacks(0x5100)
         gpu_trace.DeviceSynchronizationCallbacks.fire_callbacks()
         gpu_trace.EventSynchronizationCallbacks.fire_callbacks(0xE0)
@@ -141,8 +145,10 @@ def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(m
         gpu_trace.MemoryDeallocationCallbacks.fire_callbacks(0x9000)
     finally:
         platform.uninstall()
-    assert [op["op"] for op in rec.ops] == ["record", "wait_event", "sync_stream", "sync_device", "sync_event"]
+    assert [op["op"] for op in rec.ops] == ["record", "wait_event", "sync_stream", "sync_stream", "sync_device",
+                                            "sync_event"]
     assert rec.ops[1]["stream"] == "default" and rec.ops[0]["stream"].startswith("stream1")
+    assert rec.ops[2]["stream"] == "default (cuda:1)" and rec.ops[3]["stream"] == rec.ops[0]["stream"]
     assert rec.memory.find(0x9000) is None
     assert {r: list(r.callback_list) for r in before} == before
     assert torch.cuda.Event.query is query and torch.Event is generic
