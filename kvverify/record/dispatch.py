@@ -108,6 +108,8 @@ class OpInfo:
     # objects are made anew at each access of ``schema.arguments``
     arguments: dict
     pins: bool  # the output is pinned whatever the arguments say (``_pin_memory``)
+    returns_many: bool  # more than one return: the output is their tuple
+    origin: str  # "output of aten.add.Tensor": what a fresh output's allocation says of itself
 
 
 def _tensors(value) -> Iterable[torch.Tensor]:
@@ -221,8 +223,9 @@ class RecordingMode(TorchDispatchMode):
         arguments = {a.name: (k, a.kwarg_only, a.has_default_value(),
                               a.default_value if a.has_default_value() else None)
                      for k, a in enumerate(schema.arguments)}
-        return OpInfo(str(func), qualified, handler, tuple(tensor_args), fresh, launches, schema, arguments,
-                      qualified == "aten::_pin_memory")
+        name = str(func)
+        return OpInfo(name, qualified, handler, tuple(tensor_args), fresh, launches, schema, arguments,
+                      qualified == "aten::_pin_memory", len(schema.returns) > 1, f"output of {name}")
 
     # -- tensors as byte ranges --------------------------------------------------------------
 
@@ -309,7 +312,7 @@ class RecordingMode(TorchDispatchMode):
                     else:
                         (host_writes if is_write else host_reads).append(span)
         if fresh_returns:
-            outs = out if isinstance(out, (tuple, list)) and len(info.schema.returns) > 1 else (out,)
+            outs = out if isinstance(out, (tuple, list)) and info.returns_many else (out,)
             for k in fresh_returns:
                 if k >= len(outs):
                     continue
@@ -319,7 +322,7 @@ class RecordingMode(TorchDispatchMode):
                         continue
                     if w == "device" and stream is None:
                         stream = self.platform.stream_key(t)
-                    self._fresh(t, w, at, f"output of {info.name}", may_pin)
+                    self._fresh(t, w, at, info.origin, may_pin)
                     if info.launches:
                         span = self.span(t, w, at)
                         if span is not None:
@@ -363,7 +366,7 @@ class RecordingMode(TorchDispatchMode):
             return
         if fresh:
             # torch pins the output of a non-blocking copy to the host (``_to_copy``)
-            self._fresh(dst, wd, at, f"output of {info.name}", may_pin=True)
+            self._fresh(dst, wd, at, info.origin, may_pin=True)
         device_side = src if ws == "device" else dst
         stream = self.platform.stream_key(device_side)
         src_span, dst_span = self.span(src, ws, at), self.span(dst, wd, at)
