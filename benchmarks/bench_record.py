@@ -63,7 +63,7 @@ HOST_CASES = {
 
 
 def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
-    """Microseconds per op (per callback for ``event`` and ``alloc``) of each of ``HOST_CASES``:
+    """CPU microseconds per op (per callback for ``event`` and ``alloc``) of each of ``HOST_CASES``:
     plain, under a pass-through dispatch mode (the floor any dispatcher hook pays; None for the
     callbacks, which no dispatch mode sees) and recorded. No GPU: device memory is a CPU arena a
     stand-in platform calls device memory; the callbacks are ``kvverify.record.hooks``' own, fired
@@ -149,11 +149,11 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
         for _ in range(max(1, n // 10)):  # warm-up (the first dispatch imports torch._dynamo)
             for layer in layers:
                 run(layer)
-        start = time.perf_counter()
+        start = time.process_time()  # CPU time: what the host spends, not the waits for a core on a busy one
         for _ in range(n):
             for layer in layers:
                 run(layer)
-        return (time.perf_counter() - start) / n / len(layers) / per_call * 1e6
+        return (time.process_time() - start) / n / len(layers) / per_call * 1e6
 
     # no device here to say which one is current (callbacks of the default streams ask)
     saved = [(owner, name, getattr(owner, name)) for owner, name in ((torch.cuda, "current_device"),
@@ -198,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.host_only:
         r = host_overhead(repeats=args.repeats)
-        print(f"host only, us per op (per callback for event, alloc), best of {args.repeats} runs of 200 x 32 (swap: "
-              "20 x 32), each recorded in a new recording; the recorder's own: recorded minus the pass-through mode "
-              "(minus plain for callbacks)")
+        print(f"host only, CPU us per op (per callback for event, alloc), best of {args.repeats} runs of 200 x 32 "
+              "(swap: 20 x 32), each recorded in a new recording; the recorder's own: recorded minus the pass-through "
+              "mode (minus plain for callbacks)")
         print(f"{'case':8s} {'plain':>7s} {'mode':>7s} {'recorded':>9s} {'own':>7s}  what")
         for case, row in r.items():
             mode = "-" if row["pass_through_mode_us"] is None else f"{row['pass_through_mode_us']:.1f}"
