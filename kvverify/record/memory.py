@@ -102,6 +102,7 @@ class MemoryMap:
         # allocation at position i of the lists is at i + 1 in them.
         self._bases: list[int] = []
         self._live: list[Allocation] = []
+        self._at_base: dict[int, Allocation] = {}  # the allocator's callbacks retire by base, at every malloc and free
         self._base_column = array.array("q", [_BELOW_ALL])
         self._ends = array.array("q", [_BELOW_ALL])
         self._indices = array.array("q", [-1])
@@ -119,6 +120,7 @@ class MemoryMap:
         i = bisect.bisect_left(self._bases, a.base)
         self._bases.insert(i, a.base)
         self._live.insert(i, a)
+        self._at_base[a.base] = a
         self._base_column.insert(i + 1, a.base)
         self._ends.insert(i + 1, a.base if a.placeholder else a.end)
         self._indices.insert(i + 1, a.index)
@@ -179,16 +181,15 @@ class MemoryMap:
     def retire(self, base: int) -> Allocation | None:
         """The allocation at ``base`` was freed: forget it (later addresses in it are unresolved
         until memory is allocated there again). Returns it, or None if none starts there."""
-        i = bisect.bisect_left(self._bases, base)
-        if i == len(self._bases) or self._bases[i] != base:
-            return None
-        a = self._live[i]
-        self._drop(a)
+        a = self._at_base.get(base)
+        if a is not None:
+            self._drop(a)
         return a
 
     def _drop(self, a: Allocation) -> None:
         i = bisect.bisect_left(self._bases, a.base)
         del self._bases[i], self._live[i], self._base_column[i + 1], self._ends[i + 1], self._indices[i + 1]
+        del self._at_base[a.base]
         self.version += 1
 
     # -- looking up ------------------------------------------------------------------------
