@@ -210,7 +210,7 @@ def test_the_locator_names_each_call_site_and_never_another_codes_line(monkeypat
     # the locator keeps the line of each call site by code object: two calls in one function,
     # code objects made and dropped at one address, and a cache it started afresh must each get
     # their own line
-    import kvverify.record.frames as frames
+    from kvverify.record import frames
 
     loc = Locator([])
     calls = "def step(locate):\n" + "    x = 1\n" * 300 + "    a = locate()\n    b = locate()\n    return a, b\n"
