@@ -53,6 +53,9 @@ NO_ACCESS = frozenset(("aten::record_stream", "aten::is_pinned", "aten::set_", "
                        "kvverify::driver_version"))
 FACTORY = re.compile(r"(new_.*|.*_like)$")  # tensor arguments give only shape and dtype
 POINTER_TABLES = 16384  # device pointer tensors whose values are kept, the oldest dropped first
+# Where a handler's locate() starts: the handler's frame and __torch_dispatch__'s are the recorder's
+# own, and walking a frame makes its frame object; the third is whatever called the op.
+HANDLER_DEPTH = 3
 
 
 class Platform:
@@ -341,7 +344,7 @@ class RecordingMode(TorchDispatchMode):
     # -- handlers ---------------------------------------------------------------------------
 
     def _generic(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        at = self.rec.locate()
+        at = self.rec.locate(HANDLER_DEPTH)
         may_pin = info.pins or bool(kwargs.get("pin_memory"))
         self._emit(info, *self._accesses(info, args, kwargs, out, at, may_pin), at)
 
@@ -356,10 +359,10 @@ class RecordingMode(TorchDispatchMode):
 
     def _transfer(self, info: OpInfo, src, dst, non_blocking: bool, args, kwargs, out, fresh: bool = False) -> None:
         """``dst`` gets ``src``'s elements: a copy when one side is host memory and the other
-        device memory, otherwise a kernel or a host access like any op."""
+        device memory, otherwise a kernel or a host access like any op. Called by a handler."""
         where = self.platform.where
         ws, wd = where(src), where(dst)
-        at = self.rec.locate()
+        at = self.rec.locate(HANDLER_DEPTH + 1)
         if ws is None or wd is None or ws == wd:
             may_pin = info.qualified == "aten::_to_copy" and bool(kwargs.get("pin_memory"))
             self._emit(info, *self._accesses(info, args, kwargs, out, at, may_pin), at)
@@ -476,7 +479,7 @@ class RecordingMode(TorchDispatchMode):
                     order = SrcAccessOrder.ANY if value else SrcAccessOrder.STREAM
                 else:
                     order = SrcAccessOrder(int(value))
-        at = self.rec.locate()
+        at = self.rec.locate(HANDLER_DEPTH)
         s_index, s_offset, d_index, d_offset = self._resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         # sizes may be a view of the program's tensor: the log keeps its own copy
@@ -486,7 +489,7 @@ class RecordingMode(TorchDispatchMode):
     def _swap_loop(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         # one cudaMemcpyAsync per entry: stream-ordered, and ordered among themselves
         src, dst, sizes = (self._values(t).astype(np.int64, copy=False) for t in args[:3])
-        at = self.rec.locate()
+        at = self.rec.locate(HANDLER_DEPTH)
         s_index, s_offset, d_index, d_offset = self._resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         for si, so, di, do, n in zip(s_index.tolist(), s_offset.tolist(), d_index.tolist(), d_offset.tolist(),
@@ -494,7 +497,7 @@ class RecordingMode(TorchDispatchMode):
             self.rec.copy(stream, info.name, (si, so, n), (di, do, n), at)
 
     def _pointer_kernel(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        at = self.rec.locate()
+        at = self.rec.locate(HANDLER_DEPTH)
         stream, reads, writes, host_reads, host_writes = self._accesses(info, args, kwargs, out, at)
         ptrs = _argument(info, args, kwargs, "block_ptrs")
         block_bytes = int(_argument(info, args, kwargs, "block_bytes"))
@@ -509,7 +512,7 @@ class RecordingMode(TorchDispatchMode):
         self._emit(info, stream, reads, writes, host_reads, host_writes, at)
 
     def _host_memory(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        at = self.rec.locate()
+        at = self.rec.locate(HANDLER_DEPTH)
         if info.qualified == "kvverify::host_alloc":
             address, nbytes, space = int(out), int(_argument(info, args, kwargs, "nbytes")), HOST_SPACE["pinned"]
         else:

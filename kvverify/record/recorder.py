@@ -56,12 +56,13 @@ def short_at(at: str | None) -> str:
 class Recorder:
     """The op log of one recording, fed by the hooks.
 
-    ``locate``: returns the ``at`` string of the user's frame (``kvverify.record.frames.Locator``).
+    ``locate``: returns the ``at`` string of the user's frame (``kvverify.record.frames.Locator``);
+    ``locate(depth)`` starts looking ``depth`` frames above its caller (default 1: the caller).
     Stream keys are hashable values chosen by the caller: a handle (``int``), or ``(handle,
     device)`` for the per-device special handles (see ``stream_key``).
     """
 
-    def __init__(self, locate: Callable[[], str | None]) -> None:
+    def __init__(self, locate: Callable[..., str | None]) -> None:
         self.locate = locate
         self.memory = MemoryMap()
         self.ops: list[dict] = []

@@ -301,6 +301,25 @@ def test_every_trace_is_valid_and_names_where_each_op_was_issued(fake):
     assert check(doc).safe
 
 
+def test_each_handler_names_the_line_that_issued_its_op(fake):
+    # handlers start looking for the user's frame above their own and the dispatch mode's frames
+    kvswap, _ = swap_ops()
+    gpu = fake.device(4, BLOCK)
+    pinned = fake.pinned(4, BLOCK)
+    lines = []
+    with record(fake, keep_all=True) as rec:
+        gpu[0].fill_(1)  # _generic
+        lines.append(here(-1))
+        gpu[1].copy_(pinned[1], non_blocking=True)  # _copy, then _transfer
+        lines.append(here(-1))
+        gpu[2].view(torch.int32).to(torch.float32)  # _to_copy, then _transfer: to new host memory, blocking
+        lines += [here(-1)] * 2
+        kvswap(ptrs(gpu[3].data_ptr()), ptrs(pinned[3].data_ptr()), ptrs(BLOCK), 1)  # _swap
+        lines.append(here(-1))
+    assert [(op["op"], short_at(op["at"])) for op in ops_of(rec)] == list(
+        zip(["kernel", "copy", "copy", "sync_stream", "copy_batch"], lines))
+
+
 def test_a_recorder_error_never_stops_the_program_and_the_summary_says_what_is_missing(fake):
     class Broken(FakeCuda):
         def is_pinned(self, t):
