@@ -1,13 +1,15 @@
-"""The trace model of ``docs/trace-format.md`` (version 1): parsing, validation, building.
+"""The trace model of ``docs/trace-format.md`` (version 1.1): parsing, validation, building.
 
 A :class:`Trace` is what a program asked a CUDA device to do, in the order the host thread
 issued it. Every op is a small frozen dataclass; a byte range is a :class:`Range` named tuple
 ``(buffer, offset, length)``, which is also how :class:`TraceBuilder` takes ranges, and each copy
 of a batch a :class:`Transfer` named tuple ``(src, dst)``.
 
-All validation lives in :meth:`Trace.from_json`; :meth:`TraceBuilder.build` goes through it too,
-so a trace built in code and one read from a file are checked by the same lines. Invalid input
-raises :class:`TraceError`, which names the op index and the field.
+All validation lives in one parser, behind :meth:`Trace.from_json` (a decoded document or JSON
+text) and :class:`TraceText` (JSON text, its ops validated one at a time as a checker consumes
+them); :meth:`TraceBuilder.build` goes through it too, so a trace built in code and one read from a
+file are checked by the same lines. Invalid input raises :class:`TraceError`, which names the op
+index and the field in one printable line of bounded length, whatever the input holds.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import contextlib
 import gc
 import json
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, NamedTuple
 
+from kvverify.check.jsontext import JSONTextError, ObjectReader, decode
 from kvverify.errors import TraceError
-from kvverify.terms import HOST_SPACE, ORDERS, SPACES
+from kvverify.terms import DEVICE_SPACE, HOST_SPACE, ORDERS, SPACES
 
 VERSION = 1
-HOST_SPACES = frozenset(HOST_SPACE.values())
+PAGEABLE = HOST_SPACE["pageable"]
 
 
 @contextlib.contextmanager
@@ -92,16 +97,8 @@ def union(ranges: Sequence[Range]) -> Sequence[Range]:
 @dataclass(frozen=True, slots=True)
 class Buffer:
     name: str
-    space: str
+    space: str    # one of SPACES
     nbytes: int
-
-    @property
-    def is_host(self) -> bool:
-        return self.space in HOST_SPACES
-
-    @property
-    def is_pageable(self) -> bool:
-        return self.space == "host_pageable"
 
     def to_json(self) -> dict:
         return {"space": self.space, "bytes": self.nbytes}
@@ -240,12 +237,6 @@ class HostRead:
 
 Op = (Kernel | Copy | CopyBatch | Record | WaitEvent | WaitStream | SyncEvent | QueryEvent
       | SyncStream | SyncDevice | HostWrite | HostRead)
-OP_TYPES: dict[str, type] = {
-    cls.kind: cls
-    for cls in (Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent,
-                SyncStream, SyncDevice, HostWrite, HostRead)
-}
-STREAM_WORK = (Kernel, Copy, CopyBatch)
 
 
 def op_to_json(op: Op) -> dict:
@@ -295,42 +286,102 @@ def describe_op(op: Op, index: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Text that is safe to print
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _escape(m: re.Match) -> str:
+    n = ord(m.group())
+    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped, as Python does (``\\x1b``, ``\\u202e``):
+    control characters, line and paragraph separators, bidirectional overrides and isolates, and
+    lone surrogates (which cannot be encoded). Letters of every script pass unchanged."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters (>= 40), saying how many were cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit - 40
+    return f"{text[:keep]}… (cut: {len(text) - keep} more characters)"
+
+
+def show(x: Any, limit: int = 100) -> str:
+    """A decoded JSON value as a message shows it: JSON, at most about ``limit`` characters, with
+    nested or long parts cut and counted (a value with millions of items or nested a thousand deep
+    is shown in constant time and stack). Not escaped: see :func:`printable`."""
+    if isinstance(x, str):
+        more = len(x) - limit
+        return json.dumps(x[:limit], ensure_ascii=False) + (f"… (cut: {more} more characters)" if more > 0 else "")
+    if isinstance(x, bool) or x is None or isinstance(x, float):
+        return json.dumps(x)
+    if isinstance(x, int):
+        if x.bit_length() > 3 * limit:   # str() of a huge int is slow, or refused
+            return f"an integer of about {int(x.bit_length() * 0.30103)} digits"
+        return cut(str(x), limit)
+    if isinstance(x, (list, dict)):
+        if limit < 8:
+            return "[…]" if isinstance(x, list) else "{…}"
+        items = list(x.items() if isinstance(x, dict) else x) if len(x) <= 8 else None
+        if items is None:
+            items = list(x.items())[:8] if isinstance(x, dict) else x[:8]
+        parts, used = [], 2
+        for item in items:
+            part = (f"{show(item[0], limit // 3)}: {show(item[1], limit // 3)}" if isinstance(x, dict)
+                    else show(item, limit // 3))
+            if used + len(part) > limit and parts:
+                break
+            parts.append(part)
+            used += len(part) + 2
+        more = len(x) - len(parts)
+        if more:
+            parts.append(f"… ({more} more {'members' if isinstance(x, dict) else 'items'})")
+        return ("{" if isinstance(x, dict) else "[") + ", ".join(parts) + ("}" if isinstance(x, dict) else "]")
+    return type(x).__name__
+
+
+def _quote(name: str, limit: int = 60) -> str:
+    """A name in single quotes for a message: cut and escaped."""
+    return "'" + printable(cut(name, limit)) + "'"
+
+
+# --------------------------------------------------------------------------------------------
 # The trace
 
 
 @dataclass(frozen=True)
 class Trace:
-    """A validated trace. ``ops`` is the host thread's program order."""
+    """A validated trace. ``ops`` is the host thread's program order: a tuple, or (for a trace
+    read by :class:`TraceText`) a sequence that parses an op again from the text when asked."""
 
     buffers: Mapping[str, Buffer]
     streams: tuple[str, ...]
-    ops: tuple[Op, ...]
+    ops: Sequence[Op]
     version: int = VERSION
 
     @classmethod
     def from_json(cls, doc: Any) -> Trace:
-        """Parse and validate a trace from JSON text (str / bytes) or an already-decoded object.
+        """Parse and validate a trace from JSON text (str / bytes) or an already-decoded object
+        (where a repeated key can no longer be seen).
 
         Raises :class:`TraceError` (a ValueError) naming the op index and field of the first
         problem found."""
         with gc_paused():
-            return cls._from_json(doc)
-
-    @classmethod
-    def _from_json(cls, doc: Any) -> Trace:
-        if isinstance(doc, (bytes, bytearray)):
-            try:
-                doc = doc.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise TraceError(f"not UTF-8 text: {e}") from None
-        if isinstance(doc, str):
-            try:
-                doc = json.loads(doc)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-            except RecursionError:
-                raise TraceError("not valid JSON: nested too deeply") from None
-        return _Parser(doc).parse()
+            if isinstance(doc, (str, bytes, bytearray)):
+                text = TraceText(doc)
+                ops = tuple(text.ops())
+                return cls(text.buffers, text.streams, ops)
+            parser = _Parser(doc)
+            ops = doc["ops"]
+            if not isinstance(ops, list):
+                parser.fail("ops", f"expected an array of ops, got {_type_name(ops)}")
+            return cls(parser.buffers, parser.streams, tuple(parser.op(raw, i) for i, raw in enumerate(ops)))
 
     def to_json(self) -> dict:
         """The trace as a JSON-ready object (``json.dumps(trace.to_json())`` round-trips)."""
@@ -352,12 +403,131 @@ class Trace:
 
 
 # --------------------------------------------------------------------------------------------
+# Reading JSON text
+
+
+_TOP_LEVEL = ("version", "buffers", "streams", "ops")
+
+
+class TraceText:
+    """A trace's JSON text, read as it is checked: the header (version, buffers, streams) at
+    once, then the ops one at a time, each validated as :meth:`ops` yields it and forgotten.
+    :meth:`trace` then gives the :class:`Trace`, whose ops are parsed again from the text when
+    asked (a report asks for a few), so a trace of millions of ops is held once, as its text.
+
+    Ops stream when ``"ops"`` follows the other three keys (as the format's example and every
+    writer put them); otherwise the ops array is decoded whole first.
+
+    ``text``: str, or UTF-8 bytes (a byte order mark is allowed). Raises :class:`TraceError`,
+    from the constructor for the header and from :meth:`ops` for an op or what follows the ops."""
+
+    def __init__(self, text: str | bytes | bytearray):
+        if not isinstance(text, str):
+            try:
+                text = bytes(text).decode("utf-8-sig")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"not UTF-8 text: byte {e.start} ({bytes(e.object[e.start:e.start + 1])!r}) "
+                                 f"{e.reason}") from None
+        self.text = text
+        header: dict[str, Any] = {}
+        self._streaming = False
+        try:
+            self._reader = ObjectReader(text)
+            self._keys = self._reader.keys()
+            for key in self._keys:
+                if key not in _TOP_LEVEL:
+                    raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
+                if key == "ops" and len(header) == 3 and self._reader.at_array():
+                    self._streaming = True
+                    header["ops"] = []    # read one by one, by ops()
+                    break
+                header[key] = self._member(key)
+        except JSONTextError as e:
+            raise TraceError(f"not valid JSON: {e}") from None
+        self._parser = _Parser(header)
+        self._ops_doc = header["ops"]      # the ops array, when it had to be decoded whole
+        self.buffers: Mapping[str, Buffer] = self._parser.buffers
+        self.streams: tuple[str, ...] = self._parser.streams
+        self._offsets = array("q")     # where each op starts in the text, when streaming
+        self._parsed: list[Op] = []    # the ops, when not
+        self._read = False
+
+    def _member(self, key: str) -> Any:
+        try:
+            return self._reader.value()
+        except JSONTextError as e:
+            raise TraceError(f"not valid JSON: {e}", field=key) from None
+
+    def ops(self) -> Iterator[Op]:
+        """The ops in program order, each validated (once: a second call raises RuntimeError)."""
+        if self._read:
+            raise RuntimeError("TraceText.ops() reads the text once")
+        self._read = True
+        parser = self._parser
+        if not self._streaming:
+            raw_ops = self._ops_doc
+            if not isinstance(raw_ops, list):
+                parser.fail("ops", f"expected an array of ops, got {_type_name(raw_ops)}")
+            for i, raw in enumerate(raw_ops):
+                op = parser.op(raw, i)
+                self._parsed.append(op)
+                yield op
+            return
+        i = 0
+        offsets = self._offsets
+        try:
+            for start, raw in self._reader.items():
+                offsets.append(start)
+                yield parser.op(raw, i)
+                i += 1
+            for key in self._keys:   # nothing may follow the ops but the end of the trace
+                raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
+        except JSONTextError as e:
+            raise TraceError(f"not valid JSON: {e}", op_index=i if e.pos < len(self.text) and
+                             (not offsets or e.pos >= offsets[-1]) else None) from None
+
+    def trace(self) -> Trace:
+        """The trace, once :meth:`ops` has been read to its end."""
+        if self._streaming:
+            return Trace(self.buffers, self.streams, _TextOps(self.text, self._offsets, self._parser))
+        return Trace(self.buffers, self.streams, tuple(self._parsed))
+
+
+class _TextOps(Sequence):
+    """The ops of a trace held as its JSON text: op ``i`` is parsed from ``text[offsets[i]:]``."""
+
+    def __init__(self, text: str, offsets: array, parser: _Parser):
+        self._text, self._offsets, self._parser = text, offsets, parser
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        raw, _ = decode(self._text, self._offsets[i])
+        return self._parser.op(raw, i)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+
+def _field(key: str) -> str:
+    """A key, as a field name in a message: cut and escaped."""
+    return printable(cut(key, 60))
+
+
+# --------------------------------------------------------------------------------------------
 # Validation
 
 
 _COMMON = frozenset(("op", "name", "at"))
 _FIELDS: dict[str, tuple[frozenset, frozenset]] = {
-    # kind: (required, optional) besides "op" and "name"
+    # kind: (required, optional) besides "op", "name" and "at"
     "kernel": (frozenset(("stream",)), frozenset(("reads", "writes"))),
     "copy": (frozenset(("stream", "src", "dst")), frozenset()),
     "copy_batch": (frozenset(("stream", "order", "copies")), frozenset()),
@@ -377,13 +547,6 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _show(x: Any) -> str:
-    try:
-        return json.dumps(x)
-    except (TypeError, ValueError):
-        return repr(x)
-
-
 def _type_name(x: Any) -> str:
     return {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer",
             float: "number", type(None): "null"}.get(type(x), type(x).__name__)
@@ -399,56 +562,41 @@ def _fast_range(buffers: dict[str, Buffer], r: Any, host: bool) -> Range | None:
         name, offset, length = r
         buf = buffers.get(name) if type(name) is str else None
         if (buf is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
-                and offset + length <= buf.nbytes and not (host and buf.space == "device")):
+                and offset + length <= buf.nbytes and not (host and buf.space == DEVICE_SPACE)):
             return _new_range(Range, (buf.name, offset, length))
     return None
 
 
 class _Parser:
+    """Validates a trace: the header (version, buffers, streams) when made, each op by :meth:`op`."""
+
     def __init__(self, doc: Any):
-        self.doc = doc
         self.buffers: dict[str, Buffer] = {}
-        self.streams: set[str] = set()
+        self.stream_set: set[str] = set()
         self.i: int | None = None
         self.kind: str | None = None
-
-    def fail(self, field: str | None, message: str):
-        raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
-
-    def parse(self) -> Trace:
-        doc = self.doc
         if not isinstance(doc, dict):
             self.fail(None, f"a trace is a JSON object, got {_type_name(doc)}")
-        for key in ("version", "buffers", "streams", "ops"):
+        for key in doc:
+            if key not in _TOP_LEVEL:
+                self.fail(_field(key), f"unknown field (a trace has {', '.join(_TOP_LEVEL)})")
+        for key in _TOP_LEVEL:
             if key not in doc:
                 self.fail(key, "missing")
         version = doc["version"]
         if not _is_int(version) or version != VERSION:
-            self.fail("version", f"unknown version {_show(version)} (this checker reads version {VERSION})")
+            self.fail("version", f"unknown version {show(version)} (this checker reads version {VERSION})")
         self._buffers(doc["buffers"])
-        streams = doc["streams"]
-        if not isinstance(streams, list):
-            self.fail("streams", f"expected an array of stream names, got {_type_name(streams)}")
-        for k, s in enumerate(streams):
-            if not isinstance(s, str) or not s:
-                self.fail(f"streams[{k}]", f"a stream name is a non-empty string, got {_show(s)}")
-            if s in self.streams:
-                self.fail(f"streams[{k}]", f"stream '{s}' is declared twice")
-            self.streams.add(s)
-        ops = doc["ops"]
-        if not isinstance(ops, list):
-            self.fail("ops", f"expected an array of ops, got {_type_name(ops)}")
-        parsed = []
-        for i, raw in enumerate(ops):
-            self.i, self.kind = i, None
-            parsed.append(self._op(raw))
-        return Trace(buffers=self.buffers, streams=tuple(streams), ops=tuple(parsed), version=version)
+        self.streams = self._streams(doc["streams"])
+
+    def fail(self, field: str | None, message: str):
+        raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
 
     def _buffers(self, raw: Any) -> None:
         if not isinstance(raw, dict):
             self.fail("buffers", f"expected an object of buffers, got {_type_name(raw)}")
         for name, b in raw.items():
-            where = f"buffers.{name}"
+            where = f"buffers.{_field(name)}"
             if not name:
                 self.fail("buffers", "a buffer name is a non-empty string")
             if not isinstance(b, dict):
@@ -458,37 +606,52 @@ class _Parser:
                     self.fail(f"{where}.{key}", "missing")
             extra = sorted(set(b) - {"space", "bytes"})
             if extra:
-                self.fail(f"{where}.{extra[0]}", "unknown field")
+                self.fail(f"{where}.{_field(extra[0])}", "unknown field")
             space, nbytes = b["space"], b["bytes"]
             if space not in SPACES:
-                self.fail(f"{where}.space", f"unknown space {_show(space)} (expected one of {', '.join(SPACES)})")
+                self.fail(f"{where}.space", f"unknown space {show(space)} (expected one of {', '.join(SPACES)})")
             if not _is_int(nbytes) or nbytes <= 0:
-                self.fail(f"{where}.bytes", f"expected a positive integer, got {_show(nbytes)}")
+                self.fail(f"{where}.bytes", f"expected a positive integer, got {show(nbytes)}")
             self.buffers[name] = Buffer(name, space, nbytes)
+
+    def _streams(self, streams: Any) -> tuple[str, ...]:
+        if not isinstance(streams, list):
+            self.fail("streams", f"expected an array of stream names, got {_type_name(streams)}")
+        for k, s in enumerate(streams):
+            if not isinstance(s, str) or not s:
+                self.fail(f"streams[{k}]", f"a stream name is a non-empty string, got {show(s)}")
+            if s in self.stream_set:
+                self.fail(f"streams[{k}]", f"stream {_quote(s)} is declared twice")
+            self.stream_set.add(s)
+        return tuple(streams)
 
     # -- op fields ------------------------------------------------------------------------
 
-    def _op(self, raw: Any) -> Op:
+    def op(self, raw: Any, i: int) -> Op:
+        """Op ``i`` of the trace, validated. Raises :class:`TraceError`."""
+        self.i, self.kind = i, None
         if not isinstance(raw, dict):
             self.fail(None, f"an op is a JSON object, got {_type_name(raw)}")
         if "op" not in raw:
             self.fail("op", "missing")
         kind = raw["op"]
         if not isinstance(kind, str) or kind not in _FIELDS:
-            self.fail("op", f"unknown op {_show(kind)} (expected one of {', '.join(_FIELDS)})")
+            self.fail("op", f"unknown op {show(kind)} (expected one of {', '.join(_FIELDS)})")
         self.kind = kind
         required, optional = _FIELDS[kind]
         for key in sorted(required - raw.keys()):
             self.fail(key, "missing")
         for key in sorted(raw.keys() - required - optional - _COMMON):
-            self.fail(key, f"unknown field for a {kind} op")
+            self.fail(_field(key), f"unknown field for a {kind} op")
         name = raw.get("name")
         if name is not None and not isinstance(name, str):
             self.fail("name", f"expected a string, got {_type_name(name)}")
         at = raw.get("at")
         if at is not None and not isinstance(at, str):
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
+        return self._fields(kind, raw, name, at)
 
+    def _fields(self, kind: str, raw: dict, name: str | None, at: str | None) -> Op:
         if kind == "kernel":
             return Kernel(self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
                           self._ranges(raw, "writes", optional=True), name, at=at)
@@ -500,7 +663,7 @@ class _Parser:
             stream = self._stream(raw, "stream")
             order = raw["order"]
             if order not in ORDERS:
-                self.fail("order", f"unknown order {_show(order)} (expected one of {', '.join(ORDERS)})")
+                self.fail("order", f"unknown order {show(order)} (expected one of {', '.join(ORDERS)})")
             return CopyBatch(stream, order, self._copies(raw["copies"]), name, at=at)
         if kind == "record":
             return Record(self._event(raw), self._stream(raw, "stream"), name, at=at)
@@ -513,7 +676,7 @@ class _Parser:
         if kind == "query_event":
             result = raw["result"]
             if not isinstance(result, bool):
-                self.fail("result", f"expected true or false, got {_show(result)}")
+                self.fail("result", f"expected true or false, got {show(result)}")
             return QueryEvent(self._event(raw), result, name, at=at)
         if kind == "sync_stream":
             return SyncStream(self._stream(raw, "stream"), name, at=at)
@@ -526,14 +689,17 @@ class _Parser:
         s = raw[field]
         if not isinstance(s, str):
             self.fail(field, f"expected a stream name, got {_type_name(s)}")
-        if s not in self.streams:
-            self.fail(field, f"unknown stream '{s}' (declared: {', '.join(sorted(self.streams)) or 'none'})")
+        if s not in self.stream_set:
+            declared = ", ".join(_quote(x) for x in sorted(self.stream_set)[:8]) or "none"
+            more = len(self.stream_set) - 8
+            self.fail(field, f"unknown stream {_quote(s)} (declared: {declared}"
+                             + (f" and {more} more)" if more > 0 else ")"))
         return s
 
     def _event(self, raw: dict) -> str:
         e = raw["event"]
         if not isinstance(e, str) or not e:
-            self.fail("event", f"an event name is a non-empty string, got {_show(e)}")
+            self.fail("event", f"an event name is a non-empty string, got {show(e)}")
         return e
 
     def _ranges(self, raw: dict, field: str, *, optional: bool = False, host: bool = False) -> tuple[Range, ...]:
@@ -571,7 +737,7 @@ class _Parser:
                     self.fail(f"{where}.{key}", "missing")
             extra = sorted(set(c) - {"src", "dst"})
             if extra:
-                self.fail(f"{where}.{extra[0]}", "unknown field")
+                self.fail(f"{where}.{_field(extra[0])}", "unknown field")
             src, dst = self._range(c["src"], f"{where}.src"), self._range(c["dst"], f"{where}.dst")
             self._same_length(src, dst, f"{where}.dst")
             out.append(Transfer(src, dst))
@@ -582,29 +748,28 @@ class _Parser:
             self.fail(field, f"a copy moves one size: dst has {dst.length} bytes, src {src.length}")
 
     def _range(self, r: Any, field: str, *, host: bool = False) -> Range:
-        # the hot path of parsing: one call per range of the trace
         if type(r) is not list or len(r) != 3:
-            self.fail(field, f"expected a range [buffer, offset, length], got {_show(r)}")
+            self.fail(field, f"expected a range [buffer, offset, length], got {show(r)}")
         name, offset, length = r
         buf = self.buffers.get(name) if type(name) is str else None
         if buf is None:
             if not isinstance(name, str):
-                self.fail(field, f"a range starts with a buffer name, got {_show(name)}")
-            self.fail(field, f"unknown buffer '{name}'")
+                self.fail(field, f"a range starts with a buffer name, got {show(name)}")
+            self.fail(field, f"unknown buffer {_quote(name)}")
         # type() and not isinstance(): True is no offset
         if type(offset) is not int or offset < 0:
             if not (_is_int(offset) and offset >= 0):
-                self.fail(field, f"offset must be an integer >= 0, got {_show(offset)}")
+                self.fail(field, f"offset must be an integer >= 0, got {show(offset)}")
             offset = int(offset)
         if type(length) is not int or length <= 0:
             if not (_is_int(length) and length > 0):
-                self.fail(field, f"length must be an integer > 0, got {_show(length)}")
+                self.fail(field, f"length must be an integer > 0, got {show(length)}")
             length = int(length)
         if offset + length > buf.nbytes:
-            self.fail(field, f"range {_show(r)} ends at byte {offset + length}, past the end of "
-                             f"buffer '{name}' ({buf.nbytes} bytes)")
-        if host and buf.space == "device":
-            self.fail(field, f"host access to device memory: buffer '{name}' is {buf.space}; "
+            self.fail(field, f"range {show(r)} ends at byte {show(offset + length)}, past the end of "
+                             f"buffer {_quote(name)} ({buf.nbytes} bytes)")
+        if host and buf.space == DEVICE_SPACE:
+            self.fail(field, f"host access to device memory: buffer {_quote(name)} is {buf.space}; "
                              "the host may touch only host buffers")
         return _new_range(Range, (buf.name, offset, length))   # one str object per buffer name
 

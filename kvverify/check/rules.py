@@ -1,8 +1,9 @@
 """The ordering rules of ``docs/trace-format.md``: the one place they are written down.
 
-:func:`analyze` walks a trace once, in program order, with vector clocks over the *timelines*:
-timeline 0 is the host thread, timeline ``1 + n`` is ``trace.streams[n]``. A clock entry ``c[t] = p``
-says "everything at positions ``1..p`` of timeline ``t`` has completed". Positions:
+:class:`Ordering` walks a trace op by op, in program order, with vector clocks over the
+*timelines*: timeline 0 is the host thread, timeline ``1 + n`` is ``trace.streams[n]``. A clock
+entry ``c[t] = p`` says "everything at positions ``1..p`` of timeline ``t`` has completed".
+Positions:
 
 - host: op ``i`` sits at host position ``i + 1`` (each op is one host API call);
 - stream: every kernel / copy / copy_batch gets the next position of its stream.
@@ -10,13 +11,20 @@ says "everything at positions ``1..p`` of timeline ``t`` has completed". Positio
 Every range an op touches becomes an :class:`Access` with the interval its rules allow (a
 kernel's or host op's touching ranges of one kind become one access: only their union matters):
 
-- ``after`` (earliest): the access starts only after every position this clock covers;
+- ``after`` (earliest): the access starts only after every position this clock covers, and
+  after the host calls before its own op: its host entry is always the op's index, so clocks
+  leave the host entry out (it is 0 in them) and :func:`happens_before` reads it from ``op``;
 - ``until`` (latest): ``(timeline, position)``; the access has completed before anything whose
   ``after`` clock covers that position.
 
-So access ``a`` happens before access ``b`` exactly when ``b.after[a.until[0]] >= a.until[1]``
+So access ``a`` happens before access ``b`` exactly when ``b.after`` covers ``a.until``
 (:func:`happens_before`). Two accesses of one op are never ordered by this test, which is rule 7 for
 copies (a kernel's own reads and writes are one piece of work: the checker does not compare them).
+
+Clocks are persistent: a clock is a tuple of chunks of ``CHUNK`` entries, and a clock that differs
+from another in a few entries shares every other chunk with it. With many streams, a host
+synchronization or a wait then costs (and keeps) a chunk, not a copy of every stream's entry, and
+``sync_device`` takes the streams' latest positions, not the join of every stream's clock.
 
 Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronization behavior" and
 "API synchronization behavior"; Driver API ``cuMemcpyBatchAsync``; ``cudaEventRecord``,
@@ -26,15 +34,17 @@ Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronizat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from kvverify.check.model import (
+    Buffer,
     Copy,
     CopyBatch,
     HostRead,
     HostWrite,
     Kernel,
+    Op,
     QueryEvent,
     Record,
     SyncDevice,
@@ -49,7 +59,48 @@ from kvverify.check.model import (
 HOST = 0
 """Timeline index of the host thread; stream ``trace.streams[n]`` is timeline ``n + 1``."""
 
-Clock = tuple  # tuple[int, ...], one entry per timeline
+CHUNK_BITS = 5
+CHUNK = 1 << CHUNK_BITS          # entries per chunk of a clock
+MASK = CHUNK - 1
+
+Clock = tuple
+"""A vector clock: a tuple of chunks (tuples of ``CHUNK`` ints); entry ``t`` is
+``clock[t >> CHUNK_BITS][t & MASK]``, see :func:`entry`."""
+
+
+def entry(clock: Clock, timeline: int) -> int:
+    """The position of ``timeline`` that ``clock`` covers (0 for the host: see the module docstring)."""
+    return clock[timeline >> CHUNK_BITS][timeline & MASK]
+
+
+def covers(clock: Clock, timeline: int, position: int) -> bool:
+    """True when ``clock`` says position ``position`` of stream timeline ``timeline`` has completed."""
+    return clock[timeline >> CHUNK_BITS][timeline & MASK] >= position
+
+
+def join(a: Clock, b: Clock) -> Clock:
+    """The entrywise maximum of two clocks, sharing every chunk it can with ``a`` or ``b``."""
+    if a is b:
+        return a
+    out = None
+    for n, x in enumerate(a):
+        y = b[n]
+        if x is y:
+            continue
+        z = tuple(map(max, x, y))
+        if z == x:
+            continue
+        if out is None:
+            out = list(a)
+        out[n] = y if z == y else z
+    return a if out is None else tuple(out)
+
+
+def _with(clock: Clock, timeline: int, position: int) -> Clock:
+    """``clock`` with one entry replaced (a new chunk, the others shared)."""
+    n, k = timeline >> CHUNK_BITS, timeline & MASK
+    chunk = clock[n]
+    return clock[:n] + (chunk[:k] + (position,) + chunk[k + 1:],) + clock[n + 1:]
 
 
 class Access(NamedTuple):
@@ -62,7 +113,7 @@ class Access(NamedTuple):
     offset: int
     length: int
     write: bool
-    after: Clock             # earliest: starts after every position this clock covers
+    after: Clock             # earliest: starts after every position this clock covers (and op's issue)
     until: tuple[int, int]   # latest: completes before whatever covers (timeline, position)
     rule: str                # what placed it: "1" host, "2" stream order, "5:ANY", "5:DURING_API_CALL", "6:src"
 
@@ -79,191 +130,189 @@ class Access(NamedTuple):
 class OpOrder(NamedTuple):
     """What the rules computed for one op (used to explain races)."""
 
-    host: Clock                      # the host's clock when the call starts (what it has observed)
     timeline: int | None = None      # stream-ordered work, waits and records: the stream's timeline
-    position: int = 0                # stream-ordered work: its position on that timeline
     stream: Clock | None = None      # clock of stream-ordered work (its "after") / the stream after a wait
+                                     # / a record's capture
     capture: int | None = None       # wait_event / sync_event / query_event: op index of the record used
 
 
 def happens_before(a: Access, b: Access) -> bool:
     """True when the rules order access ``a`` before access ``b``."""
     t, p = a.until
-    return b.after[t] >= p
+    if t == HOST:
+        return b.op >= p
+    return covers(b.after, t, p)
 
 
-def covers(clock: Clock, timeline: int, position: int) -> bool:
-    return clock[timeline] >= position
+_CONTROL = (Record, WaitEvent, WaitStream, SyncEvent, QueryEvent, SyncStream, SyncDevice)
 
 
-def _join(a: Clock, b: Clock) -> Clock:
-    return tuple(map(max, a, b))
-
-
-@dataclass
 class Ordering:
-    """The result of :func:`analyze`: every access of the trace, in program order, and per op
-    the clocks that placed them."""
+    """Rules 1–7 applied op by op: :meth:`step` takes the ops in program order and returns each
+    one's accesses. What explains races later is kept: the control ops (records, waits, host
+    synchronizations) with their clocks, and the ops the checker asks for (:meth:`keep`).
 
-    trace: Trace
-    timelines: tuple[str, ...]           # "host", then the stream names
-    accesses: list[Access]
-    ops: list[OpOrder]
-    waits: dict[int, list[int]]          # timeline -> op indices of the waits on it, in order
-    syncs: list[int]                     # op indices of host synchronizations (sync_*, query_event)
-    starts: list[int]                    # accesses of op i: accesses[starts[i]:starts[i + 1]]
+    ``buffers`` and ``streams`` are the trace's declarations (``Trace.buffers``, ``Trace.streams``).
+    Memory grows with the control ops and the streams, not with ops x streams: clocks share chunks.
+    """
 
-    def accesses_of(self, i: int) -> list[Access]:
-        return self.accesses[self.starts[i]:self.starts[i + 1]]
-
-    def timeline_of(self, stream: str) -> int:
-        return self.timelines.index(stream)
+    def __init__(self, buffers: Mapping[str, Buffer], streams: Sequence[str]):
+        self.buffers = buffers
+        self.timelines: tuple[str, ...] = ("host", *streams)
+        self.timeline_of: dict[str, int] = {s: n + 1 for n, s in enumerate(streams)}
+        width = len(self.timelines)
+        nchunks = (width + MASK) >> CHUNK_BITS
+        zero = ((0,) * CHUNK,) * nchunks
+        self.host: Clock = zero             # what the host has observed complete (rules 4, 6)
+        self._stream: list[Clock] = [zero] * width   # per timeline: what its next work starts after
+        self._seen_host: list[Clock | None] = [zero] * width   # the host clock each stream last joined
+        self._position = [0] * (nchunks * CHUNK)     # per timeline: last position handed out
+        self._events: dict[str, tuple[Clock, int]] = {}   # event -> (captured clock, op index of the record)
+        self.ops: dict[int, Op] = {}          # control ops and kept ops, by index
+        self.info: dict[int, OpOrder] = {}    # what the rules computed for them
+        self.waits: dict[int, list[int]] = {t: [] for t in range(1, width)}  # op indices of waits per timeline
+        self.syncs: list[int] = []            # op indices of host synchronizations (sync_*, query_event)
+        self.records: list[int] = []          # op indices of records
+        self._current: tuple[Op, OpOrder] | None = None
 
     def name(self, timeline: int) -> str:
-        return "host" if timeline == HOST else self.timelines[timeline]
+        return self.timelines[timeline]
 
+    def keep(self, i: int) -> None:
+        """Keep the op just stepped (index ``i``) and its clocks, to explain a race it is in."""
+        self.ops[i], self.info[i] = self._current
 
-def analyze(trace: Trace) -> Ordering:
-    """Apply rules 1–7 to ``trace``; see the module docstring for what the clocks mean."""
-    buffers = trace.buffers
-    tl = {s: n + 1 for n, s in enumerate(trace.streams)}
-    width = 1 + len(trace.streams)
-    zero = (0,) * width
-    stream_clock = [zero] * width      # per timeline: what the stream's next work starts after
-    position = [0] * width             # per timeline: last position handed out
-    events: dict[str, tuple[Clock, int]] = {}   # event -> (captured clock, op index of the record)
-    host = zero                        # what the host has observed complete (rules 1, 4, 6)
-    accesses: list[Access] = []
-    ops: list[OpOrder] = []
-    waits: dict[int, list[int]] = {t: [] for t in range(1, width)}
-    syncs: list[int] = []
-    append = accesses.append
-    new = tuple.__new__   # Access(op, copy, role) + Range(buffer, offset, length) + (write, after, until, rule)
+    def _issue(self, t: int) -> tuple[Clock, tuple[int, int]]:
+        # Rule 2 (CUDA "Stream synchronization behavior"): work on one stream runs in issue order,
+        # after what the stream waits on; rule 1: and after its own issue (what the host observed).
+        sa = self._stream[t]
+        if self._seen_host[t] is not self.host:
+            sa = join(sa, self.host)
+            self._seen_host[t] = self.host
+        k = self._position[t] = self._position[t] + 1
+        self._stream[t] = _with(sa, t, k)
+        return sa, (t, k)
 
-    starts: list[int] = []
-    for i, op in enumerate(trace.ops):
-        starts.append(len(accesses))
-        # Rule 1, program order: the call at host position i + 1 starts after the host's
-        # previous calls returned (host[0] == i); h is what anything this call starts follows.
-        h = host
-        done = (0, i + 1)      # "completes before the host's next op": rule 5 DURING_API_CALL, rule 6
-        info = OpOrder(h)
-
+    def step(self, i: int, op: Op) -> list[Access]:
+        """Apply the rules to op ``i`` (ops must come in program order, each once); return its
+        accesses (those of a kernel or host op merged per kind, a copy's one per side and copy)."""
+        h = self.host
+        done = (HOST, i + 1)   # "completes before the host's next op": rule 5 DURING_API_CALL, rule 6
+        new = tuple.__new__    # Access(op, copy, role) + Range(buffer, offset, length) + (write, after, until, rule)
+        out: list[Access] = []
+        info = None
         if isinstance(op, Kernel):
-            # Rule 2 (CUDA "Stream synchronization behavior"): work on one stream runs in issue
-            # order, after what the stream waits on; rule 1: and after its own issue.
-            t = tl[op.stream]
-            k = position[t] = position[t] + 1
-            sa = _join(stream_clock[t], h)
-            pos = (t, k)
+            sa, pos = self._issue(self.timeline_of[op.stream])
             # A kernel's reads (and its writes) all happen at its place in the stream: only their
             # union matters, so touching ranges become one access.
-            for r in union(op.reads):
-                append(new(Access, (i, None, "read") + r + (False, sa, pos, "2")))
-            for r in union(op.writes):
-                append(new(Access, (i, None, "write") + r + (True, sa, pos, "2")))
-            stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
-            info = OpOrder(h, t, k, sa)
-
+            out = [new(Access, (i, None, "read") + r + (False, sa, pos, "2")) for r in union(op.reads)]
+            out += [new(Access, (i, None, "write") + r + (True, sa, pos, "2")) for r in union(op.writes)]
+            info = OpOrder(pos[0], sa)
         elif isinstance(op, (Copy, CopyBatch)):
-            t = tl[op.stream]
-            k = position[t] = position[t] + 1
-            sa = _join(stream_clock[t], h)
-            pos = (t, k)
-            order = op.order   # a plain copy (cudaMemcpyAsync) reads its source in stream order
-            src_rule = "2" if isinstance(op, Copy) else f"5:{order}"
-            for c, tr in enumerate(op.copies):
-                src, dst = tr.src, tr.dst
-                # Rule 6, dst, as amended here (NOTES.md, docs/checker.md): a copy to pageable
-                # memory is NOT taken to have completed when the call returns. The format's rule
-                # follows the old text of CUDA's "API synchronization behavior"; the current text
-                # says transfers between device and pageable memory "might be synchronous", and on
-                # an H200 (driver 580) a D2H cuMemcpyBatchAsync into pageable memory returned before
-                # the copy ran. The destination is written in stream order like any other.
-                until = pos
-                if buffers[src.buffer].space == "host_pageable":
-                    # Rule 6, src (same section: pageable memory is staged into pinned memory by
-                    # the call, and the driver *may* synchronize with the stream to do so): read
-                    # during the call, whatever the order. "May" is no promise, so the read is
-                    # not placed after the stream's pending work, like DURING_API_CALL.
-                    append(new(Access, (i, c, "src") + src + (False, h, done, "6:src")))
-                elif order == "STREAM":
-                    # Rule 5 STREAM (Driver API CUmemcpySrcAccessOrder, used by cuMemcpyBatchAsync:
-                    # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, access to the source in stream order).
-                    append(new(Access, (i, c, "src") + src + (False, sa, until, src_rule)))
-                elif order == "DURING_API_CALL":
-                    # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: out of
-                    # stream order, all accesses complete before the call returns): after what
-                    # the host observed complete before the call, before the host's next op, not
-                    # after the stream's pending work.
-                    append(new(Access, (i, c, "src") + src + (False, h, done, src_rule)))
-                else:
-                    # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY: out of stream order, and accesses
-                    # may happen after the call returns): from the call until the copy completes
-                    # in stream order; not after the stream's pending work.
-                    append(new(Access, (i, c, "src") + src + (False, h, until, src_rule)))
-                # The destination is always accessed in stream order (CUmemcpySrcAccessOrder).
-                # Rule 7 (cuMemcpyBatchAsync: the batch as a whole executes in stream order, the
-                # copies within it in no specific order): nothing orders it against its own
-                # source or the other copies of the batch.
-                append(new(Access, (i, c, "dst") + dst + (True, sa, until, "2")))
-            stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
-            info = OpOrder(h, t, k, sa)
-
+            sa, pos = self._issue(self.timeline_of[op.stream])
+            out = self._copies(i, op, h, sa, pos, done)
+            info = OpOrder(pos[0], sa)
         elif isinstance(op, (HostWrite, HostRead)):
             w = isinstance(op, HostWrite)
             role = "write" if w else "read"
-            for r in union(op.ranges):
-                append(new(Access, (i, None, role) + r + (w, h, done, "1")))
+            out = [new(Access, (i, None, role) + r + (w, h, done, "1")) for r in union(op.ranges)]
+        else:
+            info = self._control(i, op)
+            self.ops[i], self.info[i] = op, info
+        self._current = (op, info)
+        return out
 
-        elif isinstance(op, Record):
+    def _copies(self, i: int, op: Copy | CopyBatch, h: Clock, sa: Clock, until: tuple[int, int],
+                done: tuple[int, int]) -> list[Access]:
+        new = tuple.__new__
+        buffers = self.buffers
+        order = op.order   # a plain copy (cudaMemcpyAsync) reads its source in stream order
+        src_rule = "2" if isinstance(op, Copy) else f"5:{order}"
+        out = []
+        for c, (src, dst) in enumerate(op.copies):
+            # Rule 6, dst, as amended here (NOTES.md, docs/checker.md): a copy to pageable memory
+            # is NOT taken to have completed when the call returns. The format's rule follows the
+            # old text of CUDA's "API synchronization behavior"; the current text says transfers
+            # between device and pageable memory "might be synchronous", and on an H200 (driver
+            # 580) a D2H cuMemcpyBatchAsync into pageable memory returned before the copy ran. The
+            # destination is written in stream order like any other.
+            if buffers[src[0]].space == "host_pageable":
+                # Rule 6, src (same section: pageable memory is staged into pinned memory by the
+                # call, and the driver *may* synchronize with the stream to do so): read during
+                # the call, whatever the order. "May" is no promise, so the read is not placed
+                # after the stream's pending work, like DURING_API_CALL.
+                out.append(new(Access, (i, c, "src") + src + (False, h, done, "6:src")))
+            elif order == "STREAM":
+                # Rule 5 STREAM (Driver API CUmemcpySrcAccessOrder, used by cuMemcpyBatchAsync:
+                # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, access to the source in stream order).
+                out.append(new(Access, (i, c, "src") + src + (False, sa, until, src_rule)))
+            elif order == "DURING_API_CALL":
+                # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: out of stream
+                # order, all accesses complete before the call returns): after what the host
+                # observed complete before the call, before the host's next op, not after the
+                # stream's pending work.
+                out.append(new(Access, (i, c, "src") + src + (False, h, done, src_rule)))
+            else:
+                # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY: out of stream order, and accesses may
+                # happen after the call returns): from the call until the copy completes in stream
+                # order; not after the stream's pending work.
+                out.append(new(Access, (i, c, "src") + src + (False, h, until, src_rule)))
+            # The destination is always accessed in stream order (CUmemcpySrcAccessOrder). Rule 7
+            # (cuMemcpyBatchAsync: the batch as a whole executes in stream order, the copies
+            # within it in no specific order): nothing orders it against its own source or the
+            # other copies of the batch.
+            out.append(new(Access, (i, c, "dst") + dst + (True, sa, until, "2")))
+        return out
+
+    def _control(self, i: int, op: Op) -> OpOrder:
+        """Records, waits and host synchronizations: they move clocks, touch no memory."""
+        if isinstance(op, Record):
             # cudaEventRecord: the event captures all work issued to the stream so far (including
-            # what the stream waits on); a later record replaces the capture (rule 3).
-            t = tl[op.stream]
-            events[op.event] = (stream_clock[t], i)
-            info = OpOrder(h, t, 0, stream_clock[t])
-
-        elif isinstance(op, WaitEvent):
-            # cudaStreamWaitEvent: later work on the stream starts after the event's latest
-            # capture (rule 2); an event never recorded orders nothing (rule 3).
-            t = tl[op.stream]
-            cap = events.get(op.event)
-            if cap is not None:
-                stream_clock[t] = _join(stream_clock[t], cap[0])
-            waits[t].append(i)
-            info = OpOrder(h, t, 0, stream_clock[t], cap[1] if cap else None)
-
-        elif isinstance(op, WaitStream):
-            # torch's Stream.wait_stream: record a fresh event on `on`, wait on it in `stream`.
-            t, on = tl[op.stream], tl[op.on]
-            stream_clock[t] = _join(stream_clock[t], stream_clock[on])
-            waits[t].append(i)
-            info = OpOrder(h, t, 0, stream_clock[t], i)
-
-        elif isinstance(op, (SyncEvent, QueryEvent)):
+            # what it waits on); a later record replaces the capture (rule 3).
+            t = self.timeline_of[op.stream]
+            self._events[op.event] = (self._stream[t], i)
+            self.records.append(i)
+            return OpOrder(t, self._stream[t])
+        if isinstance(op, (WaitEvent, WaitStream)):
+            t = self.timeline_of[op.stream]
+            if isinstance(op, WaitEvent):
+                # cudaStreamWaitEvent: later work on the stream starts after the event's latest
+                # capture (rule 2); an event never recorded orders nothing (rule 3).
+                cap = self._events.get(op.event)
+                if cap is not None:
+                    self._stream[t] = join(self._stream[t], cap[0])
+                capture = cap[1] if cap else None
+            else:
+                # torch's Stream.wait_stream: record a fresh event on `on`, wait on it in `stream`.
+                self._stream[t] = join(self._stream[t], self._stream[self.timeline_of[op.on]])
+                capture = i
+            self.waits[t].append(i)
+            return OpOrder(t, self._stream[t], capture)
+        self.syncs.append(i)
+        if isinstance(op, (SyncEvent, QueryEvent)):
             # Rule 4 (cudaEventSynchronize; cudaEventQuery returning cudaSuccess): the host
             # continues after the latest capture completed. Rule 3: never recorded → nothing;
             # a query that saw "not ready" tells the host nothing.
-            cap = events.get(op.event)
+            cap = self._events.get(op.event)
             if cap is not None and (isinstance(op, SyncEvent) or op.result):
-                host = _join(host, cap[0])
-            syncs.append(i)
-            info = OpOrder(h, None, 0, None, cap[1] if cap else None)
-
-        elif isinstance(op, SyncStream):
+                self.host = join(self.host, cap[0])
+            return OpOrder(capture=cap[1] if cap else None)
+        if isinstance(op, SyncStream):
             # Rule 4 (cudaStreamSynchronize): everything issued to the stream has completed.
-            host = _join(host, stream_clock[tl[op.stream]])
-            syncs.append(i)
+            self.host = join(self.host, self._stream[self.timeline_of[op.stream]])
+            return OpOrder()
+        # Rule 4 (cudaDeviceSynchronize): everything issued to every stream has completed. Each
+        # stream's clock covers no more than the positions handed out so far, and its own last
+        # one: their join is those positions.
+        pos = self._position
+        self.host = join(self.host, tuple(tuple(pos[n:n + CHUNK]) for n in range(0, len(pos), CHUNK)))
+        return OpOrder()
 
-        elif isinstance(op, SyncDevice):
-            # Rule 4 (cudaDeviceSynchronize): everything issued to every stream has completed.
-            for c in stream_clock[1:]:
-                host = _join(host, c)
-            syncs.append(i)
 
-        # Program order: the next call starts after this one returned.
-        host = (i + 1,) + host[1:]
-        ops.append(info)
-
-    starts.append(len(accesses))
-    return Ordering(trace, ("host",) + tuple(trace.streams), accesses, ops, waits, syncs, starts)
+def analyze(trace: Trace) -> tuple[Ordering, list[Access]]:
+    """Apply rules 1–7 to every op of ``trace``; return the :class:`Ordering` (its clocks after the
+    last op, the control ops) and every access, in program order. The checker steps the ordering
+    itself and keeps no list of accesses; this is for looking at the rules' intervals."""
+    order = Ordering(trace.buffers, trace.streams)
+    accesses = [a for i, op in enumerate(trace.ops) for a in order.step(i, op)]
+    return order, accesses

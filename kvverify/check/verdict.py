@@ -22,7 +22,9 @@ class Race:
     ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer declaration order;
     ranges one op lists back to back count as one);
     ``rule`` the number of the rule that leaves them unordered ("2", "4", "5", "6" or "7");
-    ``reason`` says why in words and ``fix`` gives one concrete change that orders them."""
+    ``reason`` says why in words and ``fix`` gives one concrete change that orders them.
+    ``first_at`` / ``second_at``: where the program issued the two ops (their ``at``), if the trace
+    says."""
 
     first: int
     second: int
@@ -31,9 +33,12 @@ class Race:
     rule: str
     reason: str
     fix: str
+    first_at: str | None = None
+    second_at: str | None = None
 
     def to_json(self) -> dict:
-        return {
+        """The race as ``kvverify check --json`` lists it; ``first_at`` / ``second_at`` only where known."""
+        out = {
             "first": self.first,
             "second": self.second,
             "kind": self.kind,
@@ -42,6 +47,11 @@ class Race:
             "reason": self.reason,
             "fix": self.fix,
         }
+        if self.first_at is not None:
+            out["first_at"] = self.first_at
+        if self.second_at is not None:
+            out["second_at"] = self.second_at
+        return out
 
 
 @dataclass(frozen=True)
