@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 
-from kvverify.check.model import CopyBatch, QueryEvent, Range, SyncEvent, WaitEvent, WaitStream
+from kvverify.check.model import (
+    CopyBatch,
+    QueryEvent,
+    Range,
+    SyncEvent,
+    WaitEvent,
+    WaitStream,
+)
 from kvverify.check.rules import Access, Ordering, covers
 
 Explanation = tuple[str, str, str]
@@ -18,7 +25,7 @@ def explain(order: Ordering, a: Access, b: Access, overlap: Range) -> Explanatio
     and a fix. ``overlap``: the bytes they share."""
     if a.op == b.op:
         return _intra(order, a, b, overlap)
-    ta, ka = a.until
+    ta = a.until[0]
     what_a = f"op {a.op} {_does(a)} on '{order.name(ta)}'"
     if a.floating:   # an ANY source read, on the stream until its copy completes
         what_a = (f"op {a.op} may read its source {_rng(a)} until the copy completes on '{order.name(ta)}' "

@@ -25,9 +25,11 @@ class JSONTextError(ValueError):
     """The text is not the JSON expected. ``message`` says why, ``pos`` is the character offset,
     ``line`` / ``column`` (1-based) where that is."""
 
-    def __init__(self, message: str, text: str, pos: int):
+    def __init__(self, message: str, text: str, pos: int, key: str | None = None):
         self.message = message
         self.pos = pos
+        self.key = key          # the repeated key, for an object that repeats one
+        self.item: int | None = None   # the index of the array item it is in (ObjectReader.items)
         self.line = text.count("\n", 0, pos) + 1
         self.column = pos - text.rfind("\n", 0, pos)
         super().__init__(f"{message} (line {self.line}, column {self.column})")
@@ -77,7 +79,7 @@ def decode(text: str, pos: int) -> tuple[object, int]:
         raise JSONTextError(e.msg, text, e.pos) from None
     except _Repeated as e:
         raise JSONTextError(f"an object repeats the key {_key(e.key)} (the trace format forbids repeated "
-                            "keys: which one counts?)", text, pos) from None
+                            "keys: which one counts?)", text, pos, e.key) from None
     except _NotJSON as e:
         raise JSONTextError(f"{e.name} is not JSON (a number must be finite)", text, pos) from None
     except RecursionError:
@@ -126,7 +128,7 @@ class ObjectReader:
                 raise JSONTextError(e.msg, self.text, e.pos) from None
             if key in seen:
                 raise JSONTextError(f"the trace repeats the key {_key(key)} (the trace format forbids "
-                                    "repeated keys: which one counts?)", self.text, self.pos)
+                                    "repeated keys: which one counts?)", self.text, self.pos, key)
             seen.add(key)
             if self._skip() != ":":
                 self._fail("expected ':' after the key")
@@ -158,10 +160,16 @@ class ObjectReader:
         if self._skip() == "]":
             self.pos += 1
             return
+        n = 0
         while True:
             start = self.pos
-            value, self.pos = decode(self.text, start)
+            try:
+                value, self.pos = decode(self.text, start)
+            except JSONTextError as e:
+                e.item = n
+                raise
             yield start, value
+            n += 1
             c = self._skip()
             if c == ",":
                 self.pos += 1
@@ -170,4 +178,6 @@ class ObjectReader:
                 self.pos += 1
                 return
             else:
-                self._fail("expected ',' or ']' after an item of the array")
+                e = JSONTextError("expected ',' or ']' after this item of the array", self.text, self.pos)
+                e.item = n - 1
+                raise e

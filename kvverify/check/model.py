@@ -292,9 +292,13 @@ def describe_op(op: Op, index: int) -> str:
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
 def _escape(m: re.Match) -> str:
-    n = ord(m.group())
-    return f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}"
+    c = m.group()
+    n = ord(c)
+    return _ESCAPES.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}")
 
 
 def printable(text: str) -> str:
@@ -323,7 +327,7 @@ def show(x: Any, limit: int = 100) -> str:
         return json.dumps(x)
     if isinstance(x, int):
         if x.bit_length() > 3 * limit:   # str() of a huge int is slow, or refused
-            return f"an integer of about {int(x.bit_length() * 0.30103)} digits"
+            return f"<an integer of about {int(x.bit_length() * 0.30103)} digits>"
         return cut(str(x), limit)
     if isinstance(x, (list, dict)):
         if limit < 8:
@@ -443,7 +447,7 @@ class TraceText:
                     break
                 header[key] = self._member(key)
         except JSONTextError as e:
-            raise TraceError(f"not valid JSON: {e}") from None
+            raise TraceError(f"not valid JSON: {e}", field=e.key) from None
         self._parser = _Parser(header)
         self._ops_doc = header["ops"]      # the ops array, when it had to be decoded whole
         self.buffers: Mapping[str, Buffer] = self._parser.buffers
@@ -483,8 +487,7 @@ class TraceText:
             for key in self._keys:   # nothing may follow the ops but the end of the trace
                 raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
         except JSONTextError as e:
-            raise TraceError(f"not valid JSON: {e}", op_index=i if e.pos < len(self.text) and
-                             (not offsets or e.pos >= offsets[-1]) else None) from None
+            raise TraceError(f"not valid JSON: {e}", op_index=e.item, field=e.key) from None
 
     def trace(self) -> Trace:
         """The trace, once :meth:`ops` has been read to its end."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvverify.check.model import Range
+from kvverify.check.model import Range, printable
 from kvverify.terms import RACY, SAFE
 
 if TYPE_CHECKING:
@@ -84,14 +84,16 @@ class Verdict:
 
     def render(self, trace: Trace | None = None, source: str | None = None) -> str:
         """A human report: the verdict, then each race with both ops (and where the program issued
-        them), bytes, kind, why and fix. ``trace`` defaults to the trace the verdict decided."""
+        them), bytes, kind, why and fix. ``trace`` defaults to the trace the verdict decided.
+        Names from the trace are escaped where a terminal would act on them (:func:`printable`):
+        a buffer named ``"\\r\\x1b[32mSAFE"`` cannot repaint the verdict."""
         trace = trace if trace is not None else self.trace
         where = f" in {source}" if source else ""
         if trace is not None:
             where += f" ({len(trace.ops)} ops, {len(trace.streams)} streams)"
         n = len(self.races)
         if not n:
-            return f"SAFE{where}: no two accesses to the same bytes can run in either order.\n"
+            return printable(f"SAFE{where}: no two accesses to the same bytes can run in either order.") + "\n"
         more = " (stopped there: --max-races)" if self.truncated else ""
         lines = [f"RACY{where}: {n} race{'s' if n != 1 else ''}{more}", ""]
 
@@ -108,4 +110,4 @@ class Verdict:
             lines.append(f"  why:    {r.reason}")
             lines.append(f"  fix:    {r.fix}")
             lines.append("")
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))
