@@ -34,12 +34,21 @@ with the lowest overlapping range and its kind.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 
 from kvverify.check.explain import explain
-from kvverify.check.model import Buffer, Op, Range, Trace, gc_paused, union
-from kvverify.check.rules import CHUNK_BITS, HOST, MASK, Access, Ordering
+from kvverify.check.model import (
+    Buffer,
+    Copy,
+    CopyBatch,
+    Op,
+    Range,
+    Trace,
+    gc_paused,
+    union,
+)
+from kvverify.check.rules import CHUNK_BITS, HOST, MASK, Access, Ordering, Side
 from kvverify.check.verdict import Race, Verdict
 
 DEFAULT_MAX_RACES = 10_000
@@ -75,9 +84,9 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
         it = iter(enumerate(ops))
         try:
             for i, op in it:
-                accesses = order.step(i, op)
-                if accesses:
-                    finder.op(accesses)
+                sides = order.step(i, op)
+                if sides:
+                    finder.op(op, sides)
         except _Stop:
             truncated = True
             for _ in it:   # validate the rest
@@ -100,9 +109,10 @@ _key = itemgetter(0)
 
 class _Lane:
     """What one stream did to one buffer for one kind of access (reads or writes), as far as the
-    host has not observed it complete. ``entries``: ``(k, accesses, ends)`` per op, ``k`` its
-    stream position (increasing), ``accesses`` its ranges here (sorted, disjoint), ``ends`` their
-    ends (None for one range). Entry ``e`` is ``entries[e - base]``; ``last`` is the latest ``k``."""
+    host has not observed it complete. ``entries``: ``[k, side, merged]`` per op, ``k`` its stream
+    position (increasing), ``side`` its :class:`Side` here, ``merged`` its ranges merged and
+    sorted with their ends (see :func:`_merged`), made when first needed: most entries are dropped
+    before anything asks. Entry ``e`` is ``entries[e - base]``; ``last`` is the latest ``k``."""
 
     __slots__ = ("base", "entries", "last", "segments", "t", "write")
 
@@ -113,8 +123,8 @@ class _Lane:
         self.last = 0
         self.segments: _Segments | None = None
 
-    def add(self, k: int, accesses: list[Access], observed: int) -> None:
-        """Remember an op's accesses at position ``k``, first dropping the entries at positions the
+    def add(self, k: int, side: Side, observed: int) -> None:
+        """Remember an op's side at position ``k``, first dropping the entries at positions the
         host has observed complete (``observed``), which nothing issued later can race with."""
         entries = self.entries
         if entries and entries[0][0] <= observed:
@@ -123,13 +133,12 @@ class _Lane:
                 del entries[:dead]
                 self.base += dead
                 self.segments = None    # rebuilt from the live entries when next needed
-        ends = [a[4] + a[5] for a in accesses] if len(accesses) > 1 else None
-        entries.append((k, accesses, ends))
+        entries.append([k, side, None])
         self.last = k
 
-    def unordered(self, lo: int, hi: int, th: int, nbytes: int) -> list[Access]:
+    def unordered(self, lo: int, hi: int, th: int, nbytes: int) -> list[tuple[Side, Range]]:
         """Per entry at a position after ``th`` with a range overlapping bytes ``[lo, hi)``, its
-        lowest such access. ``nbytes``: the buffer's size."""
+        side and its lowest such range. ``nbytes``: the buffer's size."""
         entries = self.entries
         first = bisect_right(entries, th, key=_key)
         if len(entries) - first <= SCAN_LIMIT:
@@ -142,15 +151,28 @@ class _Lane:
         return [_lowest(x, lo, hi) for x in segments.unordered(self, lo, hi, th)]
 
 
-def _lowest(entry, lo: int, hi: int) -> Access | None:
-    """The entry's lowest access overlapping bytes ``[lo, hi)``, or None."""
-    _, accesses, ends = entry
+def _merged(entry) -> tuple[Sequence[Range], list[int] | None]:
+    """An entry's ranges merged and sorted, and their ends (None for one range)."""
+    m = entry[2]
+    if m is None:
+        ranges = entry[1].ranges
+        if len(ranges) == 1:
+            m = entry[2] = (ranges, None)
+        else:
+            ranges = union(ranges)
+            m = entry[2] = (ranges, [r[1] + r[2] for r in ranges])
+    return m
+
+
+def _lowest(entry, lo: int, hi: int) -> tuple[Side, Range] | None:
+    """The entry's side and its lowest (merged) range overlapping bytes ``[lo, hi)``, or None."""
+    ranges, ends = _merged(entry)
     if ends is None:
-        a = accesses[0]
-        return a if a[4] < hi and lo < a[4] + a[5] else None
+        r = ranges[0]
+        return (entry[1], r) if r[1] < hi and lo < r[1] + r[2] else None
     n = bisect_right(ends, lo)
-    if n < len(accesses) and accesses[n][4] < hi:
-        return accesses[n]
+    if n < len(ranges) and ranges[n][1] < hi:
+        return entry[1], ranges[n]
     return None
 
 
@@ -184,10 +206,11 @@ class _Segments:
         base, entries = lane.base, lane.entries
         bounds, owner, ks = self.bounds, self.owner, self.ks
         for e in range(max(self.upto, base), base + len(entries)):
-            k, accesses, _ = entries[e - base]
+            entry = entries[e - base]
+            k = entry[0]
             starts, ends, ids = [], [], []
-            for a in accesses:
-                s0, s1 = self._split(a[4]), self._split(a[4] + a[5])
+            for r in _merged(entry)[0]:
+                s0, s1 = self._split(r[1]), self._split(r[1] + r[2])
                 for s in range(s0, s1):
                     if owner[s] >= base:
                         starts.append(bounds[s])
@@ -236,7 +259,7 @@ class _Segments:
 
 
 class _Finder:
-    """Checks each op's accesses against the lanes, then adds them to the lanes."""
+    """Checks each op's sides against the lanes, then adds them to the lanes."""
 
     def __init__(self, order: Ordering, buffers: Mapping[str, Buffer], max_races: int | None):
         self.order = order
@@ -251,116 +274,85 @@ class _Finder:
     def record(self, a: Access, b: Access) -> None:
         """Note the race of ``a`` (earlier) with ``b`` (the op just stepped), keeping per op pair
         the lowest overlap (in buffer declaration order)."""
-        lo = max(a[4], b[4])
-        hi = min(a[4] + a[5], b[4] + b[5])
-        key = (a[0], b[0])
+        lo = max(a.offset, b.offset)
+        hi = min(a.offset + a.length, b.offset + b.length)
+        key = (a.op, b.op)
         old = self.found.get(key)
         if old is None:
             if len(self.found) >= self.cap:
                 raise _Stop
-            self.order.keep(b[0])
-            self.found[key] = (a, b, Range(a[3], lo, hi - lo))
-        elif (self.rank[a[3]], lo) < (self.rank[old[2].buffer], old[2].offset):
-            self.found[key] = (a, b, Range(a[3], lo, hi - lo))
+            self.order.keep(b.op)
+            self.found[key] = (a, b, Range(a.buffer, lo, hi - lo))
+        elif (self.rank[a.buffer], lo) < (self.rank[old[2].buffer], old[2].offset):
+            self.found[key] = (a, b, Range(a.buffer, lo, hi - lo))
 
-    def op(self, raw: list[Access]) -> None:
-        """Check the accesses of one op (all of one op, as the rules gave them), then remember them."""
-        is_copy = raw[0].copy is not None
-        groups = _groups(_coalesce(raw) if is_copy and len(raw) > 2 else raw)
-        for buf, write, after, until, items in groups:
+    def op(self, op: Op, sides: list[Side]) -> None:
+        """Check the sides of one op (all of them, as the rules gave them), then remember them."""
+        lanes_of = self.lanes
+        for side in sides:
             # against everything remembered from earlier ops, stream by stream: a read against
             # the writes, a write against both
-            for t, wl, rl in self.lanes[buf]:
+            after, write = side.after, side.write
+            for t, wl, rl in lanes_of[side.buffer]:
                 th = after[t >> CHUNK_BITS][t & MASK]
                 if wl.last > th:
-                    self._against(wl, items, th)
+                    self._against(wl, side, th)
                 if write and rl.last > th:
-                    self._against(rl, items, th)
-        if is_copy and len(raw) > 1:
-            _intra(raw, self.rank, self.record)       # rule 7, on the copies one by one
+                    self._against(rl, side, th)
+        if isinstance(op, (Copy, CopyBatch)):
+            _intra(op, sides, self.rank, self.record)       # rule 7, on the copies one by one
         host = self.order.host
-        for buf, write, _, (t, k), items in groups:
+        lane_of = self.lane_of
+        for side in sides:
+            t, k = side.until
             if t != HOST:
-                lanes = self.lane_of.get((buf, t))
+                lanes = lane_of.get((side.buffer, t))
                 if lanes is None:
-                    lanes = self.lane_of[buf, t] = (t, _Lane(t, True), _Lane(t, False))
-                    self.lanes[buf].append(lanes)
-                (lanes[1] if write else lanes[2]).add(k, items, host[t >> CHUNK_BITS][t & MASK])
+                    lanes = lane_of[side.buffer, t] = (t, _Lane(t, True), _Lane(t, False))
+                    lanes_of[side.buffer].append(lanes)
+                (lanes[1] if side.write else lanes[2]).add(k, side, host[t >> CHUNK_BITS][t & MASK])
 
-    def _against(self, lane: _Lane, items: list[Access], th: int) -> None:
-        nbytes = self.nbytes[items[0][3]]
-        for b in items:
-            lo, hi = b[4], b[4] + b[5]
-            for a in lane.unordered(lo, hi, th, nbytes):
-                self.record(a, b)
-
-
-def _groups(accesses: list[Access]) -> list[tuple]:
-    """Consecutive accesses that share buffer, kind, earliest and latest point:
-    ``(buffer, write, after, until, accesses)`` (an op's accesses of one lane come in one group)."""
-    out: list = []
-    items = buf = after = until = write = None
-    for a in accesses:
-        if a[3] is not buf or a[7] is not after or a[8] is not until or a[6] is not write:
-            buf, after, until, write, items = a[3], a[7], a[8], a[6], []
-            out.append((buf, write, after, until, items))
-        items.append(a)
-    return out
+    def _against(self, lane: _Lane, side: Side, th: int) -> None:
+        nbytes = self.nbytes[side.buffer]
+        for r in side.ranges:
+            lo, hi = r[1], r[1] + r[2]
+            for earlier, er in lane.unordered(lo, hi, th, nbytes):
+                self.record(earlier.access(er), side.access(r))
 
 
-def _coalesce(raw: list[Access]) -> list[Access]:
-    """The accesses of one copy / copy_batch with touching ranges merged where the rules treat
-    them alike (sources apart from destinations, and by earliest and latest point): a batch of
-    neighbouring blocks is then checked as a few ranges (kernels and host ops come merged from
-    the rules). Races are per op pair, so nothing reported changes but the overlap, which may come
-    out longer (still one contiguous run of overlapping bytes)."""
-    groups: dict = {}
-    for a in raw:
-        groups.setdefault((a[6], a[8], id(a[7])), []).append(a)
-    out = []
-    for items in groups.values():
-        first = items[0]
-        if len(items) == 1:
-            out.append(first)
-            continue
-        for r in union([Range(a[3], a[4], a[5]) for a in items]):
-            out.append(first._replace(buffer=r[0], offset=r[1], length=r[2]))
-    return out
-
-
-def _intra(group: list[Access], buf_rank: dict, record) -> None:
-    """Rule 7: the accesses of one copy / copy_batch are unordered among themselves. Report the
-    lowest conflicting overlap: a sweep by offset, per buffer, remembering the read and the write
-    that reach furthest; the first access that starts before one of them ends (a write, or a
-    read under a write) conflicts, and no conflict starts lower."""
-    by_buf: dict[str, list[Access]] = {}
-    for a in group:
-        by_buf.setdefault(a.buffer, []).append(a)
+def _intra(op: Copy | CopyBatch, sides: list[Side], buf_rank: dict, record) -> None:
+    """Rule 7: the copies of one copy / copy_batch, and each copy's source and destination, are
+    unordered among themselves. Report the lowest conflicting overlap: a sweep by offset, per
+    buffer, remembering the read and the write that reach furthest; the first range that starts
+    before one of them ends (a write, or a read under a write) conflicts, and no conflict starts
+    lower. ``sides``: the op's, which place each copy's source and destination (one side per role
+    and buffer: a buffer's space, and so rule 6, is the same for all its ranges)."""
+    by_buf: dict[str, list] = {}
+    for c, (src, dst) in enumerate(op.copies):
+        # (offset, writes first, issue order inside the op: copy, source before destination, range)
+        by_buf.setdefault(src[0], []).append((src[1], True, (c, False), src))
+        by_buf.setdefault(dst[0], []).append((dst[1], False, (c, True), dst))
     for name in sorted(by_buf, key=buf_rank.__getitem__):
         items = by_buf[name]
-        if len(items) < 2 or not any(a.write for a in items):
+        if len(items) < 2 or all(x[1] for x in items):
             continue
-        items.sort(key=lambda a: (a.offset, not a.write))
+        items.sort(key=lambda x: x[:2])
         far_w = far_r = None          # the write / read with the furthest end so far
         end_w = end_r = -1
         for x in items:
-            start = x.offset
-            partner = far_w if start < end_w else (far_r if x.write and start < end_r else None)
+            start, write = x[0], not x[1]
+            partner = far_w if start < end_w else (far_r if write and start < end_r else None)
             if partner is not None:
-                a, b = (partner, x) if _before_in_op(partner, x) else (x, partner)
-                record(a, b)
+                place = {(s.role, s.buffer): s for s in sides}
+                a, b = sorted((partner, x), key=lambda y: y[2])    # by issue order inside the op
+                record(*(place["dst" if y[2][1] else "src", name].access(y[3], y[2][0]) for y in (a, b)))
                 return
-            end = start + x.length
-            if x.write:
+            end = start + x[3][2]
+            if write:
                 if end > end_w:
                     far_w, end_w = x, end
             elif end > end_r:
                 far_r, end_r = x, end
-
-
-def _before_in_op(a: Access, b: Access) -> bool:
-    """Issue order inside one op: by copy index, the source before the destination."""
-    return (a.copy, a.role != "src") < (b.copy, b.role != "src")
 
 
 def _kind(a: Access, b: Access) -> str:

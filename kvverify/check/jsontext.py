@@ -66,15 +66,18 @@ def _key(key: str) -> str:
     return json.dumps(key[:60]) + (f" (cut: {cut} more characters)" if cut > 0 else "")
 
 
-_decode = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant).raw_decode
+_scan = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant).scan_once
 _SPACE = re.compile(r"[ \t\n\r]*")
+_NEXT = re.compile(r"[ \t\n\r]*(?:(,)[ \t\n\r]*|(\]))")   # after an array item: a comma, or the end
 
 
 def decode(text: str, pos: int) -> tuple[object, int]:
     """The JSON value starting at ``text[pos]`` (no leading whitespace) and the offset after it.
     Raises :class:`JSONTextError`."""
     try:
-        return _decode(text, pos)
+        return _scan(text, pos)
+    except StopIteration as e:
+        raise JSONTextError("Expecting value", text, e.value) from None
     except json.JSONDecodeError as e:
         raise JSONTextError(e.msg, text, e.pos) from None
     except _Repeated as e:
@@ -160,24 +163,26 @@ class ObjectReader:
         if self._skip() == "]":
             self.pos += 1
             return
-        n = 0
+        text, after = self.text, _NEXT.match
+        n, pos = 0, self.pos
         while True:
-            start = self.pos
             try:
-                value, self.pos = decode(self.text, start)
-            except JSONTextError as e:
-                e.item = n
+                value, end = _scan(text, pos)
+            except Exception:       # the rare case: decode() says what was wrong
+                try:
+                    decode(text, pos)
+                except JSONTextError as e:
+                    e.item = n
+                    raise
                 raise
-            yield start, value
-            n += 1
-            c = self._skip()
-            if c == ",":
-                self.pos += 1
-                self._skip()
-            elif c == "]":
-                self.pos += 1
-                return
-            else:
-                e = JSONTextError("expected ',' or ']' after this item of the array", self.text, self.pos)
-                e.item = n - 1
+            yield pos, value
+            m = after(text, end)
+            if m is None:
+                self.pos = _SPACE.match(text, end).end()
+                e = JSONTextError("expected ',' or ']' after this item of the array", text, self.pos)
+                e.item = n
                 raise e
+            n, pos = n + 1, m.end()
+            if m.group(2):
+                self.pos = pos
+                return

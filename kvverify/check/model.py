@@ -22,6 +22,7 @@ import re
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any, ClassVar, NamedTuple
 
 from kvverify.check.jsontext import JSONTextError, ObjectReader, decode
@@ -75,22 +76,37 @@ class Range(NamedTuple):
         return f"{self.buffer}[{self.offset}:{self.end}]"
 
 
+_buffer, _offset = itemgetter(0), itemgetter(1)
+
+
 def union(ranges: Sequence[Range]) -> Sequence[Range]:
     """The same bytes as ``ranges``, with touching or overlapping ranges of one buffer merged,
     sorted by buffer and offset (a kernel listing a request's blocks one by one reads a few runs)."""
     if len(ranges) < 2:
         return ranges
-    rs = sorted(ranges)
+    buffers = set(map(_buffer, ranges))
+    if len(buffers) == 1:
+        return _merge(sorted(ranges, key=_offset))
+    if len(buffers) == len(ranges):    # nothing to merge
+        return sorted(ranges)
+    return [r for b in sorted(buffers) for r in _merge(sorted((x for x in ranges if x[0] == b), key=_offset))]
+
+
+def _merge(rs: list[Range]) -> list[Range]:
+    """Ranges of one buffer sorted by offset, touching or overlapping ones merged."""
     out = []
-    buf, lo, n = rs[0]
+    buf, lo, n = first = rs[0]
     hi = lo + n
-    for b, o, n in rs[1:]:
-        if o <= hi and b == buf:
-            hi = max(hi, o + n)
+    for r in rs[1:]:
+        o = r[1]
+        if o <= hi:
+            e = o + r[2]
+            hi = max(hi, e)
+            first = None
         else:
-            out.append(tuple.__new__(Range, (buf, lo, hi - lo)))
-            buf, lo, hi = b, o, o + n
-    out.append(tuple.__new__(Range, (buf, lo, hi - lo)))
+            out.append(first or tuple.__new__(Range, (buf, lo, hi - lo)))
+            first, lo, hi = r, o, o + r[2]
+    out.append(first or tuple.__new__(Range, (buf, lo, hi - lo)))
     return out
 
 
@@ -544,6 +560,7 @@ _FIELDS: dict[str, tuple[frozenset, frozenset]] = {
     "host_write": (frozenset(("ranges",)), frozenset()),
     "host_read": (frozenset(("ranges",)), frozenset()),
 }
+_ALLOWED = {kind: required | optional | _COMMON for kind, (required, optional) in _FIELDS.items()}
 
 
 def _is_int(x: Any) -> bool:
@@ -558,15 +575,15 @@ def _type_name(x: Any) -> str:
 _new_range = tuple.__new__   # Range((buffer, offset, length)) without the keyword-argument machinery
 
 
-def _fast_range(buffers: dict[str, Buffer], r: Any, host: bool) -> Range | None:
+def _fast_range(plain: dict[str, tuple[str, int]], r: Any) -> Range | None:
     """The range ``r`` when it is plainly valid, else None (the parser's slow path then names the
-    problem). The common case of parsing, kept to a few type checks and comparisons."""
+    problem). ``plain``: buffer name -> (the name, its size), for the buffers allowed."""
     if type(r) is list and len(r) == 3:
         name, offset, length = r
-        buf = buffers.get(name) if type(name) is str else None
-        if (buf is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
-                and offset + length <= buf.nbytes and not (host and buf.space == DEVICE_SPACE)):
-            return _new_range(Range, (buf.name, offset, length))
+        b = plain.get(name) if type(name) is str else None
+        if (b is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
+                and offset + length <= b[1]):
+            return _new_range(Range, (b[0], offset, length))
     return None
 
 
@@ -591,6 +608,9 @@ class _Parser:
             self.fail("version", f"unknown version {show(version)} (this checker reads version {VERSION})")
         self._buffers(doc["buffers"])
         self.streams = self._streams(doc["streams"])
+        # for the fast path of range parsing: name -> (the one str object of that name, size)
+        self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
+        self.plain_host = {name: v for name, v in self.plain.items() if self.buffers[name].space != DEVICE_SPACE}
 
     def fail(self, field: str | None, message: str):
         raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
@@ -641,16 +661,16 @@ class _Parser:
         if not isinstance(kind, str) or kind not in _FIELDS:
             self.fail("op", f"unknown op {show(kind)} (expected one of {', '.join(_FIELDS)})")
         self.kind = kind
-        required, optional = _FIELDS[kind]
-        for key in sorted(required - raw.keys()):
-            self.fail(key, "missing")
-        for key in sorted(raw.keys() - required - optional - _COMMON):
-            self.fail(_field(key), f"unknown field for a {kind} op")
+        required = _FIELDS[kind][0]
+        if not (required <= raw.keys() <= _ALLOWED[kind]):
+            for key in sorted(required - raw.keys()):
+                self.fail(key, "missing")
+            self.fail(_field(min(raw.keys() - _ALLOWED[kind])), f"unknown field for a {kind} op")
         name = raw.get("name")
-        if name is not None and not isinstance(name, str):
+        if name is not None and type(name) is not str:
             self.fail("name", f"expected a string, got {_type_name(name)}")
         at = raw.get("at")
-        if at is not None and not isinstance(at, str):
+        if at is not None and type(at) is not str:
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
         return self._fields(kind, raw, name, at)
 
@@ -711,12 +731,20 @@ class _Parser:
         items = raw[field]
         if not isinstance(items, list):
             self.fail(field, f"expected an array of [buffer, offset, length], got {_type_name(items)}")
-        bufs = self.buffers
+        plain = self.plain_host if host else self.plain
+        new = _new_range
         out = []
         for r in items:
-            rng = _fast_range(bufs, r, host)
-            # the slow path names what is wrong (or accepts an int subclass)
-            out.append(rng if rng is not None else self._range(r, f"{field}[{len(out)}]", host=host))
+            # the common case inline (a few type checks and comparisons); the slow path names
+            # what is wrong, or accepts an int subclass
+            if type(r) is list and len(r) == 3:
+                name, offset, length = r
+                b = plain.get(name) if type(name) is str else None
+                if (b is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
+                        and offset + length <= b[1]):
+                    out.append(new(Range, (b[0], offset, length)))
+                    continue
+            out.append(self._range(r, f"{field}[{len(out)}]", host=host))
         return tuple(out)
 
     def _copies(self, items: Any) -> tuple[Transfer, ...]:
@@ -725,10 +753,10 @@ class _Parser:
         if not items:
             self.fail("copies", "a copy_batch needs at least one copy")
         out = []
-        bufs = self.buffers
+        plain = self.plain
         for k, c in enumerate(items):
             if type(c) is dict and len(c) == 2:
-                src, dst = _fast_range(bufs, c.get("src"), False), _fast_range(bufs, c.get("dst"), False)
+                src, dst = _fast_range(plain, c.get("src")), _fast_range(plain, c.get("dst"))
                 if src is not None and dst is not None and src[2] == dst[2]:
                     out.append(_new_range(Transfer, (src, dst)))
                     continue

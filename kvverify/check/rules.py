@@ -35,9 +35,11 @@ Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronizat
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import NamedTuple
 
 from kvverify.check.model import (
+    PAGEABLE,
     Buffer,
     Copy,
     CopyBatch,
@@ -46,6 +48,7 @@ from kvverify.check.model import (
     Kernel,
     Op,
     QueryEvent,
+    Range,
     Record,
     SyncDevice,
     SyncEvent,
@@ -107,7 +110,7 @@ class Access(NamedTuple):
     """One byte range one op touches, with the interval the rules allow for it."""
 
     op: int                  # index of the op in trace.ops
-    copy: int | None         # index of the copy inside a copy / copy_batch, else None
+    copy: int | None         # index of the copy inside a copy / copy_batch (rule 7), else None
     role: str                # "read" / "write" (kernel, host), "src" / "dst" (copies)
     buffer: str
     offset: int
@@ -125,6 +128,41 @@ class Access(NamedTuple):
     def floating(self) -> bool:
         """True for a source read placed by its order or by rule 6 rather than by stream order."""
         return self.rule.startswith(("5:ANY", "5:DURING", "6:src"))
+
+
+class Side(NamedTuple):
+    """What one op does to one buffer in one role, placed by one rule: the accesses of a kernel's
+    reads (or writes), a host op, a copy_batch's sources (or destinations) there. ``ranges`` are
+    as the op lists them (in any order, overlapping or not): only their union matters to races
+    with other ops (a batch's copies among themselves are rule 7's business, see the checker)."""
+
+    op: int
+    role: str
+    write: bool
+    after: Clock
+    until: tuple[int, int]
+    rule: str
+    buffer: str
+    ranges: Sequence[Range]
+
+    def access(self, r: Range, copy: int | None = None) -> Access:
+        """Range ``r`` of this side as an :class:`Access`."""
+        return Access(self.op, copy, self.role, r[0], r[1], r[2], self.write, self.after, self.until, self.rule)
+
+
+_buffer = itemgetter(0)
+
+
+def _sides(i: int, role: str, write: bool, after: Clock, until: tuple[int, int], rule: str,
+           ranges: Sequence[Range]) -> list[Side]:
+    """``ranges`` as sides, one per buffer."""
+    new = tuple.__new__
+    if len(ranges) == 1 or len(set(map(_buffer, ranges))) == 1:
+        return [new(Side, (i, role, write, after, until, rule, ranges[0][0], ranges))]
+    by_buffer: dict[str, list[Range]] = {}
+    for r in ranges:
+        by_buffer.setdefault(r[0], []).append(r)
+    return [new(Side, (i, role, write, after, until, rule, buf, rs)) for buf, rs in sorted(by_buffer.items())]
 
 
 class OpOrder(NamedTuple):
@@ -173,14 +211,15 @@ class Ordering:
         self.waits: dict[int, list[int]] = {t: [] for t in range(1, width)}  # op indices of waits per timeline
         self.syncs: list[int] = []            # op indices of host synchronizations (sync_*, query_event)
         self.records: list[int] = []          # op indices of records
-        self._current: tuple[Op, OpOrder] | None = None
+        self._current: tuple[Op, int | None, Clock | None] | None = None
 
     def name(self, timeline: int) -> str:
         return self.timelines[timeline]
 
     def keep(self, i: int) -> None:
         """Keep the op just stepped (index ``i``) and its clocks, to explain a race it is in."""
-        self.ops[i], self.info[i] = self._current
+        op, timeline, stream = self._current
+        self.ops[i], self.info[i] = op, OpOrder(timeline, stream)
 
     def _issue(self, t: int) -> tuple[Clock, tuple[int, int]]:
         # Rule 2 (CUDA "Stream synchronization behavior"): work on one stream runs in issue order,
@@ -193,75 +232,74 @@ class Ordering:
         self._stream[t] = _with(sa, t, k)
         return sa, (t, k)
 
-    def step(self, i: int, op: Op) -> list[Access]:
+    def step(self, i: int, op: Op) -> list[Side]:
         """Apply the rules to op ``i`` (ops must come in program order, each once); return its
-        accesses (those of a kernel or host op merged per kind, a copy's one per side and copy)."""
-        h = self.host
-        done = (HOST, i + 1)   # "completes before the host's next op": rule 5 DURING_API_CALL, rule 6
-        new = tuple.__new__    # Access(op, copy, role) + Range(buffer, offset, length) + (write, after, until, rule)
-        out: list[Access] = []
-        info = None
+        sides (see :class:`Side`; none for records, waits and host synchronizations)."""
+        out: list[Side] = []
         if isinstance(op, Kernel):
             sa, pos = self._issue(self.timeline_of[op.stream])
             # A kernel's reads (and its writes) all happen at its place in the stream: only their
             # union matters, so touching ranges become one access.
-            out = [new(Access, (i, None, "read") + r + (False, sa, pos, "2")) for r in union(op.reads)]
-            out += [new(Access, (i, None, "write") + r + (True, sa, pos, "2")) for r in union(op.writes)]
-            info = OpOrder(pos[0], sa)
+            if op.reads:
+                out = _sides(i, "read", False, sa, pos, "2", op.reads)
+            if op.writes:
+                out += _sides(i, "write", True, sa, pos, "2", op.writes)
+            self._current = (op, pos[0], sa)
         elif isinstance(op, (Copy, CopyBatch)):
             sa, pos = self._issue(self.timeline_of[op.stream])
-            out = self._copies(i, op, h, sa, pos, done)
-            info = OpOrder(pos[0], sa)
+            out = self._copies(i, op, sa, pos)
+            self._current = (op, pos[0], sa)
         elif isinstance(op, (HostWrite, HostRead)):
             w = isinstance(op, HostWrite)
-            role = "write" if w else "read"
-            out = [new(Access, (i, None, role) + r + (w, h, done, "1")) for r in union(op.ranges)]
+            # Rule 1: the host touches the bytes during its call, which completes before its next op.
+            out = _sides(i, "write" if w else "read", w, self.host, (HOST, i + 1), "1", op.ranges)
+            self._current = (op, None, None)
         else:
-            info = self._control(i, op)
-            self.ops[i], self.info[i] = op, info
-        self._current = (op, info)
+            self.ops[i] = op
+            self.info[i] = self._control(i, op)
         return out
 
-    def _copies(self, i: int, op: Copy | CopyBatch, h: Clock, sa: Clock, until: tuple[int, int],
-                done: tuple[int, int]) -> list[Access]:
-        new = tuple.__new__
-        buffers = self.buffers
+    def _copies(self, i: int, op: Copy | CopyBatch, sa: Clock, until: tuple[int, int]) -> list[Side]:
+        h = self.host
+        done = (HOST, i + 1)   # "completes before the host's next op": rule 5 DURING_API_CALL, rule 6
         order = op.order   # a plain copy (cudaMemcpyAsync) reads its source in stream order
         src_rule = "2" if isinstance(op, Copy) else f"5:{order}"
-        out = []
-        for c, (src, dst) in enumerate(op.copies):
-            # Rule 6, dst, as amended here (NOTES.md, docs/checker.md): a copy to pageable memory
-            # is NOT taken to have completed when the call returns. The format's rule follows the
-            # old text of CUDA's "API synchronization behavior"; the current text says transfers
-            # between device and pageable memory "might be synchronous", and on an H200 (driver
-            # 580) a D2H cuMemcpyBatchAsync into pageable memory returned before the copy ran. The
-            # destination is written in stream order like any other.
-            if buffers[src[0]].space == "host_pageable":
-                # Rule 6, src (same section: pageable memory is staged into pinned memory by the
-                # call, and the driver *may* synchronize with the stream to do so): read during
-                # the call, whatever the order. "May" is no promise, so the read is not placed
-                # after the stream's pending work, like DURING_API_CALL.
-                out.append(new(Access, (i, c, "src") + src + (False, h, done, "6:src")))
-            elif order == "STREAM":
-                # Rule 5 STREAM (Driver API CUmemcpySrcAccessOrder, used by cuMemcpyBatchAsync:
-                # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, access to the source in stream order).
-                out.append(new(Access, (i, c, "src") + src + (False, sa, until, src_rule)))
-            elif order == "DURING_API_CALL":
-                # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: out of stream
-                # order, all accesses complete before the call returns): after what the host
-                # observed complete before the call, before the host's next op, not after the
-                # stream's pending work.
-                out.append(new(Access, (i, c, "src") + src + (False, h, done, src_rule)))
-            else:
-                # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY: out of stream order, and accesses may
-                # happen after the call returns): from the call until the copy completes in stream
-                # order; not after the stream's pending work.
-                out.append(new(Access, (i, c, "src") + src + (False, h, until, src_rule)))
-            # The destination is always accessed in stream order (CUmemcpySrcAccessOrder). Rule 7
-            # (cuMemcpyBatchAsync: the batch as a whole executes in stream order, the copies
-            # within it in no specific order): nothing orders it against its own source or the
-            # other copies of the batch.
-            out.append(new(Access, (i, c, "dst") + dst + (True, sa, until, "2")))
+        if order == "STREAM":
+            # Rule 5 STREAM (Driver API CUmemcpySrcAccessOrder, used by cuMemcpyBatchAsync:
+            # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, access to the source in stream order).
+            src_after, src_until = sa, until
+        elif order == "DURING_API_CALL":
+            # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: out of stream
+            # order, all accesses complete before the call returns): after what the host observed
+            # complete before the call, before the host's next op, not after the stream's pending
+            # work.
+            src_after, src_until = h, done
+        else:
+            # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY: out of stream order, and accesses may
+            # happen after the call returns): from the call until the copy completes in stream
+            # order; not after the stream's pending work.
+            src_after, src_until = h, until
+        buffers = self.buffers
+        srcs, pageable_srcs = [], []
+        for src, _ in op.copies:
+            # Rule 6, src (CUDA "API synchronization behavior": pageable memory is staged into
+            # pinned memory by the call, and the driver *may* synchronize with the stream to do
+            # so): read during the call, whatever the order. "May" is no promise, so the read is
+            # not placed after the stream's pending work, like DURING_API_CALL.
+            (pageable_srcs if buffers[src[0]].space == PAGEABLE else srcs).append(src)
+        out = _sides(i, "src", False, src_after, src_until, src_rule, srcs) if srcs else []
+        if pageable_srcs:
+            out += _sides(i, "src", False, h, done, "6:src", pageable_srcs)
+        # The destination is always accessed in stream order (CUmemcpySrcAccessOrder); rule 6,
+        # dst, as amended here (NOTES.md, docs/checker.md): a copy to pageable memory is NOT taken
+        # to have completed when the call returns. The format's rule follows the old text of
+        # CUDA's "API synchronization behavior"; the current text says transfers between device
+        # and pageable memory "might be synchronous", and on an H200 (driver 580) a D2H
+        # cuMemcpyBatchAsync into pageable memory returned before the copy ran. Rule 7
+        # (cuMemcpyBatchAsync: the batch as a whole executes in stream order, the copies within
+        # it in no specific order): nothing orders a destination against its own source or the
+        # other copies of the batch.
+        out += _sides(i, "dst", True, sa, until, "2", [dst for _, dst in op.copies])
         return out
 
     def _control(self, i: int, op: Op) -> OpOrder:
@@ -311,8 +349,10 @@ class Ordering:
 
 def analyze(trace: Trace) -> tuple[Ordering, list[Access]]:
     """Apply rules 1–7 to every op of ``trace``; return the :class:`Ordering` (its clocks after the
-    last op, the control ops) and every access, in program order. The checker steps the ordering
-    itself and keeps no list of accesses; this is for looking at the rules' intervals."""
+    last op, the control ops) and every access, in program order, as the checker sees them: per
+    op, side by side (:class:`Side`), a side's touching ranges merged. The checker steps the
+    ordering itself and keeps no list of accesses; this is for looking at the rules' intervals."""
     order = Ordering(trace.buffers, trace.streams)
-    accesses = [a for i, op in enumerate(trace.ops) for a in order.step(i, op)]
+    accesses = [side.access(r) for i, op in enumerate(trace.ops) for side in order.step(i, op)
+                for r in union(side.ranges)]
     return order, accesses
