@@ -35,7 +35,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from operator import itemgetter
+from itertools import chain
+from operator import add, itemgetter
 
 from kvverify.check.explain import explain
 from kvverify.check.model import (
@@ -105,6 +106,7 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
 
 
 _key = itemgetter(0)
+_offset, _length = itemgetter(1), itemgetter(2)
 
 
 class _Lane:
@@ -112,27 +114,38 @@ class _Lane:
     host has not observed it complete. ``entries``: ``[k, side, merged]`` per op, ``k`` its stream
     position (increasing), ``side`` its :class:`Side` here, ``merged`` its ranges merged and
     sorted with their ends (see :func:`_merged`), made when first needed: most entries are dropped
-    before anything asks. Entry ``e`` is ``entries[e - base]``; ``last`` is the latest ``k``."""
+    before anything asks. Entry ``e`` is ``entries[e - base]``; ``last`` is the latest ``k``;
+    ``lo``, ``hi``: bytes that hold every entry's ranges (a lane of another part of the buffer is
+    passed over at once)."""
 
-    __slots__ = ("base", "entries", "last", "segments", "t", "write")
+    __slots__ = ("base", "entries", "hi", "last", "lo", "segments", "t")
 
-    def __init__(self, t: int, write: bool):
-        self.t, self.write = t, write
+    def __init__(self, t: int):
+        self.t = t
         self.entries: list = []
         self.base = 0
         self.last = 0
+        self.lo = self.hi = 0
         self.segments: _Segments | None = None
 
-    def add(self, k: int, side: Side, observed: int) -> None:
-        """Remember an op's side at position ``k``, first dropping the entries at positions the
-        host has observed complete (``observed``), which nothing issued later can race with."""
+    def add(self, k: int, side: Side, lo: int, hi: int, observed: int) -> None:
+        """Remember an op's side at position ``k`` (its ranges within bytes ``[lo, hi)``), first
+        dropping the entries at positions the host has observed complete (``observed``), which
+        nothing issued later can race with."""
         entries = self.entries
         if entries and entries[0][0] <= observed:
-            dead = len(entries) if entries[-1][0] <= observed else bisect_right(entries, observed, key=_key)
+            if entries[-1][0] <= observed:
+                dead = len(entries)
+            else:
+                dead = bisect_right(entries, observed, key=_key)
             if dead == len(entries) or 2 * dead >= len(entries) >= 64:
                 del entries[:dead]
                 self.base += dead
                 self.segments = None    # rebuilt from the live entries when next needed
+        if entries:
+            self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        else:
+            self.lo, self.hi = lo, hi
         entries.append([k, side, None])
         self.last = k
 
@@ -267,9 +280,10 @@ class _Finder:
         self.rank = {name: n for n, name in enumerate(buffers)}
         self.cap = max_races if max_races is not None else float("inf")
         self.found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
-        # per buffer: (timeline, writes lane, reads lane) of each stream that touched it
-        self.lanes: dict[str, list[tuple[int, _Lane, _Lane]]] = {name: [] for name in buffers}
-        self.lane_of: dict[tuple[str, int], tuple[int, _Lane, _Lane]] = {}
+        # per buffer: the lanes of the streams that wrote it, and of those that read it
+        self.writers: dict[str, list[_Lane]] = {name: [] for name in buffers}
+        self.readers: dict[str, list[_Lane]] = {name: [] for name in buffers}
+        self.lane_of: dict[tuple[str, int, bool], _Lane] = {}
 
     def record(self, a: Access, b: Access) -> None:
         """Note the race of ``a`` (earlier) with ``b`` (the op just stepped), keeping per op pair
@@ -288,29 +302,38 @@ class _Finder:
 
     def op(self, op: Op, sides: list[Side]) -> None:
         """Check the sides of one op (all of them, as the rules gave them), then remember them."""
-        lanes_of = self.lanes
+        hulls = []
+        writers, readers = self.writers, self.readers
         for side in sides:
+            ranges = side.ranges
+            if len(ranges) == 1:
+                lo = ranges[0][1]
+                hi = lo + ranges[0][2]
+            else:     # the bytes between the lowest and the highest (all, when there are many)
+                lo, hi = (0, self.nbytes[side.buffer]) if len(ranges) > 4 else (
+                    min(map(_offset, ranges)), max(map(add, map(_offset, ranges), map(_length, ranges))))
+            hulls.append((lo, hi))
             # against everything remembered from earlier ops, stream by stream: a read against
             # the writes, a write against both
-            after, write = side.after, side.write
-            for t, wl, rl in lanes_of[side.buffer]:
+            after = side.after.chunks
+            for lane in chain(writers[side.buffer], readers[side.buffer]) if side.write else writers[side.buffer]:
+                t = lane.t
                 th = after[t >> CHUNK_BITS][t & MASK]
-                if wl.last > th:
-                    self._against(wl, side, th)
-                if write and rl.last > th:
-                    self._against(rl, side, th)
+                if lane.last > th and lane.lo < hi and lo < lane.hi:
+                    self._against(lane, side, th)
         if isinstance(op, (Copy, CopyBatch)):
             _intra(op, sides, self.rank, self.record)       # rule 7, on the copies one by one
-        host = self.order.host
+        host = self.order.host.chunks
         lane_of = self.lane_of
-        for side in sides:
+        for side, (lo, hi) in zip(sides, hulls):
             t, k = side.until
             if t != HOST:
-                lanes = lane_of.get((side.buffer, t))
-                if lanes is None:
-                    lanes = lane_of[side.buffer, t] = (t, _Lane(t, True), _Lane(t, False))
-                    lanes_of[side.buffer].append(lanes)
-                (lanes[1] if side.write else lanes[2]).add(k, side, host[t >> CHUNK_BITS][t & MASK])
+                key = (side.buffer, t, side.write)
+                lane = lane_of.get(key)
+                if lane is None:
+                    lane = lane_of[key] = _Lane(t)
+                    (self.writers if side.write else self.readers)[side.buffer].append(lane)
+                lane.add(k, side, lo, hi, host[t >> CHUNK_BITS][t & MASK])
 
     def _against(self, lane: _Lane, side: Side, th: int) -> None:
         nbytes = self.nbytes[side.buffer]

@@ -513,10 +513,14 @@ class TraceText:
 
 
 class _TextOps(Sequence):
-    """The ops of a trace held as its JSON text: op ``i`` is parsed from ``text[offsets[i]:]``."""
+    """The ops of a trace held as its JSON text: op ``i`` is parsed from ``text[offsets[i]:]``
+    (the last ``CACHED`` ops asked for are kept: a report names some ops many times)."""
+
+    CACHED = 256
 
     def __init__(self, text: str, offsets: array, parser: _Parser):
         self._text, self._offsets, self._parser = text, offsets, parser
+        self._cache: dict[int, Op] = {}
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -526,8 +530,14 @@ class _TextOps(Sequence):
             return [self[k] for k in range(*i.indices(len(self)))]
         if i < 0:
             i += len(self)
-        raw, _ = decode(self._text, self._offsets[i])
-        return self._parser.op(raw, i)
+        op = self._cache.pop(i, None)
+        if op is None:
+            raw, _ = decode(self._text, self._offsets[i])
+            op = self._parser.op(raw, i)
+            if len(self._cache) >= self.CACHED:
+                del self._cache[next(iter(self._cache))]     # the least recently asked for
+        self._cache[i] = op
+        return op
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
@@ -611,6 +621,7 @@ class _Parser:
         # for the fast path of range parsing: name -> (the one str object of that name, size)
         self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
         self.plain_host = {name: v for name, v in self.plain.items() if self.buffers[name].space != DEVICE_SPACE}
+        self._kinds = {kind: getattr(self, f"_{kind}") for kind in _FIELDS}
 
     def fail(self, field: str | None, message: str):
         raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
@@ -675,38 +686,53 @@ class _Parser:
         return self._fields(kind, raw, name, at)
 
     def _fields(self, kind: str, raw: dict, name: str | None, at: str | None) -> Op:
-        if kind == "kernel":
-            return Kernel(self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
-                          self._ranges(raw, "writes", optional=True), name, at=at)
-        if kind == "copy":
-            src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
-            self._same_length(src, dst, "dst")
-            return Copy(self._stream(raw, "stream"), src, dst, name, at=at)
-        if kind == "copy_batch":
-            stream = self._stream(raw, "stream")
-            order = raw["order"]
-            if order not in ORDERS:
-                self.fail("order", f"unknown order {show(order)} (expected one of {', '.join(ORDERS)})")
-            return CopyBatch(stream, order, self._copies(raw["copies"]), name, at=at)
-        if kind == "record":
-            return Record(self._event(raw), self._stream(raw, "stream"), name, at=at)
-        if kind == "wait_event":
-            return WaitEvent(self._stream(raw, "stream"), self._event(raw), name, at=at)
-        if kind == "wait_stream":
-            return WaitStream(self._stream(raw, "stream"), self._stream(raw, "on"), name, at=at)
-        if kind == "sync_event":
-            return SyncEvent(self._event(raw), name, at=at)
-        if kind == "query_event":
-            result = raw["result"]
-            if not isinstance(result, bool):
-                self.fail("result", f"expected true or false, got {show(result)}")
-            return QueryEvent(self._event(raw), result, name, at=at)
-        if kind == "sync_stream":
-            return SyncStream(self._stream(raw, "stream"), name, at=at)
-        if kind == "sync_device":
-            return SyncDevice(name, at=at)
-        ranges = self._ranges(raw, "ranges", host=True)
-        return HostWrite(ranges, name, at=at) if kind == "host_write" else HostRead(ranges, name, at=at)
+        return self._kinds[kind](raw, name, at)
+
+    def _kernel(self, raw: dict, name: str | None, at: str | None) -> Kernel:
+        return Kernel(self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
+                      self._ranges(raw, "writes", optional=True), name, at=at)
+
+    def _copy(self, raw: dict, name: str | None, at: str | None) -> Copy:
+        src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
+        self._same_length(src, dst, "dst")
+        return Copy(self._stream(raw, "stream"), src, dst, name, at=at)
+
+    def _copy_batch(self, raw: dict, name: str | None, at: str | None) -> CopyBatch:
+        stream = self._stream(raw, "stream")
+        order = raw["order"]
+        if order not in ORDERS:
+            self.fail("order", f"unknown order {show(order)} (expected one of {', '.join(ORDERS)})")
+        return CopyBatch(stream, order, self._copies(raw["copies"]), name, at=at)
+
+    def _record(self, raw: dict, name: str | None, at: str | None) -> Record:
+        return Record(self._event(raw), self._stream(raw, "stream"), name, at=at)
+
+    def _wait_event(self, raw: dict, name: str | None, at: str | None) -> WaitEvent:
+        return WaitEvent(self._stream(raw, "stream"), self._event(raw), name, at=at)
+
+    def _wait_stream(self, raw: dict, name: str | None, at: str | None) -> WaitStream:
+        return WaitStream(self._stream(raw, "stream"), self._stream(raw, "on"), name, at=at)
+
+    def _sync_event(self, raw: dict, name: str | None, at: str | None) -> SyncEvent:
+        return SyncEvent(self._event(raw), name, at=at)
+
+    def _query_event(self, raw: dict, name: str | None, at: str | None) -> QueryEvent:
+        result = raw["result"]
+        if not isinstance(result, bool):
+            self.fail("result", f"expected true or false, got {show(result)}")
+        return QueryEvent(self._event(raw), result, name, at=at)
+
+    def _sync_stream(self, raw: dict, name: str | None, at: str | None) -> SyncStream:
+        return SyncStream(self._stream(raw, "stream"), name, at=at)
+
+    def _sync_device(self, raw: dict, name: str | None, at: str | None) -> SyncDevice:
+        return SyncDevice(name, at=at)
+
+    def _host_write(self, raw: dict, name: str | None, at: str | None) -> HostWrite:
+        return HostWrite(self._ranges(raw, "ranges", host=True), name, at=at)
+
+    def _host_read(self, raw: dict, name: str | None, at: str | None) -> HostRead:
+        return HostRead(self._ranges(raw, "ranges", host=True), name, at=at)
 
     def _stream(self, raw: dict, field: str) -> str:
         s = raw[field]

@@ -62,48 +62,86 @@ from kvverify.check.model import (
 HOST = 0
 """Timeline index of the host thread; stream ``trace.streams[n]`` is timeline ``n + 1``."""
 
-CHUNK_BITS = 5
+CHUNK_BITS = 3
 CHUNK = 1 << CHUNK_BITS          # entries per chunk of a clock
 MASK = CHUNK - 1
 
-Clock = tuple
-"""A vector clock: a tuple of chunks (tuples of ``CHUNK`` ints); entry ``t`` is
-``clock[t >> CHUNK_BITS][t & MASK]``, see :func:`entry`."""
+
+class Clock(NamedTuple):
+    """A vector clock. Entry ``t`` is ``chunks[t >> CHUNK_BITS][t & MASK]`` (:func:`entry`).
+
+    ``base`` is the host's clock as it was at ``version`` (the host's clock only grows, and a later
+    version covers an earlier one) and every chunk not listed in ``dirty`` is that chunk of
+    ``base`` (the same object): joining a clock with a later host clock, or with a clock of another
+    base, compares only the dirty chunks. Chunks are shared between clocks wherever they are equal."""
+
+    chunks: tuple[tuple[int, ...], ...]
+    base: tuple[tuple[int, ...], ...]
+    version: int
+    dirty: tuple[int, ...]
 
 
 def entry(clock: Clock, timeline: int) -> int:
     """The position of ``timeline`` that ``clock`` covers (0 for the host: see the module docstring)."""
-    return clock[timeline >> CHUNK_BITS][timeline & MASK]
+    return clock.chunks[timeline >> CHUNK_BITS][timeline & MASK]
 
 
 def covers(clock: Clock, timeline: int, position: int) -> bool:
     """True when ``clock`` says position ``position`` of stream timeline ``timeline`` has completed."""
-    return clock[timeline >> CHUNK_BITS][timeline & MASK] >= position
+    return clock.chunks[timeline >> CHUNK_BITS][timeline & MASK] >= position
 
 
 def join(a: Clock, b: Clock) -> Clock:
-    """The entrywise maximum of two clocks, sharing every chunk it can with ``a`` or ``b``."""
+    """The entrywise maximum of two clocks, on the later of their bases."""
     if a is b:
         return a
-    out = None
-    for n, x in enumerate(a):
-        y = b[n]
+    if a.version < b.version:
+        a, b = b, a
+    # b's clean chunks are its base's, which the later base (a's) covers: only b's dirty chunks
+    # can raise a
+    chunks = None
+    dirty = a.dirty
+    for n in b.dirty:
+        x, y = a.chunks[n], b.chunks[n]
         if x is y:
             continue
         z = tuple(map(max, x, y))
         if z == x:
             continue
-        if out is None:
-            out = list(a)
-        out[n] = y if z == y else z
-    return a if out is None else tuple(out)
+        if chunks is None:
+            chunks = list(a.chunks)
+        chunks[n] = y if z == y else z
+        if n not in dirty:
+            dirty += (n,)
+    return a if chunks is None else Clock(tuple(chunks), a.base, a.version, dirty)
+
+
+def _rebase(clock: Clock, host: Clock) -> Clock:
+    """``clock`` joined with the host's clock ``host`` (of a later version), on ``host``'s base."""
+    chunks = None
+    dirty = ()
+    for n in clock.dirty:
+        x, y = clock.chunks[n], host.chunks[n]
+        if x is y:
+            continue
+        z = tuple(map(max, x, y))
+        if z == y:
+            continue
+        if chunks is None:
+            chunks = list(host.chunks)
+        chunks[n] = x if z == x else z
+        dirty += (n,)
+    if chunks is None:
+        return host
+    return Clock(tuple(chunks), host.chunks, host.version, dirty)
 
 
 def _with(clock: Clock, timeline: int, position: int) -> Clock:
-    """``clock`` with one entry replaced (a new chunk, the others shared)."""
+    """``clock`` with one entry raised (a new chunk, the others shared)."""
     n, k = timeline >> CHUNK_BITS, timeline & MASK
-    chunk = clock[n]
-    return clock[:n] + (chunk[:k] + (position,) + chunk[k + 1:],) + clock[n + 1:]
+    chunk = clock.chunks[n]
+    chunks = clock.chunks[:n] + (chunk[:k] + (position,) + chunk[k + 1:],) + clock.chunks[n + 1:]
+    return Clock(chunks, clock.base, clock.version, clock.dirty if n in clock.dirty else clock.dirty + (n,))
 
 
 class Access(NamedTuple):
@@ -182,9 +220,6 @@ def happens_before(a: Access, b: Access) -> bool:
     return covers(b.after, t, p)
 
 
-_CONTROL = (Record, WaitEvent, WaitStream, SyncEvent, QueryEvent, SyncStream, SyncDevice)
-
-
 class Ordering:
     """Rules 1–7 applied op by op: :meth:`step` takes the ops in program order and returns each
     one's accesses. What explains races later is kept: the control ops (records, waits, host
@@ -201,17 +236,20 @@ class Ordering:
         width = len(self.timelines)
         nchunks = (width + MASK) >> CHUNK_BITS
         zero = ((0,) * CHUNK,) * nchunks
-        self.host: Clock = zero             # what the host has observed complete (rules 4, 6)
-        self._stream: list[Clock] = [zero] * width   # per timeline: what its next work starts after
-        self._seen_host: list[Clock | None] = [zero] * width   # the host clock each stream last joined
+        self.host = Clock(zero, zero, 0, ())          # what the host has observed complete (rules 4, 6)
+        self._stream: list[Clock] = [self.host] * width   # per timeline: what its next work starts after
         self._position = [0] * (nchunks * CHUNK)     # per timeline: last position handed out
         self._events: dict[str, tuple[Clock, int]] = {}   # event -> (captured clock, op index of the record)
         self.ops: dict[int, Op] = {}          # control ops and kept ops, by index
         self.info: dict[int, OpOrder] = {}    # what the rules computed for them
         self.waits: dict[int, list[int]] = {t: [] for t in range(1, width)}  # op indices of waits per timeline
-        self.syncs: list[int] = []            # op indices of host synchronizations (sync_*, query_event)
+        self.syncs: list[int] = []            # op indices of sync_event and query_event
         self.records: list[int] = []          # op indices of records
         self._current: tuple[Op, int | None, Clock | None] | None = None
+        self._rules = {Kernel: self._kernel, Copy: self._copy, CopyBatch: self._copy, HostWrite: self._host,
+                       HostRead: self._host, Record: self._record, WaitEvent: self._wait_event,
+                       WaitStream: self._wait_stream, SyncEvent: self._sync_event, QueryEvent: self._sync_event,
+                       SyncStream: self._sync_stream, SyncDevice: self._sync_device}
 
     def name(self, timeline: int) -> str:
         return self.timelines[timeline]
@@ -225,9 +263,8 @@ class Ordering:
         # Rule 2 (CUDA "Stream synchronization behavior"): work on one stream runs in issue order,
         # after what the stream waits on; rule 1: and after its own issue (what the host observed).
         sa = self._stream[t]
-        if self._seen_host[t] is not self.host:
-            sa = join(sa, self.host)
-            self._seen_host[t] = self.host
+        if sa.version != self.host.version:
+            sa = _rebase(sa, self.host)
         k = self._position[t] = self._position[t] + 1
         self._stream[t] = _with(sa, t, k)
         return sa, (t, k)
@@ -235,31 +272,27 @@ class Ordering:
     def step(self, i: int, op: Op) -> list[Side]:
         """Apply the rules to op ``i`` (ops must come in program order, each once); return its
         sides (see :class:`Side`; none for records, waits and host synchronizations)."""
-        out: list[Side] = []
-        if isinstance(op, Kernel):
-            sa, pos = self._issue(self.timeline_of[op.stream])
-            # A kernel's reads (and its writes) all happen at its place in the stream: only their
-            # union matters, so touching ranges become one access.
-            if op.reads:
-                out = _sides(i, "read", False, sa, pos, "2", op.reads)
-            if op.writes:
-                out += _sides(i, "write", True, sa, pos, "2", op.writes)
-            self._current = (op, pos[0], sa)
-        elif isinstance(op, (Copy, CopyBatch)):
-            sa, pos = self._issue(self.timeline_of[op.stream])
-            out = self._copies(i, op, sa, pos)
-            self._current = (op, pos[0], sa)
-        elif isinstance(op, (HostWrite, HostRead)):
-            w = isinstance(op, HostWrite)
-            # Rule 1: the host touches the bytes during its call, which completes before its next op.
-            out = _sides(i, "write" if w else "read", w, self.host, (HOST, i + 1), "1", op.ranges)
-            self._current = (op, None, None)
-        else:
-            self.ops[i] = op
-            self.info[i] = self._control(i, op)
+        return self._rules[type(op)](i, op)
+
+    def _kernel(self, i: int, op: Kernel) -> list[Side]:
+        sa, pos = self._issue(self.timeline_of[op.stream])
+        self._current = (op, pos[0], sa)
+        # A kernel's reads (and its writes) all happen at its place in the stream: only their
+        # union matters.
+        out = _sides(i, "read", False, sa, pos, "2", op.reads) if op.reads else []
+        if op.writes:
+            out += _sides(i, "write", True, sa, pos, "2", op.writes)
         return out
 
-    def _copies(self, i: int, op: Copy | CopyBatch, sa: Clock, until: tuple[int, int]) -> list[Side]:
+    def _host(self, i: int, op: HostWrite | HostRead) -> list[Side]:
+        # Rule 1: the host touches the bytes during its call, which completes before its next op.
+        self._current = (op, None, None)
+        w = isinstance(op, HostWrite)
+        return _sides(i, "write" if w else "read", w, self.host, (HOST, i + 1), "1", op.ranges)
+
+    def _copy(self, i: int, op: Copy | CopyBatch) -> list[Side]:
+        sa, until = self._issue(self.timeline_of[op.stream])
+        self._current = (op, until[0], sa)
         h = self.host
         done = (HOST, i + 1)   # "completes before the host's next op": rule 5 DURING_API_CALL, rule 6
         order = op.order   # a plain copy (cudaMemcpyAsync) reads its source in stream order
@@ -302,49 +335,68 @@ class Ordering:
         out += _sides(i, "dst", True, sa, until, "2", [dst for _, dst in op.copies])
         return out
 
-    def _control(self, i: int, op: Op) -> OpOrder:
-        """Records, waits and host synchronizations: they move clocks, touch no memory."""
-        if isinstance(op, Record):
-            # cudaEventRecord: the event captures all work issued to the stream so far (including
-            # what it waits on); a later record replaces the capture (rule 3).
-            t = self.timeline_of[op.stream]
-            self._events[op.event] = (self._stream[t], i)
-            self.records.append(i)
-            return OpOrder(t, self._stream[t])
-        if isinstance(op, (WaitEvent, WaitStream)):
-            t = self.timeline_of[op.stream]
-            if isinstance(op, WaitEvent):
-                # cudaStreamWaitEvent: later work on the stream starts after the event's latest
-                # capture (rule 2); an event never recorded orders nothing (rule 3).
-                cap = self._events.get(op.event)
-                if cap is not None:
-                    self._stream[t] = join(self._stream[t], cap[0])
-                capture = cap[1] if cap else None
-            else:
-                # torch's Stream.wait_stream: record a fresh event on `on`, wait on it in `stream`.
-                self._stream[t] = join(self._stream[t], self._stream[self.timeline_of[op.on]])
-                capture = i
-            self.waits[t].append(i)
-            return OpOrder(t, self._stream[t], capture)
+    # Records, waits and host synchronizations move clocks and touch no memory; what explaining a
+    # race may need of them is kept.
+
+    def _keep(self, i: int, op: Op, info: OpOrder) -> list[Side]:
+        self.ops[i], self.info[i] = op, info
+        return []
+
+    def _record(self, i: int, op: Record) -> list[Side]:
+        # cudaEventRecord: the event captures all work issued to the stream so far (including
+        # what it waits on); a later record replaces the capture (rule 3).
+        t = self.timeline_of[op.stream]
+        self._events[op.event] = (self._stream[t], i)
+        self.records.append(i)
+        return self._keep(i, op, OpOrder(t, self._stream[t]))
+
+    def _wait_event(self, i: int, op: WaitEvent) -> list[Side]:
+        # cudaStreamWaitEvent: later work on the stream starts after the event's latest capture
+        # (rule 2); an event never recorded orders nothing (rule 3).
+        t = self.timeline_of[op.stream]
+        cap = self._events.get(op.event)
+        if cap is not None:
+            self._stream[t] = join(self._stream[t], cap[0])
+        self.waits[t].append(i)
+        return self._keep(i, op, OpOrder(t, self._stream[t], cap[1] if cap else None))
+
+    def _wait_stream(self, i: int, op: WaitStream) -> list[Side]:
+        # torch's Stream.wait_stream: record a fresh event on `on`, wait on it in `stream`.
+        t = self.timeline_of[op.stream]
+        self._stream[t] = join(self._stream[t], self._stream[self.timeline_of[op.on]])
+        self.waits[t].append(i)
+        return self._keep(i, op, OpOrder(t, self._stream[t], i))
+
+    def _sync_event(self, i: int, op: SyncEvent | QueryEvent) -> list[Side]:
+        # Rule 4 (cudaEventSynchronize; cudaEventQuery returning cudaSuccess): the host continues
+        # after the latest capture completed. Rule 3: never recorded → nothing; a query that saw
+        # "not ready" tells the host nothing.
+        cap = self._events.get(op.event)
+        if cap is not None and (isinstance(op, SyncEvent) or op.result):
+            self._observe(cap[0])
         self.syncs.append(i)
-        if isinstance(op, (SyncEvent, QueryEvent)):
-            # Rule 4 (cudaEventSynchronize; cudaEventQuery returning cudaSuccess): the host
-            # continues after the latest capture completed. Rule 3: never recorded → nothing;
-            # a query that saw "not ready" tells the host nothing.
-            cap = self._events.get(op.event)
-            if cap is not None and (isinstance(op, SyncEvent) or op.result):
-                self.host = join(self.host, cap[0])
-            return OpOrder(capture=cap[1] if cap else None)
-        if isinstance(op, SyncStream):
-            # Rule 4 (cudaStreamSynchronize): everything issued to the stream has completed.
-            self.host = join(self.host, self._stream[self.timeline_of[op.stream]])
-            return OpOrder()
+        return self._keep(i, op, OpOrder(capture=cap[1] if cap else None))
+
+    def _sync_stream(self, i: int, op: SyncStream) -> list[Side]:
+        # Rule 4 (cudaStreamSynchronize): everything issued to the stream has completed.
+        self._observe(self._stream[self.timeline_of[op.stream]])
+        return []
+
+    def _sync_device(self, i: int, op: SyncDevice) -> list[Side]:
         # Rule 4 (cudaDeviceSynchronize): everything issued to every stream has completed. Each
         # stream's clock covers no more than the positions handed out so far, and its own last
         # one: their join is those positions.
-        pos = self._position
-        self.host = join(self.host, tuple(tuple(pos[n:n + CHUNK]) for n in range(0, len(pos), CHUNK)))
-        return OpOrder()
+        pos, old = self._position, self.host.chunks
+        chunks = tuple(y if (x := tuple(pos[n * CHUNK:(n + 1) * CHUNK])) == y else x for n, y in enumerate(old))
+        if chunks != old:
+            self.host = Clock(chunks, chunks, self.host.version + 1, ())
+        return []
+
+    def _observe(self, clock: Clock) -> None:
+        """The host has observed ``clock``'s work complete (rule 4)."""
+        host = join(self.host, clock)
+        if host is not self.host:   # a new version, its own base
+            self.host = Clock(host.chunks, host.chunks, self.host.version + 1, ())
 
 
 def analyze(trace: Trace) -> tuple[Ordering, list[Access]]:
