@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import chain
 from operator import add, itemgetter
 
+from kvverify.check import rules
 from kvverify.check.explain import explain
 from kvverify.check.model import (
     Buffer,
@@ -49,7 +50,7 @@ from kvverify.check.model import (
     gc_paused,
     union,
 )
-from kvverify.check.rules import CHUNK_BITS, HOST, MASK, Access, Ordering, Side
+from kvverify.check.rules import HOST, Access, Ordering, Side
 from kvverify.check.verdict import Race, Verdict
 
 DEFAULT_MAX_RACES = 10_000
@@ -304,6 +305,7 @@ class _Finder:
         """Check the sides of one op (all of them, as the rules gave them), then remember them."""
         hulls = []
         writers, readers = self.writers, self.readers
+        bits, mask = rules.CHUNK_BITS, rules.MASK
         for side in sides:
             ranges = side.ranges
             if len(ranges) == 1:
@@ -318,7 +320,7 @@ class _Finder:
             after = side.after.chunks
             for lane in chain(writers[side.buffer], readers[side.buffer]) if side.write else writers[side.buffer]:
                 t = lane.t
-                th = after[t >> CHUNK_BITS][t & MASK]
+                th = after[t >> bits][t & mask]
                 if lane.last > th and lane.lo < hi and lo < lane.hi:
                     self._against(lane, side, th)
         if isinstance(op, (Copy, CopyBatch)):
@@ -333,7 +335,7 @@ class _Finder:
                 if lane is None:
                     lane = lane_of[key] = _Lane(t)
                     (self.writers if side.write else self.readers)[side.buffer].append(lane)
-                lane.add(k, side, lo, hi, host[t >> CHUNK_BITS][t & MASK])
+                lane.add(k, side, lo, hi, host[t >> bits][t & mask])
 
     def _against(self, lane: _Lane, side: Side, th: int) -> None:
         nbytes = self.nbytes[side.buffer]

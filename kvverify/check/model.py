@@ -621,7 +621,11 @@ class _Parser:
         # for the fast path of range parsing: name -> (the one str object of that name, size)
         self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
         self.plain_host = {name: v for name, v in self.plain.items() if self.buffers[name].space != DEVICE_SPACE}
-        self._kinds = {kind: getattr(self, f"_{kind}") for kind in _FIELDS}
+        self._kinds = {"kernel": self._kernel, "copy": self._copy, "copy_batch": self._copy_batch,
+                       "record": self._record, "wait_event": self._wait_event, "wait_stream": self._wait_stream,
+                       "sync_event": self._sync_event, "query_event": self._query_event,
+                       "sync_stream": self._sync_stream, "sync_device": self._sync_device,
+                       "host_write": self._host_write, "host_read": self._host_read}
 
     def fail(self, field: str | None, message: str):
         raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)

@@ -159,10 +159,6 @@ class Access(NamedTuple):
     rule: str                # what placed it: "1" host, "2" stream order, "5:ANY", "5:DURING_API_CALL", "6:src"
 
     @property
-    def end(self) -> int:
-        return self.offset + self.length
-
-    @property
     def floating(self) -> bool:
         """True for a source read placed by its order or by rule 6 rather than by stream order."""
         return self.rule.startswith(("5:ANY", "5:DURING", "6:src"))
