@@ -19,7 +19,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from trace_strategies import busy_traces, small_traces
 
-from kvverify.check import Copy, CopyBatch, Trace, analyze, check, checker, happens_before, rules
+from kvverify.check import (
+    Copy,
+    CopyBatch,
+    Trace,
+    analyze,
+    check,
+    checker,
+    happens_before,
+    rules,
+)
 from kvverify.check.oracle import explore
 
 SETTINGS = settings(max_examples=200, derandomize=True, database=None, deadline=None,
