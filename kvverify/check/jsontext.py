@@ -95,7 +95,7 @@ def decode(text: str, pos: int) -> tuple[object, int]:
 class ObjectReader:
     """The members of the JSON object that is the whole of ``text``, in order.
 
-    ``for key in reader.keys():`` then, for each key, exactly one of ``reader.value()`` (the
+    ``for key in reader.members():`` then, for each key, exactly one of ``reader.value()`` (the
     member's decoded value) or ``reader.items()`` (an array member's items, one by one, each as
     ``(offset in the text, value)``). After the last key, the text must end (whitespace only).
     Raises :class:`JSONTextError`; a repeated top-level key is one too."""
@@ -116,7 +116,7 @@ class ObjectReader:
     def _fail(self, message: str):
         raise JSONTextError(message, self.text, self.pos)
 
-    def keys(self) -> Iterator[str]:
+    def members(self) -> Iterator[str]:
         seen: set[str] = set()
         first = True
         while True:

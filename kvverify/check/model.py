@@ -453,7 +453,7 @@ class TraceText:
         self._streaming = False
         try:
             self._reader = ObjectReader(text)
-            self._keys = self._reader.keys()
+            self._keys = self._reader.members()
             for key in self._keys:
                 if key not in _TOP_LEVEL:
                     raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))

@@ -88,7 +88,7 @@ def test_decode_and_object_reader_report_positions():
     assert (e.value.line, e.value.column) == (2, 3)
     reader = ObjectReader(' {"a": [1, 2, {"b": 3}], "c": 4} ')
     got = []
-    for key in reader.keys():
+    for key in reader.members():
         got.append((key, list(reader.items()) if reader.at_array() else reader.value()))
     assert got == [("a", [(8, 1), (11, 2), (14, {"b": 3})]), ("c", 4)]
 
