@@ -585,6 +585,10 @@ def _type_name(x: Any) -> str:
 _new_range = tuple.__new__   # Range((buffer, offset, length)) without the keyword-argument machinery
 
 
+class _NotPlain(Exception):
+    """A range the fast path of parsing does not take."""
+
+
 def _fast_range(plain: dict[str, tuple[str, int]], r: Any) -> Range | None:
     """The range ``r`` when it is plainly valid, else None (the parser's slow path then names the
     problem). ``plain``: buffer name -> (the name, its size), for the buffers allowed."""
@@ -763,18 +767,22 @@ class _Parser:
             self.fail(field, f"expected an array of [buffer, offset, length], got {_type_name(items)}")
         plain = self.plain_host if host else self.plain
         new = _new_range
-        out = []
-        for r in items:
-            # the common case inline (a few type checks and comparisons); the slow path names
-            # what is wrong, or accepts an int subclass
-            if type(r) is list and len(r) == 3:
-                name, offset, length = r
-                b = plain.get(name) if type(name) is str else None
-                if (b is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
-                        and offset + length <= b[1]):
-                    out.append(new(Range, (b[0], offset, length)))
-                    continue
-            out.append(self._range(r, f"{field}[{len(out)}]", host=host))
+        out: list[Range] = []
+        append = out.append
+        try:
+            # The common case, a few operations per range. Anything else fails one of them (a
+            # string of three letters unpacks, but its "offset" is no int) and the slow path below
+            # says what is wrong, or accepts an int subclass.
+            for name, offset, length in items:
+                b = plain[name]
+                if type(offset) is not int or type(length) is not int or offset < 0 or length <= 0 \
+                        or offset + length > b[1]:
+                    raise _NotPlain
+                append(new(Range, (b[0], offset, length)))
+        except (_NotPlain, ValueError, TypeError, KeyError):
+            del out[:]
+            for k, r in enumerate(items):
+                append(self._range(r, f"{field}[{k}]", host=host))
         return tuple(out)
 
     def _copies(self, items: Any) -> tuple[Transfer, ...]:
