@@ -22,6 +22,7 @@ import re
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 from typing import Any, ClassVar, NamedTuple
 
@@ -589,16 +590,7 @@ class _NotPlain(Exception):
     """A range the fast path of parsing does not take."""
 
 
-def _fast_range(plain: dict[str, tuple[str, int]], r: Any) -> Range | None:
-    """The range ``r`` when it is plainly valid, else None (the parser's slow path then names the
-    problem). ``plain``: buffer name -> (the name, its size), for the buffers allowed."""
-    if type(r) is list and len(r) == 3:
-        name, offset, length = r
-        b = plain.get(name) if type(name) is str else None
-        if (b is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
-                and offset + length <= b[1]):
-            return _new_range(Range, (b[0], offset, length))
-    return None
+
 
 
 class _Parser:
@@ -622,7 +614,8 @@ class _Parser:
             self.fail("version", f"unknown version {show(version)} (this checker reads version {VERSION})")
         self._buffers(doc["buffers"])
         self.streams = self._streams(doc["streams"])
-        # for the fast path of range parsing: name -> (the one str object of that name, size)
+        # for the fast path of range parsing, per buffer: the one str object of its name, its size
+        # (host accesses look up only host buffers)
         self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
         self.plain_host = {name: v for name, v in self.plain.items() if self.buffers[name].space != DEVICE_SPACE}
         self._kinds = {"kernel": self._kernel, "copy": self._copy, "copy_batch": self._copy_batch,
@@ -765,52 +758,57 @@ class _Parser:
         items = raw[field]
         if not isinstance(items, list):
             self.fail(field, f"expected an array of [buffer, offset, length], got {_type_name(items)}")
-        plain = self.plain_host if host else self.plain
-        new = _new_range
-        out: list[Range] = []
-        append = out.append
         try:
-            # The common case, a few operations per range. Anything else fails one of them (a
-            # string of three letters unpacks, but its "offset" is no int) and the slow path below
-            # says what is wrong, or accepts an int subclass.
-            for name, offset, length in items:
-                b = plain[name]
-                if type(offset) is not int or type(length) is not int or offset < 0 or length <= 0 \
-                        or offset + length > b[1]:
-                    raise _NotPlain
-                append(new(Range, (b[0], offset, length)))
+            return tuple(self._plain_ranges(self.plain_host if host else self.plain, items))
         except (_NotPlain, ValueError, TypeError, KeyError):
-            del out[:]
-            for k, r in enumerate(items):
-                append(self._range(r, f"{field}[{k}]", host=host))
-        return tuple(out)
+            # the slow path says what is wrong (or accepts an int subclass)
+            return tuple(self._range(r, f"{field}[{k}]", host=host) for k, r in enumerate(items))
+
+    def _plain_ranges(self, plain: dict[str, tuple[str, int]], items: list) -> list[Range]:
+        """``items`` as Ranges when each is plainly valid (``plain``: the buffers allowed); else
+        raises _NotPlain, ValueError, TypeError or KeyError. The common case of parsing, a few
+        operations per range: anything else fails one of them (a string of three letters unpacks,
+        but its "offset" is no int)."""
+        out = []
+        append = out.append
+        new = _new_range
+        for name, offset, length in items:
+            b = plain[name]
+            if type(offset) is not int or type(length) is not int or offset < 0 or length <= 0 \
+                    or offset + length > b[1]:
+                raise _NotPlain
+            append(new(Range, (b[0], offset, length)))
+        return out
 
     def _copies(self, items: Any) -> tuple[Transfer, ...]:
         if not isinstance(items, list):
             self.fail("copies", f"expected an array of {{\"src\", \"dst\"}} objects, got {_type_name(items)}")
         if not items:
             self.fail("copies", "a copy_batch needs at least one copy")
-        out = []
-        plain = self.plain
-        for k, c in enumerate(items):
-            if type(c) is dict and len(c) == 2:
-                src, dst = _fast_range(plain, c.get("src")), _fast_range(plain, c.get("dst"))
-                if src is not None and dst is not None and src[2] == dst[2]:
-                    out.append(_new_range(Transfer, (src, dst)))
-                    continue
-            where = f"copies[{k}]"
-            if not isinstance(c, dict):
-                self.fail(where, f"expected {{\"src\": range, \"dst\": range}}, got {_type_name(c)}")
-            for key in ("src", "dst"):
-                if key not in c:
-                    self.fail(f"{where}.{key}", "missing")
-            extra = sorted(set(c) - {"src", "dst"})
-            if extra:
-                self.fail(f"{where}.{_field(extra[0])}", "unknown field")
-            src, dst = self._range(c["src"], f"{where}.src"), self._range(c["dst"], f"{where}.dst")
-            self._same_length(src, dst, f"{where}.dst")
-            out.append(Transfer(src, dst))
-        return tuple(out)
+        try:
+            if all(type(c) is dict and len(c) == 2 for c in items):
+                srcs = self._plain_ranges(self.plain, [c["src"] for c in items])
+                dsts = self._plain_ranges(self.plain, [c["dst"] for c in items])
+                if all(s[2] == d[2] for s, d in zip(srcs, dsts)):
+                    return tuple(map(_new_range, repeat(Transfer), zip(srcs, dsts)))
+        except (_NotPlain, ValueError, TypeError, KeyError):
+            pass
+        return tuple(self._copy_slowly(k, c) for k, c in enumerate(items))
+
+    def _copy_slowly(self, k: int, c: Any) -> Transfer:
+        """Copy ``k`` of a batch, validated field by field (the message names what is wrong)."""
+        where = f"copies[{k}]"
+        if not isinstance(c, dict):
+            self.fail(where, f"expected {{\"src\": range, \"dst\": range}}, got {_type_name(c)}")
+        for key in ("src", "dst"):
+            if key not in c:
+                self.fail(f"{where}.{key}", "missing")
+        extra = sorted(set(c) - {"src", "dst"})
+        if extra:
+            self.fail(f"{where}.{_field(extra[0])}", "unknown field")
+        src, dst = self._range(c["src"], f"{where}.src"), self._range(c["dst"], f"{where}.dst")
+        self._same_length(src, dst, f"{where}.dst")
+        return Transfer(src, dst)
 
     def _same_length(self, src: Range, dst: Range, field: str) -> None:
         if src.length != dst.length:
