@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 from kvverify.check.jsontext import JSONTextError, ObjectReader, decode
 from kvverify.errors import TraceError
@@ -132,12 +132,13 @@ class Transfer(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------
-# Ops (one class per op of the table in TRACE_FORMAT.md; ``kind`` is its JSON "op")
+# Ops (one class per op of the table in TRACE_FORMAT.md; ``kind`` is its JSON "op"). Named tuples:
+# immutable, and made in a fraction of a frozen dataclass's time (a trace has millions); an op
+# equals only an op of its own kind (see _same_op below).
 
 
-@dataclass(frozen=True, slots=True)
-class Kernel:
-    kind: ClassVar[str] = "kernel"
+class Kernel(NamedTuple):
+    kind = "kernel"   # the JSON "op" (a class attribute, no field)
     stream: str
     reads: tuple[Range, ...] = ()
     writes: tuple[Range, ...] = ()
@@ -145,11 +146,10 @@ class Kernel:
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Copy:
+class Copy(NamedTuple):
     """cudaMemcpyAsync: stream-ordered on both sides, except where pageable memory (rule 6)."""
 
-    kind: ClassVar[str] = "copy"
+    kind = "copy"   # the JSON "op" (a class attribute, no field)
     stream: str
     src: Range
     dst: Range
@@ -165,11 +165,10 @@ class Copy:
         return "STREAM"
 
 
-@dataclass(frozen=True, slots=True)
-class CopyBatch:
+class CopyBatch(NamedTuple):
     """cuMemcpyBatchAsync with one CUmemcpyAttributes (one ``order``) for all copies."""
 
-    kind: ClassVar[str] = "copy_batch"
+    kind = "copy_batch"   # the JSON "op" (a class attribute, no field)
     stream: str
     order: str
     copies: tuple[Transfer, ...]
@@ -177,76 +176,67 @@ class CopyBatch:
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    kind: ClassVar[str] = "record"
+class Record(NamedTuple):
+    kind = "record"   # the JSON "op" (a class attribute, no field)
     event: str
     stream: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WaitEvent:
-    kind: ClassVar[str] = "wait_event"
+class WaitEvent(NamedTuple):
+    kind = "wait_event"   # the JSON "op" (a class attribute, no field)
     stream: str
     event: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WaitStream:
-    kind: ClassVar[str] = "wait_stream"
+class WaitStream(NamedTuple):
+    kind = "wait_stream"   # the JSON "op" (a class attribute, no field)
     stream: str
     on: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SyncEvent:
-    kind: ClassVar[str] = "sync_event"
+class SyncEvent(NamedTuple):
+    kind = "sync_event"   # the JSON "op" (a class attribute, no field)
     event: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class QueryEvent:
-    kind: ClassVar[str] = "query_event"
+class QueryEvent(NamedTuple):
+    kind = "query_event"   # the JSON "op" (a class attribute, no field)
     event: str
     result: bool
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SyncStream:
-    kind: ClassVar[str] = "sync_stream"
+class SyncStream(NamedTuple):
+    kind = "sync_stream"   # the JSON "op" (a class attribute, no field)
     stream: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SyncDevice:
-    kind: ClassVar[str] = "sync_device"
+class SyncDevice(NamedTuple):
+    kind = "sync_device"   # the JSON "op" (a class attribute, no field)
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HostWrite:
-    kind: ClassVar[str] = "host_write"
+class HostWrite(NamedTuple):
+    kind = "host_write"   # the JSON "op" (a class attribute, no field)
     ranges: tuple[Range, ...]
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HostRead:
-    kind: ClassVar[str] = "host_read"
+class HostRead(NamedTuple):
+    kind = "host_read"   # the JSON "op" (a class attribute, no field)
     ranges: tuple[Range, ...]
     name: str | None = None
     at: str | None = None
@@ -254,6 +244,19 @@ class HostRead:
 
 Op = (Kernel | Copy | CopyBatch | Record | WaitEvent | WaitStream | SyncEvent | QueryEvent
       | SyncStream | SyncDevice | HostWrite | HostRead)
+
+
+def _same_op(self, other) -> bool:
+    return type(self) is type(other) and tuple.__eq__(self, other)
+
+
+def _other_op(self, other) -> bool:
+    return not _same_op(self, other)
+
+
+for _op in (Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent, SyncStream, SyncDevice,
+            HostWrite, HostRead):
+    _op.__eq__, _op.__ne__, _op.__hash__ = _same_op, _other_op, tuple.__hash__
 
 
 def op_to_json(op: Op) -> dict:
@@ -583,7 +586,7 @@ def _type_name(x: Any) -> str:
             float: "number", type(None): "null"}.get(type(x), type(x).__name__)
 
 
-_new_range = tuple.__new__   # Range((buffer, offset, length)) without the keyword-argument machinery
+_new = tuple.__new__   # a named tuple from a tuple of all its fields, without the argument machinery
 
 
 class _NotPlain(Exception):
@@ -690,50 +693,50 @@ class _Parser:
         return self._kinds[kind](raw, name, at)
 
     def _kernel(self, raw: dict, name: str | None, at: str | None) -> Kernel:
-        return Kernel(self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
-                      self._ranges(raw, "writes", optional=True), name, at=at)
+        return _new(Kernel, (self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
+                             self._ranges(raw, "writes", optional=True), name, at))
 
     def _copy(self, raw: dict, name: str | None, at: str | None) -> Copy:
         src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
         self._same_length(src, dst, "dst")
-        return Copy(self._stream(raw, "stream"), src, dst, name, at=at)
+        return _new(Copy, (self._stream(raw, "stream"), src, dst, name, at))
 
     def _copy_batch(self, raw: dict, name: str | None, at: str | None) -> CopyBatch:
         stream = self._stream(raw, "stream")
         order = raw["order"]
         if order not in ORDERS:
             self.fail("order", f"unknown order {show(order)} (expected one of {', '.join(ORDERS)})")
-        return CopyBatch(stream, order, self._copies(raw["copies"]), name, at=at)
+        return _new(CopyBatch, (stream, order, self._copies(raw["copies"]), name, at))
 
     def _record(self, raw: dict, name: str | None, at: str | None) -> Record:
-        return Record(self._event(raw), self._stream(raw, "stream"), name, at=at)
+        return _new(Record, (self._event(raw), self._stream(raw, "stream"), name, at))
 
     def _wait_event(self, raw: dict, name: str | None, at: str | None) -> WaitEvent:
-        return WaitEvent(self._stream(raw, "stream"), self._event(raw), name, at=at)
+        return _new(WaitEvent, (self._stream(raw, "stream"), self._event(raw), name, at))
 
     def _wait_stream(self, raw: dict, name: str | None, at: str | None) -> WaitStream:
-        return WaitStream(self._stream(raw, "stream"), self._stream(raw, "on"), name, at=at)
+        return _new(WaitStream, (self._stream(raw, "stream"), self._stream(raw, "on"), name, at))
 
     def _sync_event(self, raw: dict, name: str | None, at: str | None) -> SyncEvent:
-        return SyncEvent(self._event(raw), name, at=at)
+        return _new(SyncEvent, (self._event(raw), name, at))
 
     def _query_event(self, raw: dict, name: str | None, at: str | None) -> QueryEvent:
         result = raw["result"]
         if not isinstance(result, bool):
             self.fail("result", f"expected true or false, got {show(result)}")
-        return QueryEvent(self._event(raw), result, name, at=at)
+        return _new(QueryEvent, (self._event(raw), result, name, at))
 
     def _sync_stream(self, raw: dict, name: str | None, at: str | None) -> SyncStream:
-        return SyncStream(self._stream(raw, "stream"), name, at=at)
+        return _new(SyncStream, (self._stream(raw, "stream"), name, at))
 
     def _sync_device(self, raw: dict, name: str | None, at: str | None) -> SyncDevice:
-        return SyncDevice(name, at=at)
+        return _new(SyncDevice, (name, at))
 
     def _host_write(self, raw: dict, name: str | None, at: str | None) -> HostWrite:
-        return HostWrite(self._ranges(raw, "ranges", host=True), name, at=at)
+        return _new(HostWrite, (self._ranges(raw, "ranges", host=True), name, at))
 
     def _host_read(self, raw: dict, name: str | None, at: str | None) -> HostRead:
-        return HostRead(self._ranges(raw, "ranges", host=True), name, at=at)
+        return _new(HostRead, (self._ranges(raw, "ranges", host=True), name, at))
 
     def _stream(self, raw: dict, field: str) -> str:
         s = raw[field]
@@ -771,7 +774,7 @@ class _Parser:
         but its "offset" is no int)."""
         out = []
         append = out.append
-        new = _new_range
+        new = _new
         for name, offset, length in items:
             b = plain[name]
             if type(offset) is not int or type(length) is not int or offset < 0 or length <= 0 \
@@ -790,7 +793,7 @@ class _Parser:
                 srcs = self._plain_ranges(self.plain, [c["src"] for c in items])
                 dsts = self._plain_ranges(self.plain, [c["dst"] for c in items])
                 if all(s[2] == d[2] for s, d in zip(srcs, dsts)):
-                    return tuple(map(_new_range, repeat(Transfer), zip(srcs, dsts)))
+                    return tuple(map(_new, repeat(Transfer), zip(srcs, dsts)))
         except (_NotPlain, ValueError, TypeError, KeyError):
             pass
         return tuple(self._copy_slowly(k, c) for k, c in enumerate(items))
@@ -838,7 +841,7 @@ class _Parser:
         if host and buf.space == DEVICE_SPACE:
             self.fail(field, f"host access to device memory: buffer {_quote(name)} is {buf.space}; "
                              "the host may touch only host buffers")
-        return _new_range(Range, (buf.name, offset, length))   # one str object per buffer name
+        return _new(Range, (buf.name, offset, length))   # one str object per buffer name
 
 
 # --------------------------------------------------------------------------------------------
