@@ -34,7 +34,7 @@ with the lowest overlapping range and its kind.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from operator import add, itemgetter
 
@@ -150,19 +150,34 @@ class _Lane:
         entries.append([k, side, None])
         self.last = k
 
-    def unordered(self, lo: int, hi: int, th: int, nbytes: int) -> list[tuple[Side, Range]]:
-        """Per entry at a position after ``th`` with a range overlapping bytes ``[lo, hi)``, its
-        side and its lowest such range. ``nbytes``: the buffer's size."""
+    def unordered(self, ranges: Sequence[Range], th: int, nbytes: int) -> Iterator[tuple[Side, Range, Range]]:
+        """For each range ``r`` of ``ranges`` and each entry at a position after ``th`` that overlaps
+        it: ``(the entry's side, its lowest range overlapping r, r)``. ``nbytes``: the buffer's size."""
         entries = self.entries
         first = bisect_right(entries, th, key=_key)
         if len(entries) - first <= SCAN_LIMIT:
-            found = [_lowest(x, lo, hi) for x in entries[first:]]
-            return [a for a in found if a is not None]
+            for entry in entries[first:]:
+                merged, ends = _merged(entry)
+                if ends is None:
+                    a = merged[0]
+                    lo, hi = a[1], a[1] + a[2]
+                    for r in ranges:
+                        if r[1] < hi and lo < r[1] + r[2]:
+                            yield entry[1], a, r
+                else:
+                    n_merged = len(merged)
+                    for r in ranges:
+                        n = bisect_right(ends, r[1])
+                        if n < n_merged and merged[n][1] < r[1] + r[2]:
+                            yield entry[1], merged[n], r
+            return
         segments = self.segments
         if segments is None:
             segments = self.segments = _Segments(nbytes, self.base)
         segments.catch_up(self)
-        return [_lowest(x, lo, hi) for x in segments.unordered(self, lo, hi, th)]
+        for r in ranges:
+            for entry in segments.unordered(self, r[1], r[1] + r[2], th):
+                yield (*_lowest(entry, r[1], r[1] + r[2]), r)
 
 
 def _merged(entry) -> tuple[Sequence[Range], list[int] | None]:
@@ -338,11 +353,8 @@ class _Finder:
                 lane.add(k, side, lo, hi, host[t >> bits][t & mask])
 
     def _against(self, lane: _Lane, side: Side, th: int) -> None:
-        nbytes = self.nbytes[side.buffer]
-        for r in side.ranges:
-            lo, hi = r[1], r[1] + r[2]
-            for earlier, er in lane.unordered(lo, hi, th, nbytes):
-                self.record(earlier.access(er), side.access(r))
+        for earlier, a, b in lane.unordered(side.ranges, th, self.nbytes[side.buffer]):
+            self.record(earlier.access(a), side.access(b))
 
 
 def _intra(op: Copy | CopyBatch, sides: list[Side], buf_rank: dict, record) -> None:

@@ -62,6 +62,8 @@ from kvverify.check.model import (
 HOST = 0
 """Timeline index of the host thread; stream ``trace.streams[n]`` is timeline ``n + 1``."""
 
+_new = tuple.__new__   # a named tuple from a tuple of all its fields, without the argument machinery
+
 CHUNK_BITS = 3
 CHUNK = 1 << CHUNK_BITS          # entries per chunk of a clock
 MASK = CHUNK - 1
@@ -113,7 +115,7 @@ def join(a: Clock, b: Clock) -> Clock:
         chunks[n] = y if z == y else z
         if n not in dirty:
             dirty += (n,)
-    return a if chunks is None else Clock(tuple(chunks), a.base, a.version, dirty)
+    return a if chunks is None else _new(Clock, (tuple(chunks), a.base, a.version, dirty))
 
 
 def _rebase(clock: Clock, host: Clock) -> Clock:
@@ -133,7 +135,7 @@ def _rebase(clock: Clock, host: Clock) -> Clock:
         dirty += (n,)
     if chunks is None:
         return host
-    return Clock(tuple(chunks), host.chunks, host.version, dirty)
+    return _new(Clock, (tuple(chunks), host.chunks, host.version, dirty))
 
 
 def _with(clock: Clock, timeline: int, position: int) -> Clock:
@@ -141,7 +143,7 @@ def _with(clock: Clock, timeline: int, position: int) -> Clock:
     n, k = timeline >> CHUNK_BITS, timeline & MASK
     chunk = clock.chunks[n]
     chunks = clock.chunks[:n] + (chunk[:k] + (position,) + chunk[k + 1:],) + clock.chunks[n + 1:]
-    return Clock(chunks, clock.base, clock.version, clock.dirty if n in clock.dirty else clock.dirty + (n,))
+    return _new(Clock, (chunks, clock.base, clock.version, clock.dirty if n in clock.dirty else clock.dirty + (n,)))
 
 
 class Access(NamedTuple):
@@ -344,7 +346,7 @@ class Ordering:
         t = self.timeline_of[op.stream]
         self._events[op.event] = (self._stream[t], i)
         self.records.append(i)
-        return self._keep(i, op, OpOrder(t, self._stream[t]))
+        return self._keep(i, op, _new(OpOrder, (t, self._stream[t], None)))
 
     def _wait_event(self, i: int, op: WaitEvent) -> list[Side]:
         # cudaStreamWaitEvent: later work on the stream starts after the event's latest capture
@@ -354,14 +356,14 @@ class Ordering:
         if cap is not None:
             self._stream[t] = join(self._stream[t], cap[0])
         self.waits[t].append(i)
-        return self._keep(i, op, OpOrder(t, self._stream[t], cap[1] if cap else None))
+        return self._keep(i, op, _new(OpOrder, (t, self._stream[t], cap[1] if cap else None)))
 
     def _wait_stream(self, i: int, op: WaitStream) -> list[Side]:
         # torch's Stream.wait_stream: record a fresh event on `on`, wait on it in `stream`.
         t = self.timeline_of[op.stream]
         self._stream[t] = join(self._stream[t], self._stream[self.timeline_of[op.on]])
         self.waits[t].append(i)
-        return self._keep(i, op, OpOrder(t, self._stream[t], i))
+        return self._keep(i, op, _new(OpOrder, (t, self._stream[t], i)))
 
     def _sync_event(self, i: int, op: SyncEvent | QueryEvent) -> list[Side]:
         # Rule 4 (cudaEventSynchronize; cudaEventQuery returning cudaSuccess): the host continues
@@ -371,7 +373,7 @@ class Ordering:
         if cap is not None and (isinstance(op, SyncEvent) or op.result):
             self._observe(cap[0])
         self.syncs.append(i)
-        return self._keep(i, op, OpOrder(capture=cap[1] if cap else None))
+        return self._keep(i, op, _new(OpOrder, (None, None, cap[1] if cap else None)))
 
     def _sync_stream(self, i: int, op: SyncStream) -> list[Side]:
         # Rule 4 (cudaStreamSynchronize): everything issued to the stream has completed.
