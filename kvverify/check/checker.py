@@ -36,7 +36,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
-from operator import add, itemgetter
+from operator import itemgetter
 
 from kvverify.check import rules
 from kvverify.check.explain import explain
@@ -107,7 +107,6 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
 
 
 _key = itemgetter(0)
-_offset, _length = itemgetter(1), itemgetter(2)
 
 
 class _Lane:
@@ -116,8 +115,8 @@ class _Lane:
     position (increasing), ``side`` its :class:`Side` here, ``merged`` its ranges merged and
     sorted with their ends (see :func:`_merged`), made when first needed: most entries are dropped
     before anything asks. Entry ``e`` is ``entries[e - base]``; ``last`` is the latest ``k``;
-    ``lo``, ``hi``: bytes that hold every entry's ranges (a lane of another part of the buffer is
-    passed over at once)."""
+    ``lo``, ``hi``: bytes that hold every entry's ranges (so that the lanes of many streams, each
+    working on its own part of a buffer, are passed over at once)."""
 
     __slots__ = ("base", "entries", "hi", "last", "lo", "segments", "t")
 
@@ -144,7 +143,8 @@ class _Lane:
                 self.base += dead
                 self.segments = None    # rebuilt from the live entries when next needed
         if entries:
-            self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+            self.lo = min(self.lo, lo)
+            self.hi = max(self.hi, hi)
         else:
             self.lo, self.hi = lo, hi
         entries.append([k, side, None])
@@ -318,17 +318,16 @@ class _Finder:
 
     def op(self, op: Op, sides: list[Side]) -> None:
         """Check the sides of one op (all of them, as the rules gave them), then remember them."""
-        hulls = []
         writers, readers = self.writers, self.readers
         bits, mask = rules.CHUNK_BITS, rules.MASK
+        hulls = []
         for side in sides:
             ranges = side.ranges
-            if len(ranges) == 1:
+            if len(ranges) == 1:       # the bytes the side touches, or (many ranges) all the buffer's
                 lo = ranges[0][1]
                 hi = lo + ranges[0][2]
-            else:     # the bytes between the lowest and the highest (all, when there are many)
-                lo, hi = (0, self.nbytes[side.buffer]) if len(ranges) > 4 else (
-                    min(map(_offset, ranges)), max(map(add, map(_offset, ranges), map(_length, ranges))))
+            else:
+                lo, hi = 0, self.nbytes[side.buffer]
             hulls.append((lo, hi))
             # against everything remembered from earlier ops, stream by stream: a read against
             # the writes, a write against both
@@ -349,7 +348,7 @@ class _Finder:
                 lane = lane_of.get(key)
                 if lane is None:
                     lane = lane_of[key] = _Lane(t)
-                    (self.writers if side.write else self.readers)[side.buffer].append(lane)
+                    (writers if side.write else readers)[side.buffer].append(lane)
                 lane.add(k, side, lo, hi, host[t >> bits][t & mask])
 
     def _against(self, lane: _Lane, side: Side, th: int) -> None:
