@@ -687,14 +687,11 @@ class _Parser:
         at = raw.get("at")
         if at is not None and type(at) is not str:
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
-        return self._fields(kind, raw, name, at)
-
-    def _fields(self, kind: str, raw: dict, name: str | None, at: str | None) -> Op:
         return self._kinds[kind](raw, name, at)
 
     def _kernel(self, raw: dict, name: str | None, at: str | None) -> Kernel:
-        return _new(Kernel, (self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
-                             self._ranges(raw, "writes", optional=True), name, at))
+        return _new(Kernel, (self._stream(raw, "stream"), self._ranges(raw, "reads", True, False),
+                             self._ranges(raw, "writes", True, False), name, at))
 
     def _copy(self, raw: dict, name: str | None, at: str | None) -> Copy:
         src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
@@ -733,10 +730,10 @@ class _Parser:
         return _new(SyncDevice, (name, at))
 
     def _host_write(self, raw: dict, name: str | None, at: str | None) -> HostWrite:
-        return _new(HostWrite, (self._ranges(raw, "ranges", host=True), name, at))
+        return _new(HostWrite, (self._ranges(raw, "ranges", False, True), name, at))
 
     def _host_read(self, raw: dict, name: str | None, at: str | None) -> HostRead:
-        return _new(HostRead, (self._ranges(raw, "ranges", host=True), name, at))
+        return _new(HostRead, (self._ranges(raw, "ranges", False, True), name, at))
 
     def _stream(self, raw: dict, field: str) -> str:
         s = raw[field]
@@ -755,7 +752,8 @@ class _Parser:
             self.fail("event", f"an event name is a non-empty string, got {show(e)}")
         return e
 
-    def _ranges(self, raw: dict, field: str, *, optional: bool = False, host: bool = False) -> tuple[Range, ...]:
+    def _ranges(self, raw: dict, field: str, optional: bool, host: bool) -> tuple[Range, ...]:
+        """``raw[field]`` as ranges (``optional``: the field may be missing; ``host``: host buffers only)."""
         if optional and field not in raw:
             return ()
         items = raw[field]
