@@ -54,9 +54,9 @@ from kvverify.check.rules import HOST, Access, Ordering, Side
 from kvverify.check.verdict import Race, Verdict
 
 DEFAULT_MAX_RACES = 10_000
-SCAN_LIMIT = 16
-"""A lane's entries not covered by an access's clock are checked one by one up to this many; beyond,
-through the lane's segment map."""
+SCAN_LIMIT = 64
+"""A side's ranges are compared one by one with a lane's entries that its clock does not cover
+while (entries x ranges) stays within this; beyond, they are looked up in the lane's segment map."""
 
 
 class _Stop(Exception):
@@ -155,7 +155,7 @@ class _Lane:
         it: ``(the entry's side, its lowest range overlapping r, r)``. ``nbytes``: the buffer's size."""
         entries = self.entries
         first = bisect_right(entries, th, key=_key)
-        if len(entries) - first <= SCAN_LIMIT:
+        if (len(entries) - first) * len(ranges) <= SCAN_LIMIT:
             for entry in entries[first:]:
                 merged, ends = _merged(entry)
                 if ends is None:
