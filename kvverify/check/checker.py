@@ -15,16 +15,17 @@ checked while it is read (:func:`check_ops`). Finding the pairs:
 - An entry whose position the host has observed complete (the host clock covers it) is ordered
   before everything issued later too, and is dropped: a lane holds only what is still in flight
   as far as the host knows, which bounds memory on traces of millions of ops.
-- A lane whose latest position ``b.after`` covers is skipped at once. Otherwise the entries not
-  covered (a suffix: positions grow) are either checked one by one against ``b``'s range, when
-  there are few, or looked up in the lane's *segment map*, built on first need: the lane's byte
-  ranges cut into segments, each with the latest entry over it and its position, so one slice
-  ``max`` (C speed) says whether anything there is unordered with ``b``; only then are the
-  distinct entries on the slice (a ``set``, C speed) and the entries they overwrote (a chain per
-  entry, restricted to ``b``'s range) walked, down to ``b.after[t]``. Listing races costs per
-  racing entry found, never per byte range of a racing op, and ordered overlaps cost nothing.
-- Touching ranges of one op that the rules treat alike are merged first (kernels and host ops by
-  the rules, copies here).
+- A lane whose latest position ``b.after`` covers, or whose bytes miss ``b``'s, is skipped at
+  once. Otherwise the entries not covered (a suffix: positions grow) are compared with ``b``'s
+  ranges one by one while there are few of both (``SCAN_LIMIT``), else looked up in the lane's
+  *segment map*, built on first need: the lane's byte ranges cut into segments, each with the
+  latest entry over it and its position, so one slice ``max`` (C speed) says whether anything there
+  is unordered with a range of ``b``; only then are the distinct entries on the slice (a ``set``,
+  C speed) and the entries they overwrote (a chain per entry, restricted to the range) walked, down
+  to ``b.after[t]``. Listing races costs per racing entry found, never per byte range of a racing
+  op, and ordered overlaps cost nothing.
+- An entry's ranges are merged (touching ones joined) and sorted only when something asks: most
+  entries are dropped first.
 - Races inside one copy / copy_batch (rule 7) are found by a sweep over that op's ranges.
 
 Each unordered pair of ops is reported once (``first`` < ``second``, or equal inside one op),

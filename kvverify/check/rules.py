@@ -8,8 +8,9 @@ Positions:
 - host: op ``i`` sits at host position ``i + 1`` (each op is one host API call);
 - stream: every kernel / copy / copy_batch gets the next position of its stream.
 
-Every range an op touches becomes an :class:`Access` with the interval its rules allow (a
-kernel's or host op's touching ranges of one kind become one access: only their union matters):
+What an op does to one buffer in one role, placed by one rule, is a :class:`Side` (a kernel's
+reads, a batch's sources...: only the union of its ranges matters to other ops); each of its
+ranges, as an :class:`Access`, has the interval its rules allow:
 
 - ``after`` (earliest): the access starts only after every position this clock covers, and
   after the host calls before its own op: its host entry is always the op's index, so clocks
@@ -21,10 +22,11 @@ So access ``a`` happens before access ``b`` exactly when ``b.after`` covers ``a.
 (:func:`happens_before`). Two accesses of one op are never ordered by this test, which is rule 7 for
 copies (a kernel's own reads and writes are one piece of work: the checker does not compare them).
 
-Clocks are persistent: a clock is a tuple of chunks of ``CHUNK`` entries, and a clock that differs
-from another in a few entries shares every other chunk with it. With many streams, a host
-synchronization or a wait then costs (and keeps) a chunk, not a copy of every stream's entry, and
-``sync_device`` takes the streams' latest positions, not the join of every stream's clock.
+Clocks are persistent (:class:`Clock`): a tuple of chunks of ``CHUNK`` entries, sharing every chunk
+it can with the clock it came from, and knowing the host clock it was based on and which of its
+chunks may exceed that base. The host's clock only grows, so a host synchronization or a wait
+compares (and keeps) only the chunks that moved, not one entry per stream, and ``sync_device`` takes
+the streams' latest positions instead of joining every stream's clock.
 
 Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronization behavior" and
 "API synchronization behavior"; Driver API ``cuMemcpyBatchAsync``; ``cudaEventRecord``,
