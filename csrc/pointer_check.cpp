@@ -7,6 +7,11 @@
 // an error. This check turns those into a ValueError naming the copy. What it cannot see: an
 // address inside a live allocation that the caller no longer owns (a tensor freed back to torch's
 // caching allocator whose segment is still mapped), and a pageable range with a hole in the middle.
+//
+// With `for_kernel` it also checks what the kernel copy path needs (swap_blocks_kernel): a kernel
+// dereferences each address itself, so a host address must be mapped for the device at that very
+// address, and device memory must belong to the current device. A kernel that touches anything
+// else faults with cudaErrorIllegalAddress, which ends the CUDA context.
 
 #include <c10/cuda/CUDAException.h>
 #include <c10/util/Exception.h>
@@ -69,7 +74,7 @@ bool host_byte_readable(uintptr_t address) {
 }
 
 // Checks one operand; returns an empty string when it is fine, else what is wrong with it.
-std::string operand_problem(PointerGetAttributes get, uintptr_t address, uint64_t bytes) {
+std::string operand_problem(PointerGetAttributes get, uintptr_t address, uint64_t bytes, bool for_kernel, int device) {
   unsigned int memory_type = 0;
   CUdeviceptr start = 0;
   size_t range = 0;
@@ -83,16 +88,35 @@ std::string operand_problem(PointerGetAttributes get, uintptr_t address, uint64_
       return "runs " + std::to_string(address + bytes - (start + range)) + " bytes past the end of its CUDA allocation (" +
              std::to_string(range) + " bytes from " + std::to_string(start) + ")";
     }
+    if (!for_kernel) return "";
+    // Asked apart: where the device cannot use the memory, the driver may refuse the whole query.
+    CUdeviceptr device_pointer = 0;
+    int ordinal = -1;
+    CUpointer_attribute reach[] = {CU_POINTER_ATTRIBUTE_DEVICE_POINTER, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+    void* reach_data[] = {&device_pointer, &ordinal};
+    if (get(2, reach, reach_data, static_cast<CUdeviceptr>(address)) != CUDA_SUCCESS) device_pointer = 0;
+    if (static_cast<uintptr_t>(device_pointer) != address) {
+      return "is CUDA memory that kernels cannot use at this address (host memory registered without "
+             "cudaHostRegisterMapped, or a platform where its device address differs); use method='batch'";
+    }
+    if (memory_type == CU_MEMORYTYPE_DEVICE && ordinal != device) {
+      return "is memory of device " + std::to_string(ordinal) + ", but the kernel runs on the current device " +
+             std::to_string(device) + "; make that device current, or use method='batch'";
+    }
     return "";
   }
   // Not CUDA memory: the driver will treat it as pageable host memory.
   if (!host_byte_readable(address) || !host_byte_readable(address + bytes - 1)) {
     return "is neither CUDA memory nor mapped host memory (freed device memory or an unmapped address)";
   }
+  if (for_kernel) {
+    return "is pageable host memory, which a kernel cannot read or write; pin it (cudaHostAlloc, or "
+           "cudaHostRegister with cudaHostRegisterMapped) or use method='batch'";
+  }
   return "";
 }
 
-void check_pointers(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes) {
+void check_pointers(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes, bool for_kernel) {
   // Shapes and dtypes are checked by the caller (kvverify.ops) or by swap_blocks_batch itself.
   const int64_t n = src_ptrs.numel();
   TORCH_CHECK_VALUE(dst_ptrs.numel() == n && sizes.numel() == n, kvverify::cat("src_ptrs, dst_ptrs and sizes must have the same length"));
@@ -102,10 +126,12 @@ void check_pointers(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, cons
   const int64_t* sp = s.data_ptr<int64_t>();
   const int64_t* dp = d.data_ptr<int64_t>();
   const int64_t* zp = z.data_ptr<int64_t>();
+  int device = -1;
+  if (for_kernel) C10_CUDA_CHECK(cudaGetDevice(&device));
   for (int64_t i = 0; i < n; ++i) {
-    const std::string src = operand_problem(get, static_cast<uintptr_t>(sp[i]), static_cast<uint64_t>(zp[i]));
+    const std::string src = operand_problem(get, static_cast<uintptr_t>(sp[i]), static_cast<uint64_t>(zp[i]), for_kernel, device);
     TORCH_CHECK_VALUE(src.empty(), kvverify::cat("src_ptrs[", i, "] = ", sp[i], " (", zp[i], " bytes) ", src));
-    const std::string dst = operand_problem(get, static_cast<uintptr_t>(dp[i]), static_cast<uint64_t>(zp[i]));
+    const std::string dst = operand_problem(get, static_cast<uintptr_t>(dp[i]), static_cast<uint64_t>(zp[i]), for_kernel, device);
     TORCH_CHECK_VALUE(dst.empty(), kvverify::cat("dst_ptrs[", i, "] = ", dp[i], " (", zp[i], " bytes) ", dst));
   }
 }
@@ -113,7 +139,7 @@ void check_pointers(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, cons
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(kvverify, m) {
-  m.def("check_pointers(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes) -> ()");
+  m.def("check_pointers(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, bool for_kernel=False) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(kvverify, CompositeExplicitAutograd, m) { m.impl("check_pointers", &check_pointers); }

@@ -1,5 +1,6 @@
 // torch.ops.kvverify.swap_blocks_batch: one cuMemcpyBatchAsync over raw byte addresses, under
-// the source access order the caller asks for, and swap_blocks_loop: one cudaMemcpyAsync per copy.
+// the source access order the caller asks for; swap_blocks_loop: one cudaMemcpyAsync per copy;
+// swap_blocks_kernel: the same batch copied by thread blocks (csrc/copy_kernel.cu).
 //
 // The driver entry point is resolved at run time (cudaGetDriverEntryPointByVersion) so that the
 // extension never links libcuda: build hosts have no driver, and one build serves both the
@@ -7,14 +8,18 @@
 
 #include <Python.h>
 
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 #include <torch/library.h>
 
+#include "copy_kernel.h"
 #include "message.h"
 
+#include <algorithm>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -84,8 +89,9 @@ void check_index_tensor(const at::Tensor& t, const char* arg) {
 }
 
 // Validates every argument before anything is issued, so a rejected call changes nothing.
+// `whole_words`: the kernel path's further rule, sizes and addresses in whole 8-byte words.
 // Returns the number of copies.
-int64_t validate(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes) {
+int64_t validate(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes, bool whole_words = false) {
   check_index_tensor(src_ptrs, "src_ptrs");
   check_index_tensor(dst_ptrs, "dst_ptrs");
   check_index_tensor(sizes, "sizes");
@@ -103,6 +109,17 @@ int64_t validate(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const a
     TORCH_CHECK_VALUE(z[i] > 0, kvverify::cat("sizes[", i, "] must be > 0 bytes, got ", z[i]));
     TORCH_CHECK_VALUE(s[i] != 0, kvverify::cat("src_ptrs[", i, "] is a null pointer"));
     TORCH_CHECK_VALUE(d[i] != 0, kvverify::cat("dst_ptrs[", i, "] is a null pointer"));
+  }
+  // The kernel moves 8-byte words (16-byte pairs where both sides allow): a partial word would
+  // need byte accesses, which the driver's copy paths do better.
+  for (int64_t i = 0; whole_words && i < n; ++i) {
+    TORCH_CHECK_VALUE(z[i] % 8 == 0, kvverify::cat("sizes[", i, "] = ", z[i],
+                      " bytes is not a multiple of 8: the kernel copy path moves whole 8-byte words; "
+                      "use method='batch'"));
+    TORCH_CHECK_VALUE(s[i] % 8 == 0, kvverify::cat("src_ptrs[", i, "] = ", s[i],
+                      " is not 8-byte aligned: the kernel copy path moves whole 8-byte words; use method='batch'"));
+    TORCH_CHECK_VALUE(d[i] % 8 == 0, kvverify::cat("dst_ptrs[", i, "] = ", d[i],
+                      " is not 8-byte aligned: the kernel copy path moves whole 8-byte words; use method='batch'"));
   }
   TORCH_CHECK_VALUE(c10::cuda::device_count() > 0, kvverify::cat("swap_blocks_batch needs a CUDA device, and none is visible"));
   return n;
@@ -212,6 +229,41 @@ void swap_blocks_loop(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, co
   copy_loop(p.s(), p.d(), p.z(), n, c10::cuda::getCurrentCUDAStream().stream());
 }
 
+// The chunk descriptors (source, destination, bytes) reach the device in stream order: packed into
+// a pinned tensor from torch's caching host allocator, copied with a non-blocking copy_ into a
+// device tensor on the current stream, then read by the kernel behind it. copy_ records an event
+// on the pinned block (CachingHostAllocator_recordEvent), so torch hands that block out again only
+// after the copy has read it: a later call never rewrites descriptors an earlier copy may still
+// read, whichever stream either runs on and however long the earlier one waits. The device tensor
+// goes back to torch's caching allocator for the current stream, whose next user is ordered after
+// this kernel by that stream.
+void swap_blocks_kernel(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, const at::Tensor& sizes) {
+  const int64_t n = validate(src_ptrs, dst_ptrs, sizes, /*whole_words=*/true);
+  if (n == 0) return;
+  const Pointers p = contiguous(src_ptrs, dst_ptrs, sizes);
+  const int64_t* s = p.s();
+  const int64_t* d = p.d();
+  const int64_t* z = p.z();
+  int64_t chunks = 0;
+  for (int64_t i = 0; i < n; ++i) chunks += (z[i] + kCopyChunkBytes - 1) / kCopyChunkBytes;
+  TORCH_CHECK_VALUE(chunks <= 0x7FFFFFFFLL, kvverify::cat("the batch splits into ", chunks, " chunks of at most ",
+                    kCopyChunkBytes, " bytes, more than one launch holds (2**31 - 1); split the batch"));
+  auto staged = at::empty({3 * chunks}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
+  int64_t* h = staged.data_ptr<int64_t>();
+  int64_t c = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t offset = 0; offset < z[i]; offset += kCopyChunkBytes, ++c) {
+      h[c] = s[i] + offset;
+      h[chunks + c] = d[i] + offset;
+      h[2 * chunks + c] = std::min(kCopyChunkBytes, z[i] - offset);
+    }
+  }
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
+  auto descriptors = at::empty({3 * chunks}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, stream.device_index()));
+  descriptors.copy_(staged, /*non_blocking=*/true);
+  C10_CUDA_CHECK(launch::copy_chunks(descriptors.data_ptr<int64_t>(), chunks, stream.stream()));
+}
+
 bool batch_api_available() { return driver_api().has_batch(); }
 
 int64_t driver_version() { return driver_api().driver_version; }
@@ -221,6 +273,7 @@ int64_t driver_version() { return driver_api().driver_version; }
 TORCH_LIBRARY_FRAGMENT(kvverify, m) {
   m.def("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int src_access_order=1) -> ()");
   m.def("swap_blocks_loop(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes) -> ()");
+  m.def("swap_blocks_kernel(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes) -> ()");
   m.def("batch_api_available() -> bool", &batch_api_available);
   m.def("driver_version() -> int", &driver_version);
 }
@@ -230,6 +283,7 @@ TORCH_LIBRARY_FRAGMENT(kvverify, m) {
 TORCH_LIBRARY_IMPL(kvverify, CompositeExplicitAutograd, m) {
   m.impl("swap_blocks_batch", &swap_blocks_batch);
   m.impl("swap_blocks_loop", &swap_blocks_loop);
+  m.impl("swap_blocks_kernel", &swap_blocks_kernel);
 }
 
 }  // namespace kvverify

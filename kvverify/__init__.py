@@ -6,7 +6,8 @@
   the compiled extension ``kvverify._C``, loaded on first use).
 
 Importing the package needs neither a GPU, torch nor the extension. The folders are the evidence
-paths (``docs/architecture.md``): ``check/``, ``scenarios/``, ``stress/``, ``measure/``, ``device/``.
+paths (``docs/architecture.md``): ``check/``, ``scenarios/``, ``stress/``, ``record/``, ``measure/``,
+``device/``.
 """
 
 from kvverify.terms import SrcAccessOrder

@@ -20,26 +20,41 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.check.cli",
         "decide from CUDA's ordering rules alone whether a trace of stream work races",
     ),
+    "record": (
+        "kvverify.record.cli",
+        "run a PyTorch program (a script or pytest) under the recorder and find the races of its device work",
+    ),
     "stress": (
         "kvverify.stress.cli",
         "run every hazard scenario on the GPU under each source access order and check every block",
     ),
     "probe": (
         "kvverify.measure.probe",
-        "measure, per direction, order and host memory, whether a batch copy blocks the host and when it reads its source",
+        "measure whether a batch copy blocks the host and when it reads its source, per order",
     ),
     "bench": (
         "kvverify.measure.bench",
-        "measure swap_blocks_batch bandwidth per direction, order and page size against a contiguous copy and a per-copy loop",
+        "measure each copy path's bandwidth per direction and page size; calibrate the fastest safe one",
+    ),
+    "merge": (
+        "kvverify.stress.merge",
+        "merge stress and probe reports from several hosts into one table per platform (GPU, driver, CUDA)",
     ),
 }
 
 DESCRIPTION = """\
 kvverify proves whether batched KV-cache swaps between GPU and host memory are safe
 under each source access order of cuMemcpyBatchAsync (STREAM, DURING_API_CALL, ANY):
-on paper (a happens-before checker over a trace) and on the device (a stress harness).
+on paper (a happens-before checker over a trace), on the device (a stress harness),
+and in your own PyTorch program (a recorder that writes its device work as a trace).
 
-Run `kvverify COMMAND --help` for each command's options."""
+Run kvverify COMMAND --help for each command's options and an example. Without a GPU,
+kvverify check and kvverify stress (contract verdicts) still work."""
+
+EPILOG = """\
+Examples:
+  kvverify stress                  the smoke campaign on the GPU (about 90 s on an H200)
+  kvverify check trace.json        the happens-before verdict on a trace of stream work"""
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
@@ -50,6 +65,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kvverify",
         description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"kvverify {__version__}")
@@ -68,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args.command_argv = argv  # for a subcommand that starts copies of itself (stress --gpus)
     if args.command is None:
         parser.print_help()
         return 2

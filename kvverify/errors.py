@@ -62,3 +62,8 @@ class HarnessError(KvverifyError, RuntimeError):
 
 class ExtensionUnavailableError(KvverifyError, RuntimeError):
     """The CUDA extension, torch, or a CUDA device needed by an op is missing."""
+
+
+class RecordingError(KvverifyError, RuntimeError):
+    """``kvverify record`` cannot record here: no CUDA device, a torch that does not report stream
+    and event work to Python, or a recording already running in this process."""

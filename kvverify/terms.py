@@ -56,9 +56,10 @@ class BlockState(enum.IntEnum):
 
 BLOCK_STATES: tuple[str, ...] = tuple(s.name for s in BlockState)
 
-NATIVE, ADVERSARIAL = "native", "adversarial"
-EXECUTORS: tuple[str, ...] = (NATIVE, ADVERSARIAL)
-"""``native``: the driver as it is; ``adversarial``: each source read at an extreme its order allows."""
+NATIVE, ADVERSARIAL, KERNEL = "native", "adversarial", "kernel"
+EXECUTORS: tuple[str, ...] = (NATIVE, ADVERSARIAL, KERNEL)
+"""``native``: the driver as it is; ``adversarial``: each source read at an extreme its order allows;
+``kernel``: the SM-kernel copy path, stream-ordered on both sides (``STREAM``'s contract)."""
 
 SAFE, RACY = "SAFE", "RACY"
 CONTRACTS: tuple[str, ...] = (SAFE, RACY)

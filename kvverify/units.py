@@ -1,5 +1,5 @@
 """Values on the command line: byte sizes (``4KiB``, ``2MiB``, ``64MB``, ``4096``), positive
-counts, and comma lists of choices (``STREAM,ANY``, ``all``).
+counts, and comma lists of choices (``STREAM,ANY``, ``all``); and the layout of ``--help``.
 
 Binary units (``K``, ``KiB``, ``M``, ``MiB``, ``G``, ``GiB``) are powers of 1024; decimal
 units (``KB``, ``MB``, ``GB``) are powers of 1000; a bare number or ``B`` is bytes. Units
@@ -123,3 +123,12 @@ def choice_list_arg(allowed: tuple[str, ...], *, upper: bool):
         return tuple(dict.fromkeys(items))
 
     return parse
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` as the subcommands write it: descriptions and epilogs keep their own lines
+    (plain text, each under 100 columns), and the option column is wide enough that an option
+    as long as ``--blocks-per-transfer N`` keeps its help on the same line."""
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 27, width=None):
+        super().__init__(prog, indent_increment, max_help_position, width)

@@ -255,3 +255,23 @@ def test_check_and_help_start_without_heavy_libraries(tmp_path, argv):
     result = json.loads(r.stderr.strip().splitlines()[-1])
     assert result["status"] == 0, r.stdout + r.stderr
     assert result["heavy"] == [], f"kvverify {' '.join(argv)} imported {result['heavy']}"
+
+
+def test_every_import_of_a_kvverify_name_resolves():
+    """Imports inside functions run only on the paths that need them (many only on a GPU): each one
+    must name a module or attribute that exists, or a GPU run is the first to find out."""
+    import importlib
+
+    wrong = []
+    for module, tree in MODULES.items():
+        for target, names, line in _imports(module, tree):
+            if not target.startswith("kvverify") or target == "kvverify._C" or "_C" in names:
+                continue
+            try:
+                imported = importlib.import_module(target)
+            except ImportError as exc:
+                wrong.append(f"{module}:{line} imports {target}: {exc}")
+                continue
+            wrong += [f"{module}:{line} imports {n} from {target}, which has no such name"
+                      for n in names if not hasattr(imported, n)]
+    assert not wrong, "\n".join(wrong)

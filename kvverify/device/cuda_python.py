@@ -62,3 +62,33 @@ def swap_blocks_batch(src_ptrs: Sequence[int], dst_ptrs: Sequence[int], sizes: S
     side.wait_stream(current)
     issue(side)
     current.wait_stream(side)
+
+
+MEMORY_TYPES = {1: "host", 2: "device", 3: "array", 4: "unified"}  # CUmemorytype values
+
+
+def pointer_range(address: int) -> tuple[str, int, int] | None:
+    """What CUDA knows of byte ``address``: ``(memory type, base, bytes)`` of the allocation
+    holding it (memory type: ``"host"`` for ``cudaHostAlloc`` / ``cudaHostRegister`` memory,
+    ``"device"`` for ``cudaMalloc`` memory, as ``CUmemorytype`` says), or None where CUDA does not
+    know the address (pageable host memory, an unmapped address), cuda-python is not installed, or
+    there is no CUDA context. CUDA Driver API ``cuPointerGetAttribute``
+    (``CU_POINTER_ATTRIBUTE_MEMORY_TYPE``, ``_RANGE_START_ADDR``, ``_RANGE_SIZE``). Never raises.
+    """
+    try:
+        from cuda.bindings import driver as d
+
+        attrs = d.CUpointer_attribute
+        values = []
+        for attr in (attrs.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, attrs.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                     attrs.CU_POINTER_ATTRIBUTE_RANGE_SIZE):
+            err, value = d.cuPointerGetAttribute(attr, int(address))
+            if err != d.CUresult.CUDA_SUCCESS:
+                return None
+            values.append(int(value))
+    except Exception:
+        return None
+    kind, base, size = values
+    if kind not in MEMORY_TYPES or size <= 0 or not base <= address < base + size:
+        return None
+    return MEMORY_TYPES[kind], base, size

@@ -13,7 +13,7 @@ from kvverify.errors import ExtensionUnavailableError
 
 BUILD_HINT = (
     "build it on a host with a CUDA build of torch and nvcc: "
-    "`pip install --no-build-isolation --no-deps -e .` (KVVERIFY_REQUIRE_EXTENSION=1 makes a skipped build fail loudly)"
+    "`pip install --no-build-isolation --no-deps -e .` (the README's first command)"
 )
 
 

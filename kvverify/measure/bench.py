@@ -1,38 +1,17 @@
-"""``kvverify bench``: bandwidth of ``swap_blocks_batch`` per direction, source access order and page size.
+"""``kvverify bench``: bandwidth of each copy path (the driver batch under each source access
+order, a per-copy loop, the SM-kernel copy) per direction, page size and pages per call, against a
+contiguous copy (the ceiling); the compute slowdown each path causes; and, with ``--calibrate``, the
+fastest safe path per shape.
 
-Method (docs/bench.md has the long form):
-
-* **Pool and pages.** One host pool (``--host-memory``, pinned by default) and one device pool of
-  ``--pool-bytes`` each (default 2 GiB: more than 4x the L2 of any current GPU and more than
-  1 GiB). A point is (direction, page size). Each batch call copies ``pages/call`` pages whose
-  source and destination slots are drawn at random, without replacement, from the pool's
-  page-aligned slots; a repetition ("rep") is ``calls/rep`` such calls, each with its own draw
-  (at least 256 MiB per rep by default), and the same draws serve every method of the point.
-* **Methods.** The three orders through ``cuMemcpyBatchAsync`` (``STREAM``, ``DURING_API_CALL``,
-  ``ANY``); ``loop``: the same copies as one ``cudaMemcpyAsync`` each (``use_batch_api=False``);
-  ``ceiling``: one contiguous ``cudaMemcpyAsync`` of the rep's bytes between the same two pools.
-* **Event-timed bandwidth.** A spin kernel holds the copy stream; the start event is recorded
-  behind it, the rep's calls are queued, the stop event follows. If the spin is still running once
-  everything is queued (the start event has not completed: "hold covered"), the events enclose
-  the copies alone, without launch or call gaps. The hold is sized from the measured queueing time
-  (twice it plus 1 ms); a method whose calls wait for the held work (no hold can cover them) is
-  marked and then run behind a 1 ms hold, so its event time includes its call gaps.
-* **End-to-end bandwidth.** The same rep without a hold: host clock from before the first call to
-  the completion of a stop event recorded after the last.
-* **Paired ANY / STREAM.** Within a point the reps of all methods are interleaved round by round;
-  ANY and STREAM run next to each other in every round, alternating which goes first. The ratio
-  ANY / STREAM of each round's pair gives the median ratio and its confidence interval
-  (``kvverify.stats.paired_ratio_ci``).
-* **Repeatability.** After all points, STREAM is measured again at every point as an independent
-  series (new random draws, new hold sizing); the relative difference of the two medians is
-  reported, and checked against 3% for pages of 256 KiB and up.
-
-GB/s is 1e9 bytes per second throughout. Bytes per rep count each byte once (read or written).
+``docs/bench.md`` describes the method (pools and random page draws, event timing behind a stream
+hold, end-to-end timing, paired ANY / STREAM rounds, the compute slowdown, repeatability,
+calibration); ``DESCRIPTION`` and ``EPILOG`` are the ``--help`` text. GB/s is 1e9 bytes per second.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,7 +20,10 @@ from typing import Any, Callable
 from kvverify.errors import PlanError
 from kvverify.measure import common
 from kvverify.measure.bench_plan import (
+    CALIBRATE_REPS,
+    CEILING,
     DEFAULT_REPS,
+    DIRECTIONS,
     QUICK_MAX_SECONDS,
     QUICK_PAGE_SIZES,
     QUICK_REPS,
@@ -55,11 +37,33 @@ from kvverify.measure.bench_plan import (
     resolve,
     round_order,
 )
-from kvverify.measure.probe import parse_directions, parse_orders
-from kvverify.terms import COPY_KINDS, HOST_MEMORY_KINDS, ORDERS
-from kvverify.units import format_size, positive_float_arg, positive_int_arg, size_arg, size_list_arg
+from kvverify.measure.probe import parse_orders
+from kvverify.terms import HOST_MEMORY_KINDS, ORDERS
+from kvverify.units import (
+    HelpFormatter,
+    choice_list_arg,
+    format_size,
+    positive_float_arg,
+    positive_int_arg,
+    size_arg,
+    size_list_arg,
+)
+
+DESCRIPTION = """\
+Copies random pages host <-> device by each path (driver batch per order, per-copy loop, SM kernel)
+beside one contiguous copy (the ceiling), timed behind a stream hold and end to end, with the
+slowdown each path causes a concurrent matmul. Method and H200 figures: docs/bench.md."""
+
+EPILOG = """\
+Examples:
+  kvverify bench --quick --json bench.json --plot bench.png
+  kvverify bench --calibrate -o paths.json"""
 
 WARMUP_TRIAL = -1  # NVTX trial payload of the warm-up round; counted rounds are 0, 1, ...
+COMPUTE_REPS = 3  # alone / during pairs per method and point
+MATMUL_PROBE = 10  # matmuls timed once per run to size the compute loops
+
+parse_directions = choice_list_arg(DIRECTIONS, upper=False)
 
 
 def _int_list(text: str) -> list[int]:
@@ -80,41 +84,57 @@ def _confidence(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
+    parser.formatter_class = HelpFormatter
+    parser.usage = "%(prog)s [OPTIONS]"
+    parser.description = (parser.description or "") + ".\n\n" + DESCRIPTION
+    parser.epilog = EPILOG
+    quick = ",".join(format_size(p).replace(" ", "") for p in QUICK_PAGE_SIZES)
     g = parser.add_argument_group("what to measure")
     g.add_argument("--quick", action="store_true",
-                   help=f"page sizes {','.join(format_size(p).replace(' ', '') for p in QUICK_PAGE_SIZES)}, "
-                        f"{QUICK_REPS} reps, stop starting points after {QUICK_MAX_SECONDS:g} s (options given explicitly win)")
+                   help=f"pages {quick}, {QUICK_REPS} reps, at most {QUICK_MAX_SECONDS:g} s (explicit options win)")
     g.add_argument("--page-sizes", type=size_list_arg, metavar="LIST",
-                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB in powers of two)")
-    g.add_argument("--model", metavar="PRESET",
-                   help="take page sizes and pages per call from a model preset of kvverify.geometry (e.g. llama-3.1-8b)")
+                   help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB, powers of 2)")
+    g.add_argument("--model", metavar="PRESET", help="page sizes and pages per call of a model preset (llama-3.1-8b)")
     g.add_argument("--block-tokens", type=_int_list, default=[16, 32, 64], metavar="LIST",
-                   help="with --model: tokens per KV block (GPU page), one page size each (default 16,32,64)")
-    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16,
-                   help="with --model: KV blocks per batch call, as in a stress campaign; pages/call = blocks x the "
-                        "layout's tensors (default 16)")
-    g.add_argument("--directions", type=parse_directions, default=COPY_KINDS, help="h2d,d2h (default both)")
-    g.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
+                   help="with --model: tokens per KV block (default 16,32,64)")
+    g.add_argument("--blocks-per-transfer", type=positive_int_arg, default=16, metavar="N",
+                   help="with --model: KV blocks per batch call (default 16)")
+    g.add_argument("--calibrate", action="store_true", help="the fastest safe path per shape (write it with -o)")
+    g.add_argument("--pages-per-call", type=_int_list, metavar="LIST",
+                   help="pages per call, e.g. 16,256,4096 (instead of --call-bytes)")
+    g.add_argument("--directions", type=parse_directions, default=DIRECTIONS, metavar="DIRS",
+                   help=f"comma list of {','.join(DIRECTIONS)} (both: each way at once; default all)")
+    g.add_argument("--orders", type=parse_orders, metavar="ORDERS",
+                   help=f"comma list of {','.join(ORDERS)} (default all; --calibrate STREAM,ANY)")
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
-    g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", help="host pool kind (default pinned)")
+    g.add_argument("--no-kernel", action="store_true", help="skip the SM-kernel copy path")
+    g.add_argument("--compute", action=argparse.BooleanOptionalAction,
+                   help="the slowdown of a concurrent bf16 matmul per path (default on; --calibrate off)")
+    g.add_argument("--matmul-size", type=positive_int_arg, default=4096, metavar="N",
+                   help="N of the N x N bf16 matmul (default 4096)")
+    g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", metavar="KIND",
+                   help=f"host pool: {', '.join(HOST_MEMORY_KINDS)} (default pinned)")
     g = parser.add_argument_group("how much")
-    g.add_argument("--reps", type=positive_int_arg, help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS})")
-    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB,
-                   help="bytes per batch call without --model; pages/call = call bytes / page size (default 64MiB)")
-    g.add_argument("--calls-per-rep", type=positive_int_arg,
-                   help="batch calls per rep (default: the fewest that move at least 256 MiB)")
-    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, help="bytes of each pool, host and device (default 2GiB)")
-    g.add_argument("--confidence", type=_confidence, default=0.95, help="confidence of the ANY/STREAM interval (default 0.95)")
-    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (the repeatability check)")
-    g.add_argument("--max-seconds", type=positive_float_arg,
-                   help=f"start no new point after this many seconds; the report says it was cut short (--quick: {QUICK_MAX_SECONDS:g})")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random page draws (default 0)")
+    g.add_argument("--reps", type=positive_int_arg, metavar="N",
+                   help=f"timed reps per method and point (default {DEFAULT_REPS}; --quick {QUICK_REPS}; "
+                        f"--calibrate {CALIBRATE_REPS})")
+    g.add_argument("--call-bytes", type=size_arg, default=64 * MiB, metavar="SIZE",
+                   help="bytes per batch call without --model (default 64MiB)")
+    g.add_argument("--calls-per-rep", type=positive_int_arg, metavar="N",
+                   help="batch calls per rep (default: the fewest moving 256 MiB)")
+    g.add_argument("--pool-bytes", type=size_arg, default=2 * GiB, metavar="SIZE",
+                   help="bytes of each pool, host and device (default 2GiB)")
+    g.add_argument("--confidence", type=_confidence, default=0.95, metavar="C",
+                   help="confidence of the ANY/STREAM interval (default 0.95)")
+    g.add_argument("--no-repeat", action="store_true", help="skip the second STREAM series (repeatability)")
+    g.add_argument("--max-seconds", type=positive_float_arg, metavar="S",
+                   help=f"start no point after S seconds; the report says so (--quick: {QUICK_MAX_SECONDS:g})")
+    g.add_argument("--seed", type=int, default=0, metavar="N", help="seed of the random page draws (default 0)")
     g = parser.add_argument_group("output")
-    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform as JSON (- for stdout)")
-    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib: pip install 'kvverify[plot]')")
-    g.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    g.add_argument("--json", metavar="PATH", help="write every sample, summary and the platform (- for stdout)")
+    g.add_argument("-o", "--output", metavar="PATH", help="with --calibrate: the paths document (schemas/paths-v1.json)")
+    g.add_argument("--plot", metavar="PATH.png", help="plot GB/s against page size (needs matplotlib)")
+    g.add_argument("--device", type=int, default=0, metavar="N", help="CUDA device index (default 0)")
     from kvverify import annotate
 
     annotate.add_cli_option(g)
@@ -172,12 +192,29 @@ class Rep:
 
 
 @dataclass
+class Slowdown:
+    """The compute slowdown under one method at one point: ``matmuls`` bf16 matmuls timed alone
+    (``alone_s``) and while ``copy_reps`` reps of the method ran on the copy stream (``during_s``,
+    the copies taking ``copies_s``); ``overlapped``: per rep, whether the copies shared the whole
+    matmul window (queued before the hold ended, done after the last matmul)."""
+
+    matmuls: int
+    copy_reps: int
+    alone_s: list[float] = field(default_factory=list)
+    during_s: list[float] = field(default_factory=list)
+    copies_s: list[float] = field(default_factory=list)
+    overlapped: list[bool] = field(default_factory=list)
+
+
+@dataclass
 class Series:
-    """The counted reps of one method at one point; ``error``: why the method stopped early (its op raised)."""
+    """The counted reps of one method at one point; ``error``: why the method stopped early (its op
+    raised); ``slowdown``: the compute slowdown measured under it, if asked."""
 
     reps: list[Rep] = field(default_factory=list)
     blocking: bool = False
     error: str | None = None
+    slowdown: Slowdown | None = None
 
 
 def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate) -> Rep:
@@ -190,37 +227,90 @@ def _one_rep(backend, issue: Callable[[], None], hold: HoldController, annotate)
     return Rep(copy_s, queue_s, covered, hold_ns / 1e9, e2e_s)
 
 
-def measure_point(backend, point: Point, methods: list[str], reps: int, seed: int, annotate) -> dict[str, Series]:
+def measure_slowdown(backend, issue: Callable[[], None], series: Series, matmul_s: float, reps: int) -> Slowdown:
+    """The slowdown of bf16 matmuls while ``issue``'s reps run: one pass not counted, then ``reps``
+    pairs of (matmuls alone, matmuls during the copies). The matmul loop is sized to half a rep's
+    copy time (``matmul_s``: seconds of one matmul), and the copies repeat until they last twice the
+    loop's time alone, so a slowdown of up to 100% still finds the copies running throughout."""
+    copy_s = common.summary(r.copy_s for r in series.reps)["median"]
+    queue_s = common.summary(r.queue_s for r in series.reps)["median"]
+    matmuls = max(2, round(0.5 * copy_s / matmul_s))
+    copy_reps = max(1, math.ceil(2 * matmuls * matmul_s / copy_s))
+    # The hold covers queueing the matmuls and every copy call (a blocking method waits for it anyway).
+    hold_ns = int(2e6 + 2 * copy_reps * queue_s * 1e9 + matmuls * 50e3)
+    out = Slowdown(matmuls, copy_reps)
+    # Not counted: the first pass may allocate (cuBLAS workspace; the kernel path's pinned descriptor
+    # blocks for copy_reps reps in flight), and an allocation may synchronize the device.
+    backend.matmuls_during(issue, copy_reps, matmuls, hold_ns)
+    for _ in range(reps):
+        out.alone_s.append(backend.matmuls_alone(matmuls, hold_ns))
+        during_s, copies_s, overlapped = backend.matmuls_during(issue, copy_reps, matmuls, hold_ns)
+        out.during_s.append(during_s)
+        out.copies_s.append(copies_s)
+        out.overlapped.append(overlapped)
+    return out
+
+
+def measure_point(backend, point: Point, methods: list[str], reps: int, seed: int, annotate,
+                  matmul_s: float | None = None) -> dict[str, Series]:
     """Measure ``methods`` at ``point``: one warm-up rep each (sizes the hold, not counted), then
-    ``reps`` interleaved rounds (``round_order``). A method whose op raises is dropped from the
-    point's remaining rounds with the error kept (``backend.recover()`` then re-synchronizes; a
-    sticky CUDA error raises there and ends the run)."""
+    ``reps`` interleaved rounds (``round_order``); then, with ``matmul_s`` (seconds of one bf16
+    matmul), the compute slowdown under each method that ran. A method whose op raises is dropped
+    from the point's remaining rounds with the error kept (``backend.recover()`` then
+    re-synchronizes; a sticky CUDA error raises there and ends the run)."""
     calls = backend.prepare(point, seed)
     issuers = {m: backend.issuer(m, point, calls) for m in methods}
     holds = {m: HoldController() for m in methods}
     out = {m: Series() for m in methods}
 
-    def attempt(m: str) -> Rep | None:
+    def attempt(m: str, action: Callable[[], Any]) -> Any:
         try:
-            return _one_rep(backend, issuers[m], holds[m], annotate)
+            return action()
         except Exception as exc:  # noqa: BLE001  (the op's own errors: unsupported memory, invalid value, ...)
             out[m].error = " ".join(str(exc).split())[:300] or type(exc).__name__
             backend.recover()
             return None
 
+    def rep(m: str) -> Rep | None:
+        return attempt(m, lambda: _one_rep(backend, issuers[m], holds[m], annotate))
+
     with annotate.trial_range(WARMUP_TRIAL):
         for m in methods:
-            attempt(m)
+            rep(m)
     for i in range(reps):
         with annotate.trial_range(i):
             for m in round_order(i, methods):
                 if out[m].error is None:
-                    rep = attempt(m)
-                    if rep is not None:
-                        out[m].reps.append(rep)
+                    result = rep(m)
+                    if result is not None:
+                        out[m].reps.append(result)
     for m in methods:
         out[m].blocking = holds[m].blocking
+    if matmul_s is not None:
+        with annotate.trial_range(reps), annotate.phase_range("swap"):
+            for m in methods:
+                if out[m].error is None and out[m].reps:
+                    out[m].slowdown = attempt(m, lambda m=m: measure_slowdown(backend, issuers[m], out[m], matmul_s,
+                                                                              COMPUTE_REPS))
     return out
+
+
+def slowdown_summary(point: Point, slowdown: Slowdown | None) -> dict[str, Any] | None:
+    """JSON of a ``Slowdown``: per-rep ``slowdown`` (during / alone - 1, a fraction), the copies' GB/s
+    while the matmuls ran, and in how many reps the copies shared the whole matmul window."""
+    if slowdown is None:
+        return None
+    ratios = [d / a - 1 for d, a in zip(slowdown.during_s, slowdown.alone_s) if a > 0]
+    return {
+        "matmuls": slowdown.matmuls,
+        "copy_reps": slowdown.copy_reps,
+        "slowdown": common.summary(ratios),
+        "matmul_s_alone": common.summary(slowdown.alone_s),
+        "matmul_s_during": common.summary(slowdown.during_s),
+        "copy_gbps_during": common.summary(common.gbps(point.rep_bytes * slowdown.copy_reps, t) for t in slowdown.copies_s),
+        "overlapped": sum(slowdown.overlapped),
+        "n": len(ratios),
+    }
 
 
 def summarize_series(point: Point, series: Series) -> dict[str, Any]:
@@ -237,6 +327,7 @@ def summarize_series(point: Point, series: Series) -> dict[str, Any]:
         "hold_s": common.summary(r.hold_s for r in series.reps),
         "samples_gbps": bw,
         "samples_e2e_gbps": e2e,
+        "compute": slowdown_summary(point, series.slowdown),
     }
 
 
@@ -244,7 +335,7 @@ def summarize_point(point: Point, measured: dict[str, Series], repeat: Series | 
     """Everything reported for one point: per-method summaries, fraction of the ceiling, the paired
     ANY/STREAM ratios (event-timed and end-to-end) and the repeatability of STREAM."""
     methods = {m: summarize_series(point, s) for m, s in measured.items()}
-    ceiling = methods.get("ceiling", {}).get("gbps", {}).get("median", float("nan"))
+    ceiling = methods.get(CEILING, {}).get("gbps", {}).get("median", float("nan"))
     for m in methods.values():
         m["of_ceiling"] = m["gbps"]["median"] / ceiling if ceiling and ceiling == ceiling else float("nan")
     result: dict[str, Any] = {
@@ -289,23 +380,30 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
     """Measure every planned point on ``backend``, then the repeat series; return the report document.
 
     ``backend`` provides ``prepare(point, seed)``, ``issuer(method, point, calls)``,
-    ``held(issue, hold_ns) -> (copy_s, queue_s, covered)`` and ``end_to_end(issue) -> seconds``.
+    ``held(issue, hold_ns) -> (copy_s, queue_s, covered)``, ``end_to_end(issue) -> seconds``,
+    ``recover()``, and with ``args.compute`` ``matmuls_alone(count, hold_ns) -> seconds`` and
+    ``matmuls_during(issue, repeats, count, hold_ns) -> (matmul_s, copies_s, overlapped)``.
     """
     resolve(args)
-    points = plan_points(args)
+    points, skipped = plan_points(args)
     batch_api = platform.get("batch_api_available") is not False
     methods = methods_for(args, batch_api)
     started = time.perf_counter()
     elapsed = lambda: time.perf_counter() - started  # noqa: E731
     measured: list[tuple[Point, dict[str, Series]]] = []
     truncated = False
+    matmul_s = None
     with annotate.run_range("kvverify bench"):
+        if args.compute:
+            backend.matmuls_alone(1, HoldController.MIN_NS)  # warm-up: library load, first launch
+            matmul_s = backend.matmuls_alone(MATMUL_PROBE, HoldController.INITIAL_NS) / MATMUL_PROBE
         for index, point in enumerate(points):
             if args.max_seconds is not None and elapsed() > args.max_seconds:
                 truncated = True
                 break
-            with annotate.cell_range(f"bench {point.direction} {point.label}", point.direction):
-                series = measure_point(backend, point, methods, args.reps, args.seed * 1_000_003 + index, annotate)
+            with annotate.cell_range(f"bench {point.direction} {point.label}", _nvtx_direction(point.direction)):
+                series = measure_point(backend, point, methods, args.reps, args.seed * 1_000_003 + index, annotate,
+                                       matmul_s)
             measured.append((point, series))
             if progress is not None:
                 progress(_progress_line(point, series, elapsed()))
@@ -315,7 +413,7 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
                 if args.max_seconds is not None and elapsed() > args.max_seconds:
                     truncated = True
                     break
-                with annotate.cell_range(f"bench repeat {point.direction} {point.label}", point.direction):
+                with annotate.cell_range(f"bench repeat {point.direction} {point.label}", _nvtx_direction(point.direction)):
                     repeats[index] = measure_point(
                         backend, point, ["STREAM"], args.reps, args.seed * 1_000_003 + 500_000 + index, annotate
                     )["STREAM"]
@@ -330,34 +428,46 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
             "host_memory": args.host_memory,
             "directions": list(args.directions),
             "methods": methods,
-            "page_sizes": [p.page_bytes for p in points if p.direction == points[0].direction] if points else [],
+            "page_sizes": sorted({p.page_bytes for p in points}),
+            "pages_per_call": list(args.pages_per_call) if args.pages_per_call else None,
             "model": args.model,
             "block_tokens": list(args.block_tokens) if args.model else None,
             "blocks_per_transfer": args.blocks_per_transfer if args.model else None,
             "reps": args.reps,
             "warmup_reps": 1,
             "pool_bytes": args.pool_bytes,
-            "call_bytes": None if args.model else args.call_bytes,
+            "call_bytes": None if args.model or args.pages_per_call else args.call_bytes,
             "confidence": args.confidence,
             "repeat": not args.no_repeat,
+            "compute": {"matmul_size": args.matmul_size, "dtype": "bfloat16", "matmul_s": matmul_s,
+                        "reps": COMPUTE_REPS} if args.compute else None,
             "max_seconds": args.max_seconds,
             "seed": args.seed,
             "quick": bool(args.quick),
+            "calibrate": bool(args.calibrate),
             "units": "GB/s = 1e9 bytes/s; times in seconds; sizes in bytes",
         },
         "ceiling_gbps": _ceilings(results),
         "points": results,
         "points_planned": len(points),
+        "points_not_reached": [{"direction": p.direction, "page_bytes": p.page_bytes, "pages_per_call": p.pages_per_call}
+                               for p in points[len(measured):]],
+        "skipped_points": skipped,
         "truncated": truncated,
         "elapsed_s": elapsed(),
     }
 
 
+def _nvtx_direction(direction: str) -> str:
+    """The NVTX category of a point: ``annotate`` knows H2D and D2H; ``both`` counts as H2D."""
+    return "d2h" if direction == "d2h" else "h2d"
+
+
 def _ceilings(results: list[dict[str, Any]]) -> dict[str, float]:
     """Per direction: the median over points of the ceiling's median GB/s (the plot's horizontal line)."""
     out = {}
-    for direction in COPY_KINDS:
-        values = [r["methods"]["ceiling"]["gbps"]["median"] for r in results if r["direction"] == direction and "ceiling" in r["methods"]]
+    for direction in DIRECTIONS:
+        values = [r["methods"][CEILING]["gbps"]["median"] for r in results if r["direction"] == direction and CEILING in r["methods"]]
         if values:
             out[direction] = common.summary(values)["median"]
     return out
@@ -377,7 +487,9 @@ def _progress_line(point: Point, series: dict[str, Series], elapsed_s: float) ->
 def run(args: argparse.Namespace) -> int:
     resolve(args)
     try:
-        points = plan_points(args)
+        if args.output and not args.calibrate:
+            raise PlanError("-o/--output writes the paths document of --calibrate; add --calibrate (or use --json)")
+        points, skipped = plan_points(args)
     except PlanError as exc:
         print(f"kvverify bench: {exc}", file=sys.stderr)
         return 2
@@ -395,7 +507,7 @@ def run(args: argparse.Namespace) -> int:
 
     from kvverify import stats
 
-    if args.reps < stats.min_pairs(args.confidence):
+    if not args.calibrate and args.reps < stats.min_pairs(args.confidence):
         progress(f"warning: {args.reps} reps give no {args.confidence:.0%} interval for ANY/STREAM "
                  f"(it needs {stats.min_pairs(args.confidence)} pairs)")
     l2 = platform.get("l2_cache_bytes")
@@ -403,13 +515,17 @@ def run(args: argparse.Namespace) -> int:
         progress(f"warning: the pool ({format_size(args.pool_bytes)}) is less than 4x the L2 ({format_size(l2)})")
     methods = methods_for(args, platform.get("batch_api_available") is not False)
     if platform.get("batch_api_available") is False:
-        progress("the batch API (cuMemcpyBatchAsync) is absent: only loop and ceiling are measured")
+        progress("the batch API (cuMemcpyBatchAsync) is absent: the orders are not measured")
+    for line in skipped:
+        progress(f"left out: {line}")
     progress(f"{len(points)} points x {len(methods)} methods x ({args.reps} reps + 1 warm-up), each rep held and end-to-end"
-             + ("" if args.no_repeat else ", then a second STREAM series per point"))
+             + ("" if args.no_repeat else ", then a second STREAM series per point")
+             + (", then the compute slowdown under each method" if args.compute else ""))
+    from kvverify.measure import calibration
     from kvverify.measure.bench_device import CudaBench
-    from kvverify.measure.bench_render import plot, render_tables
+    from kvverify.measure.bench_render import plot, render_calibration, render_tables
 
-    backend = CudaBench(args.device, args.host_memory, args.pool_bytes)
+    backend = CudaBench(args.device, args.host_memory, args.pool_bytes, args.matmul_size)
     try:
         document = run_bench(args, backend, platform, annotate, progress)
     finally:
@@ -417,6 +533,12 @@ def run(args: argparse.Namespace) -> int:
     render_tables(document, out)
     if args.json:
         common.write_json(args.json, document)
+    if args.calibrate:
+        paths = calibration.build(document)
+        render_calibration(paths, out)
+        if args.output:
+            common.write_json(args.output, paths)
+            progress(f"paths written to {args.output}")
     if args.plot:
         plot(document, args.plot)
         progress(f"plot written to {args.plot}")

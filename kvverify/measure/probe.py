@@ -1,30 +1,8 @@
-"""``kvverify probe``: what this driver does with each source access order.
+"""``kvverify probe``: what this driver does with each source access order: whether a batch call
+blocks the host behind pending stream work, and when it reads its source.
 
-For each direction (``h2d``, ``d2h``), order (``STREAM``, ``DURING_API_CALL``, ``ANY``) and host
-memory kind (``pinned``, ``registered``, ``pageable``) it runs ``--reps`` trials (plus one
-warm-up trial that is not counted) of one ``swap_blocks_batch`` call of ``--pages`` pages of
-``--page-bytes`` bytes, issued behind pending stream work of a known length (the hold), and
-reports per cell, by majority over the trials:
-
-* **blocks**: whether the call returned only after the pending work had finished (an event
-  recorded right after the pending work is queried the moment the call returns), and the
-  call's host time (seconds) against the hold.
-* **source read**: when the driver read the source.
-  - H2D: the copy stream is held by ``spin(hold)``; the call is issued; as soon as it returns the
-    host bytes are rewritten with a new generation. ``call``: the old generation landed, so the
-    source was read before the call returned. ``stream``: the new generation landed, so the
-    source was read later, in stream order behind the hold.
-  - D2H: a writer on another stream spins for the hold, then writes a new generation into the
-    device source; the copy stream waits on the writer's event; the call is issued. ``call``:
-    the old generation landed, so the source was read before the pending writer finished, out of
-    stream order. ``stream``: the new generation landed.
-  - ``torn``: pages of both generations landed; ``not-landed``: the destination still holds its
-    sentinel; ``garbage``: other bytes; ``inconclusive`` (H2D only): the old generation landed but
-    the hold had already ended before the rewrite finished, so early and stream-order reads cannot
-    be told apart (raise ``--hold-ms``).
-
-With the default 20 ms hold and 5 trials the 18 cells take a few seconds. No CUDA device, no
-extension: exit status 2 with one line on stderr.
+``docs/bench.md`` describes the method and each answer; ``DESCRIPTION`` and ``EPILOG`` are the
+``--help`` text.
 """
 
 from __future__ import annotations
@@ -37,7 +15,19 @@ from typing import Any
 
 from kvverify.measure import common
 from kvverify.terms import COPY_KINDS, HOST_MEMORY_KINDS, ORDERS
-from kvverify.units import choice_list_arg, format_size, positive_float_arg, positive_int_arg, size_arg
+from kvverify.units import HelpFormatter, choice_list_arg, format_size, positive_float_arg, positive_int_arg, size_arg
+
+DESCRIPTION = """\
+Per cell (direction x order x host memory kind): one swap_blocks_batch call of --pages pages of
+--page-bytes bytes, issued behind --hold-ms of pending stream work, --reps times (plus a warm-up).
+By majority over the trials it reports whether the call blocked the host until the pending work
+had finished, and whether the source was read during the call or later, in stream order
+(docs/bench.md explains each answer). With the defaults the 18 cells take a few seconds.
+Needs a CUDA device and the built extension; without them: exit status 2, one line on stderr."""
+
+EPILOG = """\
+Example:
+  kvverify probe --directions d2h --host-memory pinned,pageable --json probe.json"""
 
 # Generations as whole 64-bit words; every word of the buffer holds one of them.
 OLD = 0x0101010101010101
@@ -52,16 +42,25 @@ parse_host_kinds = choice_list_arg(HOST_MEMORY_KINDS, upper=False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.description = (parser.description or "") + "\n\n" + __doc__.split("\n\n", 1)[1]
-    parser.add_argument("--reps", type=positive_int_arg, default=5, help="counted trials per cell; the majority decides (default 5)")
-    parser.add_argument("--hold-ms", type=positive_float_arg, default=20.0, help="length of the pending work ahead of the copy, ms (default 20)")
-    parser.add_argument("--page-bytes", type=size_arg, default=64 * 1024, help="bytes per copied page, a multiple of 8 (default 64KiB)")
-    parser.add_argument("--pages", type=positive_int_arg, default=16, help="pages in the one batch call (default 16)")
-    parser.add_argument("--directions", type=parse_directions, default=COPY_KINDS, help="h2d,d2h (default both)")
-    parser.add_argument("--orders", type=parse_orders, default=ORDERS, help="STREAM,DURING_API_CALL,ANY (default all)")
-    parser.add_argument("--host-memory", type=parse_host_kinds, default=HOST_MEMORY_KINDS, help="pinned,registered,pageable (default all)")
-    parser.add_argument("--device", type=int, default=0, help="CUDA device index (default 0)")
+    parser.formatter_class = HelpFormatter
+    parser.usage = "%(prog)s [OPTIONS]"
+    parser.description = (parser.description or "") + ".\n\n" + DESCRIPTION
+    parser.epilog = EPILOG
+    parser.add_argument("--reps", type=positive_int_arg, default=5, metavar="N",
+                        help="counted trials per cell; the majority decides (default 5)")
+    parser.add_argument("--hold-ms", type=positive_float_arg, default=20.0, metavar="MS",
+                        help="length of the pending work ahead of the copy, ms (default 20)")
+    parser.add_argument("--page-bytes", type=size_arg, default=64 * 1024, metavar="SIZE",
+                        help="bytes per copied page, a multiple of 8 (default 64KiB)")
+    parser.add_argument("--pages", type=positive_int_arg, default=16, metavar="N",
+                        help="pages in the one batch call (default 16)")
+    parser.add_argument("--directions", type=parse_directions, default=COPY_KINDS, metavar="DIRS",
+                        help=f"comma list of {','.join(COPY_KINDS)} (default both)")
+    parser.add_argument("--orders", type=parse_orders, default=ORDERS, metavar="ORDERS",
+                        help=f"comma list of {','.join(ORDERS)} (default all)")
+    parser.add_argument("--host-memory", type=parse_host_kinds, default=HOST_MEMORY_KINDS, metavar="KINDS",
+                        help=f"comma list of {','.join(HOST_MEMORY_KINDS)} (default all)")
+    parser.add_argument("--device", type=int, default=0, metavar="N", help="CUDA device index (default 0)")
     parser.add_argument("--json", metavar="PATH", help="write the cells and the platform as JSON (- for stdout)")
     from kvverify import annotate
 

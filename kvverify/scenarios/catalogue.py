@@ -18,11 +18,11 @@ from collections.abc import Callable, Sequence
 from kvverify.scenarios.program import (
     GPU,
     HOST,
+    BlockCopy,
     Blocks,
-    Copy,
     Expect,
-    HostRead,
-    HostWrite,
+    HostConsume,
+    HostFill,
     Poll,
     Program,
     Read,
@@ -94,7 +94,7 @@ class _Builder:
     def add(self, *steps: Step) -> None:
         self.steps.extend(steps)
 
-    def transfer(self, t: int, swaps: Sequence[Sequence[Copy]], before: Sequence[Step] = (), prefix: str = "xfer",
+    def transfer(self, t: int, swaps: Sequence[Sequence[BlockCopy]], before: Sequence[Step] = (), prefix: str = "xfer",
                  chain: bool = True) -> str:
         """Issue transfer ``t`` on stream ``<prefix><t>``: wait on the previous transfer's end
         event (``chain``), the steps in ``before``, the swaps, and record ``<prefix>-end<t>``."""
@@ -112,8 +112,8 @@ class _Builder:
         return Program(tuple(self.streams), self.counts[GPU], self.counts[HOST], tuple(self.steps))
 
 
-def _copy(direction: str, gpu: Blocks, host: Blocks) -> Copy:
-    return Copy(gpu, host) if direction == STORE else Copy(host, gpu)
+def _copy(direction: str, gpu: Blocks, host: Blocks) -> BlockCopy:
+    return BlockCopy(gpu, host) if direction == STORE else BlockCopy(host, gpu)
 
 
 # -- H1 and P1: the store's source read against the compute writer ---------------------------
@@ -177,7 +177,7 @@ def _staging_reuse(wait: bool) -> Callable[[str, Params], Program]:
             g = b.blocks(GPU, p.blocks_per_transfer)
             if wait and t > 0:
                 b.add(SyncEvent(ends[-1]))  # the fix: the previous load has read the staging block
-            b.add(HostWrite(staging, t + 2))
+            b.add(HostFill(staging, t + 2))
             ends.append(b.transfer(t, [[_copy(direction, g, staging)]]))
             loaded.append((g, t + 2))
         b.add(Poll(tuple(ends)), *(Expect(g, gen) for g, gen in loaded))
@@ -197,7 +197,7 @@ def _host_reads_store(wait: bool) -> Callable[[str, Params], Program]:
             ends.append(b.transfer(t, [[_copy(direction, g, h)]], _written_by_compute(b, g, t)))
             if wait:
                 b.add(SyncEvent(ends[-1]))
-            b.add(HostRead(h, 2))
+            b.add(HostConsume(h, 2))
         b.add(Poll(tuple(ends)))
         return b.program()
 
@@ -213,11 +213,11 @@ def _store_then_reload(wait: bool) -> Callable[[str, Params], Program]:
         for t in range(p.transfers):
             g, h, r = (b.blocks(GPU, p.blocks_per_transfer), b.blocks(HOST, p.blocks_per_transfer),
                        b.blocks(GPU, p.blocks_per_transfer))
-            stored = b.transfer(t, [[Copy(g, h)]])
+            stored = b.transfer(t, [[BlockCopy(g, h)]])
             reload = [WaitEvent(f"reload{t}", stored)]  # ordered by a device event only
             if wait:
                 reload.insert(0, SyncEvent(stored))  # the fix: the host saw the store complete
-            ends += [stored, b.transfer(t, [[Copy(h, r)]], reload, prefix="reload", chain=False)]
+            ends += [stored, b.transfer(t, [[BlockCopy(h, r)]], reload, prefix="reload", chain=False)]
             checks += [Expect(h, 1), Expect(r, 1)]
         b.add(Poll(tuple(ends)), *checks)
         return b.program()
@@ -259,7 +259,7 @@ def _overlapping_batch(split: bool) -> Callable[[str, Params], Program]:
             if direction == STORE:
                 _written_by_compute(b, first, t)
                 before, gen = _written_by_compute(b, second, t), 2
-            copies = [Copy(first, dst), Copy(second, dst)]  # the second is meant to win
+            copies = [BlockCopy(first, dst), BlockCopy(second, dst)]  # the second is meant to win
             ends.append(b.transfer(t, [[c] for c in copies] if split else [copies], before))
             dsts.append((dst, gen))
         b.add(Poll(tuple(ends)), *(Expect(d, gen) for d, gen in dsts))

@@ -9,19 +9,20 @@ checker is handed a trace with at most ``CONTRACT_TENSORS`` tensors: it keeps th
 multi-tensor shape and the checker's work small.
 
 The harness's own final checks (``Expect``) come after a device-wide drain and are not
-part of the user's program, so they are left out; ``Read`` and ``HostRead`` are in it.
+part of the user's program, so they are left out; ``Read`` and ``HostConsume`` are in it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvverify.check.model import op_to_json
 from kvverify.scenarios.program import (
     GPU,
     Blocks,
     Expect,
-    HostRead,
-    HostWrite,
+    HostConsume,
+    HostFill,
     Poll,
     Program,
     Read,
@@ -75,23 +76,15 @@ def to_trace(program: Program, order: str, host_memory: str, page_bytes: int, te
                         copies.append({"src": [BUFFER[sp], (t * slots[sp] + s) * page_bytes, page_bytes],
                                        "dst": [BUFFER[dp], (t * slots[dp] + d) * page_bytes, page_bytes]})
             ops.append({"op": "copy_batch", "stream": step.stream, "order": order, "copies": copies, "name": step.name})
-        elif isinstance(step, Record):
-            ops.append({"op": "record", "event": step.event, "stream": step.stream})
-        elif isinstance(step, WaitEvent):
-            ops.append({"op": "wait_event", "stream": step.stream, "event": step.event})
-        elif isinstance(step, WaitStream):
-            ops.append({"op": "wait_stream", "stream": step.stream, "on": step.on})
-        elif isinstance(step, SyncEvent):
-            ops.append({"op": "sync_event", "event": step.event})
-        elif isinstance(step, SyncStream):
-            ops.append({"op": "sync_stream", "stream": step.stream})
+        elif isinstance(step, (Record, WaitEvent, WaitStream, SyncEvent, SyncStream)):
+            ops.append(op_to_json(step))
         elif isinstance(step, Poll):
             # The engine queries until each event reports done: the last query it makes
             # returned true, which orders the captured work like a sync.
             ops += [{"op": "query_event", "event": e, "result": True} for e in step.events]
-        elif isinstance(step, HostWrite):
+        elif isinstance(step, HostFill):
             ops.append({"op": "host_write", "ranges": ranges(step.blocks)})
-        elif isinstance(step, HostRead):
+        elif isinstance(step, HostConsume):
             ops.append({"op": "host_read", "ranges": ranges(step.blocks)})
         elif isinstance(step, Expect):
             continue
@@ -118,8 +111,8 @@ def to_trace(program: Program, order: str, host_memory: str, page_bytes: int, te
 
 
 def contract(doc: dict[str, Any]):
-    """Run the checker (``kvverify.check.check``) on a trace dict; return its report
-    (``.verdict`` is "SAFE" or "RACY", ``.races`` the witnesses)."""
-    from kvverify.check import Trace, check
+    """The checker's ``Verdict`` on a trace dict (``.verdict`` is "SAFE" or "RACY", ``.races`` the
+    witnesses). Raises ``TraceError`` for a trace the mapping got wrong (a bug here)."""
+    from kvverify import check
 
-    return check(Trace.from_json(doc))
+    return check(doc)

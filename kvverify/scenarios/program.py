@@ -9,7 +9,9 @@ the layout's ``num_tensors`` pages, as an engine's KV cache is. Steps mirror the
 - ``Read`` is a compute reader: it checks the blocks at the start and at the end of a long
   scan, so a copy that lands before it (RAW) or inside its window (WAR) is seen;
 - ``Swap`` is one batched copy (``cuMemcpyBatchAsync``) in the cell's source access order;
-- ``HostWrite`` / ``HostRead`` are the host thread touching host blocks at that point;
+- ``Record``, ``WaitEvent``, ``WaitStream``, ``SyncEvent``, ``SyncStream`` are the trace format's
+  own ops (``kvverify.check.model``): they mean the same on paper and on the device;
+- ``HostFill`` / ``HostConsume`` are the host thread touching host blocks at that point;
 - ``Poll`` is the engine finding completion by querying end events until they are done;
 - ``Expect`` is the harness's final check, after the executor drained the device.
 
@@ -19,7 +21,7 @@ base so that a leftover from an earlier trial never looks right.
 Contents are tracked by a reference model (``reference_contents``): the program run
 sequentially, each copy in issue order, which is what the author of the schedule meant.
 Every check compares against it, and the generation a scenario writes in ``Expect`` /
-``HostRead`` / ``Read`` must agree with it (``validate``), which catches scenario typos.
+``HostConsume`` / ``Read`` must agree with it (``validate``), which catches scenario typos.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
+from kvverify.check.model import Record, SyncEvent, SyncStream, WaitEvent, WaitStream
 from kvverify.errors import ProgramError
 
 GPU, HOST = "gpu", "host"
@@ -52,7 +55,7 @@ class Blocks:
 
 
 @dataclasses.dataclass(frozen=True)
-class Copy:
+class BlockCopy:
     """``src.slots[i]`` is copied to ``dst.slots[i]`` (every page of the block)."""
 
     src: Blocks
@@ -60,9 +63,9 @@ class Copy:
 
     def __post_init__(self) -> None:
         if len(self.src) != len(self.dst):
-            raise ValueError(f"a Copy pairs blocks one to one: {len(self.src)} sources, {len(self.dst)} destinations")
+            raise ValueError(f"a BlockCopy pairs blocks one to one: {len(self.src)} sources, {len(self.dst)} destinations")
         if self.src.pool == self.dst.pool:
-            raise ValueError("a Copy moves blocks between the GPU and the host pool")
+            raise ValueError("a BlockCopy moves blocks between the GPU and the host pool")
 
     def pairs(self) -> Iterator[tuple[tuple[str, int], tuple[str, int]]]:
         for s, d in zip(self.src.slots, self.dst.slots):
@@ -90,36 +93,8 @@ class Read:
 @dataclasses.dataclass(frozen=True)
 class Swap:
     stream: str
-    copies: tuple[Copy, ...]  # one batch; copies inside it are unordered (rule 7)
+    copies: tuple[BlockCopy, ...]  # one batch; copies inside it are unordered (rule 7)
     name: str = "swap"
-
-
-@dataclasses.dataclass(frozen=True)
-class Record:
-    event: str
-    stream: str
-
-
-@dataclasses.dataclass(frozen=True)
-class WaitEvent:
-    stream: str
-    event: str
-
-
-@dataclasses.dataclass(frozen=True)
-class WaitStream:
-    stream: str
-    on: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SyncEvent:
-    event: str
-
-
-@dataclasses.dataclass(frozen=True)
-class SyncStream:
-    stream: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,13 +103,13 @@ class Poll:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostWrite:
+class HostFill:
     blocks: Blocks
     generation: int
 
 
 @dataclasses.dataclass(frozen=True)
-class HostRead:
+class HostConsume:
     blocks: Blocks
     generation: int
 
@@ -145,9 +120,7 @@ class Expect:
     generation: int
 
 
-Step = Write | Read | Swap | Record | WaitEvent | WaitStream | SyncEvent | SyncStream | Poll | HostWrite | HostRead | Expect
-DEVICE_STEPS = (Write, Read, Swap, Record, WaitEvent, WaitStream)
-HOST_BLOCKING_STEPS = (SyncEvent, SyncStream, Poll)
+Step = Write | Read | Swap | Record | WaitEvent | WaitStream | SyncEvent | SyncStream | Poll | HostFill | HostConsume | Expect
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,7 +159,7 @@ def reference_contents(program: Program) -> list[dict[tuple[str, int], tuple[int
             state[(pool, s)] = (content_id(pool, s, program.gpu_slots), SETUP_GENERATION)
     states = [dict(state)]
     for step in program.steps:
-        if isinstance(step, (Write, HostWrite)):
+        if isinstance(step, (Write, HostFill)):
             for s in step.blocks.slots:
                 state[(step.blocks.pool, s)] = (content_id(step.blocks.pool, s, program.gpu_slots), step.generation)
         elif isinstance(step, Swap):
@@ -219,9 +192,9 @@ def validate(program: Program) -> None:
                 raise ProgramError(f"{where}: {b.pool} slot {max(b.slots)} outside the pool of {limits[b.pool]}")
         if isinstance(step, (Write, Read)) and step.blocks.pool != GPU:
             raise ProgramError(f"{where}: compute kernels touch GPU blocks only")
-        if isinstance(step, (HostWrite, HostRead)) and step.blocks.pool != HOST:
+        if isinstance(step, (HostFill, HostConsume)) and step.blocks.pool != HOST:
             raise ProgramError(f"{where}: the host touches host blocks only")
-        if isinstance(step, (Read, HostRead, Expect)):
+        if isinstance(step, (Read, HostConsume, Expect)):
             found = {states[i][(step.blocks.pool, s)][1] for s in step.blocks.slots}
             if found != {step.generation}:
                 raise ProgramError(

@@ -1,19 +1,15 @@
 """``kvverify stress``: run a campaign of cells on the GPU and print one verdict per cell.
 
-Exit status: 0 when every cell passed (or there is no CUDA device: contract verdicts
-only); 1 when a cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE, or a cell could not
-be run; 2 when the run could not start (bad options, campaign or model config, memory
-that does not fit), with the reason on stderr.
-
-Campaigns: smoke (the default), nightly (every preset, more trials), soak (long, for leaks),
-or a TOML file of your own (--campaign PATH; the shipped ones are in the repository's stress/
-folder and show every key). Options given here override the campaign's values.
+``DESCRIPTION`` and ``EPILOG`` are its ``--help`` (what it runs, the exit status, an example);
+``docs/stress.md`` has the long form.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import importlib.util
 import json
 import os
 import select
@@ -22,55 +18,89 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvverify import annotate
 from kvverify.device import extension
+from kvverify.stress import distributed
 from kvverify.stress.campaign import DATA_MODES, CampaignError
+from kvverify.stress.report import (
+    EXIT_CANNOT_START,
+    EXIT_MEMORY_GREW,
+    EXIT_OK,
+    worst_exit_status,
+)
 from kvverify.terms import EXECUTORS, HOST_MEMORY_KINDS, ORDERS
-from kvverify.units import choice_list_arg, positive_int_arg, size_arg
+
+if TYPE_CHECKING:
+    from kvverify.stress.memory import Trend
+    from kvverify.stress.report import Cell, Platform
+    from kvverify.stress.running import CellOutcome
+from kvverify.units import HelpFormatter, choice_list_arg, positive_int_arg, size_arg
+
+DESCRIPTION = """\
+Options left out take the campaign's values: a bare kvverify stress runs the smoke campaign
+(stress/smoke.toml: Llama-3.1-8B pages, every scenario, order, host memory kind and executor,
+at least 1 GiB checked per cell; about 90 s on one H200). It prints a verdict matrix, the cells
+that need a reader's eye, and a headline. Without a CUDA device: the contract verdicts only."""
+
+EPILOG = """\
+Exit status: 0 when every cell agrees with its contract (or nothing ran: no device); 1 when a
+cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE (on any GPU), could not run, or
+--max-seconds left cells unrun; 2 when the run cannot start (the reason on stderr); 3 when
+nothing failed but host or device memory grew (a leak). Several GPUs: --gpus, or torchrun
+--nproc-per-node N -m kvverify stress. More in docs/stress.md.
+
+Example:
+  kvverify stress --scenarios H1,H3 --orders STREAM,ANY --json report.json --plot matrix.png"""
 
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+def _gpus_arg(text: str) -> int | str:
+    if text == "all":
+        return text
+    return positive_int_arg(text)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.epilog = __doc__.split("\n\n", 1)[1]
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.description = (
-        (parser.description or "") + ".\n\nOptions left out take the campaign's values: a bare "
-        "`kvverify stress` runs stress/smoke.toml\n(Llama-3.1-8B, every scenario, order, host memory "
-        "kind and executor, >= 1 GiB checked per cell).")
+    parser.formatter_class = HelpFormatter
+    parser.usage = "%(prog)s [OPTIONS]"
+    parser.description = (parser.description or "") + ".\n\n" + DESCRIPTION
+    parser.epilog = EPILOG
     a = parser.add_argument
-    a("--campaign", default="smoke", metavar="NAME|PATH", help="campaign name in stress/ or a .toml path (default: smoke)")
+    a("--campaign", default="smoke", metavar="NAME|PATH", help="smoke (default), nightly, soak, or a campaign .toml file")
     model = parser.add_mutually_exclusive_group()
-    model.add_argument("--model", metavar="PRESET",
-                       help="model preset (e.g. llama-3.1-8b, qwen2.5-7b); overrides the campaign's models")
-    model.add_argument("--model-config", metavar="PATH",
-                       help="a Hugging Face config.json (or its directory) instead of a preset")
-    a("--kv-cache-dtype", metavar="DTYPE",
-      help="KV-cache dtype (e.g. bfloat16, float8_e4m3fn) where --model-config has no torch_dtype, or to override it")
+    model.add_argument("--model", metavar="PRESET", help="model preset (llama-3.1-8b, qwen2.5-7b, ...) instead of the campaign's")
+    model.add_argument("--model-config", metavar="PATH", help="a Hugging Face config.json (or its folder) instead of a preset")
+    a("--kv-cache-dtype", metavar="DTYPE", help="with --model-config: KV-cache dtype, e.g. bfloat16, float8_e4m3fn")
     a("--block-size", type=positive_int_arg, metavar="TOKENS", help="tokens per KV page")
     a("--tp", type=positive_int_arg, help="tensor-parallel ranks (KV heads per rank)")
-    a("--trials", type=positive_int_arg, help="at least this many trials per cell")
-    a("--seed", type=int, help="block pattern seed")
+    a("--trials", type=positive_int_arg, metavar="N", help="at least this many trials per cell")
+    a("--seed", type=int, metavar="N", help="block pattern seed")
     a("--gpu-mem", type=size_arg, metavar="SIZE", help="cap on device memory, e.g. 8GiB")
     a("--host-mem", type=size_arg, metavar="SIZE", help="cap on host memory, e.g. 6GiB")
-    a("--host-memory", type=choice_list_arg(HOST_MEMORY_KINDS, upper=False), metavar="KINDS", help="comma list of pinned,registered,pageable, or all")
-    a("--orders", type=choice_list_arg(ORDERS, upper=True), metavar="ORDERS", help="comma list of STREAM,DURING_API_CALL,ANY, or all")
+    a("--host-memory", type=choice_list_arg(HOST_MEMORY_KINDS, upper=False), metavar="KINDS",
+      help=f"comma list of {','.join(HOST_MEMORY_KINDS)}, or all")
+    a("--orders", type=choice_list_arg(ORDERS, upper=True), metavar="ORDERS", help=f"comma list of {','.join(ORDERS)}, or all")
     a("--scenarios", type=_names, metavar="NAMES", help="comma list of scenarios (H1-broken, P2) or hazards (H3)")
-    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES", help="comma list of native,adversarial, or all")
+    a("--executors", type=choice_list_arg(EXECUTORS, upper=False), metavar="NAMES",
+      help=f"comma list of {','.join(EXECUTORS)}, or all")
     a("--blocks-per-transfer", type=positive_int_arg, metavar="N", help="KV blocks per batched swap")
     a("--transfers", type=positive_int_arg, metavar="N", help="transfers in flight (2..32)")
-    a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write")
-    a("--data", choices=DATA_MODES, help="block contents: the generation pattern (default) or random bytes with checksums")
-    a("--json", metavar="PATH", help="write the report as JSON (kvverify/schemas/stress-report-v1.json); '-' for stdout "
-                                     "(the table then goes to stderr)")
-    a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
-    a("--dump-traces", metavar="DIR", help="write each cell's trace, for `kvverify check`")
+    a("--writer-delay-us", type=int, metavar="US", help="spin before each compute write, microseconds")
+    a("--data", choices=DATA_MODES, help="block contents: generation pattern (default) or random + checksums")
     a("--no-gpu", action="store_true", help="contract verdicts only, even where a CUDA device is present")
-    a("--max-seconds", type=float, metavar="S",
-      help="safety cap on the wall time: no cell starts after S seconds; cells not run are NOT_RUN (exit 1)")
+    a("--max-seconds", type=float, metavar="S", help="start nothing after S seconds (rounds cover every cell first)")
+    a("--gpus", type=_gpus_arg, metavar="N|all", help="one process per GPU of this host (not under torchrun)")
+    a("--shard", action="store_true", help="with several GPUs, split the cells across them (default: all on each)")
+    a("--details", action="store_true", help="one row per cell (counts, window, bound, witness), not the matrix")
+    a("--plot", metavar="PATH.png", help="also draw the verdict matrix as a PNG (needs matplotlib)")
+    a("--json", metavar="PATH", help="write the report as JSON; - for stdout (the report then on stderr)")
+    a("--junit", metavar="PATH", help="write JUnit XML, one testcase per cell")
+    a("--dump-traces", metavar="DIR", help="write each cell's trace, for kvverify check")
     annotate.add_cli_option(parser)
 
 
@@ -182,35 +212,72 @@ def run(args) -> int:
     # the process first initializes CUDA, which happens later in this run.
     os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")
 
-    # In a log (not a terminal) the table keeps one line per cell instead of wrapping its labels.
+    # The width is the terminal's, else COLUMNS, else rich's 80; only --details in a log without
+    # COLUMNS gets 200, so that its table keeps one line per cell.
     console = Console(stderr=args.json == "-")
-    if not console.is_terminal:
-        console = Console(stderr=args.json == "-", width=max(console.width, 200))
+    if args.details and not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=args.json == "-", width=200)
     err = Console(stderr=True)
     try:
-        _check_writable("--json", args.json)
-        _check_writable("--junit", args.junit)
+        under_torchrun = distributed.from_env()
+        if args.gpus is not None and under_torchrun is not None:
+            raise _StartError("--gpus starts its own ranks; under torchrun leave it out (--nproc-per-node decides)")
+        ranks = under_torchrun or distributed.Ranks()
+        if ranks.leader:  # only rank 0 writes (with --gpus: this process checks for the ranks it starts)
+            _check_writable("--json", args.json)
+            _check_writable("--junit", args.junit)
+            _check_writable("--plot", args.plot)
+        if args.plot and importlib.util.find_spec("matplotlib") is None:
+            raise _StartError("--plot needs matplotlib: pip install matplotlib (or the plot extra: "
+                              "pip install -e '.[plot]')")
         c = _campaign(args)
         if c.data == "random" and "adversarial" in c.executors:
             raise _StartError("--data random checks by checksums and runs with the native executor only; "
                               "add --executors native")
         layouts = _layouts(args, c)
-        _check_folder("--dump-traces", args.dump_traces)  # last: it creates the folder
+        if args.max_seconds is not None and args.max_seconds <= 0:
+            raise _StartError("--max-seconds must be positive")
+        if ranks.leader:
+            _check_folder("--dump-traces", args.dump_traces)  # last: it creates the folder
+        if args.gpus is not None:
+            return _launch(args)
     except (CampaignError, ValueError, _StartError) as exc:
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
-        return 2
+        return EXIT_CANNOT_START
 
-    if args.max_seconds is not None and args.max_seconds <= 0:
-        err.print("kvverify stress: cannot start: --max-seconds must be positive", markup=False, highlight=False, soft_wrap=True)
-        return 2
     deadline = None if args.max_seconds is None else time.monotonic() + args.max_seconds
-    with _interrupts():
-        status = 0
-        for layout in layouts:
-            status = max(status, _run_one(args, c, layout, console, err, several=len(layouts) > 1, deadline=deadline))
-            if status == 2:
-                break
-        return status
+    joined = ranks.world > 1  # one rank needs no process group (nor torch.distributed)
+    if joined:
+        distributed.join(ranks)
+    try:
+        with _interrupts():
+            statuses = []
+            for layout in layouts:
+                statuses.append(_run_one(args, c, layout, console, err, several=len(layouts) > 1, deadline=deadline,
+                                         ranks=ranks))
+                if statuses[-1] == EXIT_CANNOT_START:
+                    break
+            return worst_exit_status(statuses)
+    finally:
+        if joined:
+            distributed.leave()
+
+
+def _launch(args) -> int:
+    """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run)."""
+    n = args.gpus
+    if n == "all":
+        reason = extension.gpu_refusal()
+        if reason is not None:
+            raise _StartError(f"--gpus all: {reason}")
+        import torch
+
+        n = torch.cuda.device_count()
+    argv = list(args.command_argv)
+    i = next((k for k, a in enumerate(argv) if a == "--gpus" or a.startswith("--gpus=")), None)
+    if i is not None:
+        del argv[i:i + (1 if "=" in argv[i] else 2)]
+    return distributed.launch(argv, n)
 
 
 # -- SIGINT / SIGTERM -------------------------------------------------------------------------
@@ -283,65 +350,153 @@ def _interrupts():
         gate.release_everything()
 
 
-def _run_one(args, c, layout, console, err, several: bool, deadline: float | None = None) -> int:
-    from kvverify.stress import render, running
-    from kvverify.stress.report import CellResult, StressReport
+@dataclasses.dataclass
+class _RankResult:
+    """What one rank sends rank 0: where it ran, what it was given and what it saw."""
+
+    rank: int
+    host: str
+    device: int | None
+    platform: Platform
+    not_run_reason: str | None
+    given: tuple[Cell, ...]  # the cells of its share
+    outcomes: dict[Cell, CellOutcome]
+    memory: Trend | None
+    rounds_planned: int
+    trials_planned: int
+
+
+def _run_one(args, c, layout, console, err, several: bool, deadline: float | None,
+             ranks: distributed.Ranks) -> int:
+    from kvverify.stress import memory, planning, render
 
     try:
-        params, note = running.fit_params(c, layout)
-        planned = running.plan(c, layout, params)
+        params, note = planning.fit_params(c, layout)
+        planned = planning.plan(c, layout, params)
     except (CampaignError, ValueError) as exc:
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
-        return 2
-    if note:
-        err.print(f"kvverify stress: {note}", markup=False, highlight=False, soft_wrap=True)
-    if args.dump_traces:
+        return EXIT_CANNOT_START
+    if note and ranks.leader:
+        _say(err, f"kvverify stress: {note}")
+    if args.dump_traces and ranks.leader:
         _dump_traces(planned, Path(args.dump_traces))
     reason = "--no-gpu was given" if args.no_gpu else extension.gpu_refusal()
+    if reason is None:
+        reason = distributed.bind_device(ranks)
+    mine = distributed.shard(planned, c, layout, ranks.world)[ranks.rank] if args.shard else planned
+    schedule = planning.rounds(mine, c, layout)
     outcomes: dict = {}
+    recorder = None
     with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
         if reason is None:
-            _say(err, f"{running.estimate(planned, c, layout).line()} "
-                      f"({c.name}, {layout.geometry.name}, {layout.block_bytes / 2**20:g} MiB blocks, "
-                      f"{params.blocks_per_transfer} blocks x {params.transfers} transfers)")
-            outcomes = _execute_with_progress(planned, c, layout, params, console, err, deadline)
+            if ranks.leader:
+                where = ""
+                if ranks.world > 1:
+                    where = f", split across {ranks.world} GPUs" if args.shard else f", on each of {ranks.world} GPUs"
+                _say(err, f"{planning.estimate(mine, c, layout).line()} in {len(schedule)} round(s) "
+                          f"({c.name}, {layout.geometry.name}, {layout.block_bytes / 2**20:g} MiB blocks, "
+                          f"{params.blocks_per_transfer} blocks x {params.transfers} transfers{where})")
+            recorder = memory.Recorder(device=distributed.current_device())
+            started = time.monotonic()
+            outcomes = _execute_with_progress(schedule, c, layout, params, console, err, deadline, ranks, recorder)
+            if ranks.world > 1:
+                _say(err, f"[stress] GPU {ranks.rank}: {len(outcomes)} of {len(mine)} cells in "
+                          f"{time.monotonic() - started:.1f} s")
         else:
             # Nothing runs: each cell's range covers its contract verdict (no trials, no phases).
-            for pc in planned:
+            for pc in mine:
                 with annotate.cell_range(pc.cell.label, pc.cell.direction):
                     pass
-    errors = [o.error for o in outcomes.values() if o.error]
-    skipped = [pc for pc in planned if pc.cell not in outcomes] if reason is None else []
-    results = [
-        CellResult(pc.cell, pc.contract, pc.witness, outcomes[pc.cell].observation if pc.cell in outcomes else None)
-        for pc in planned
-    ]
-    report = StressReport(
-        platform=_platform(reason is None), campaign=c.name, seed=c.seed, cells=tuple(results),
-        layout=layout.describe(), not_run_reason=reason,
+    own = _RankResult(
+        ranks.rank, distributed.host_name(), _device_index() if reason is None else None,
+        _platform(reason is None), reason, tuple(pc.cell for pc in mine), outcomes,
+        recorder.trend() if recorder is not None else None, len(schedule) if reason is None else 0,
+        sum(n for this in schedule for _, n in this) if reason is None else 0,
     )
-    render.render_table(report, console)
-    if outcomes:
-        console.print(_throughput_line(outcomes), markup=False, highlight=False, soft_wrap=True)
-    console.print(f"NVTX: {annotate.state()}", markup=False, highlight=False, soft_wrap=True)
+    gathered = distributed.gather(own, ranks)
+    if not ranks.leader:
+        return EXIT_OK  # rank 0 reports for every rank
+    report = _report(args, c, layout, planned, gathered)
+    (render.render_table if args.details else render.render_matrix)(report, console)
+    every = {(r.rank, cell): o for r in gathered for cell, o in r.outcomes.items()}
+    if every:
+        _say(console, _throughput_line(every))
+    render.render_gpus(report, console)
+    _say(console, f"NVTX: {annotate.state()}")
     if annotate.is_active():
-        console.print(annotate.HOST_SIDE_NOTE, markup=False, highlight=False, soft_wrap=True)
-    for e in errors:
-        err.print(f"kvverify stress: cell not run: {e}", markup=False, highlight=False, soft_wrap=True)
-    if skipped:
-        _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached: {len(skipped)} of {len(planned)} "
+        _say(console, annotate.HOST_SIDE_NOTE)
+    for r in report.cells:
+        if r.error:
+            err.print(f"kvverify stress: cell not run: {r.error}", markup=False, highlight=False, soft_wrap=True)
+    execution = report.execution
+    unrun = report.unrun_cells()
+    if unrun:
+        _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached: {len(unrun)} of {len(planned)} "
                   "cells not run (NOT_RUN)")
+    elif execution.stopped:
+        _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached in round {execution.rounds_run} of "
+                  f"{execution.rounds_planned}: every cell ran, {execution.trials_run} of {execution.trials_planned} "
+                  "planned trials")
     if args.json == "-":
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
     elif args.json:
         report.write_json(_output_path(args.json, layout.geometry.name, several))
     if args.junit:
         render.write_junit(report, _output_path(args.junit, layout.geometry.name, several))
-    return max(report.exit_status(), 1 if errors or skipped else 0)
+    if args.plot:
+        from kvverify.stress import plot
+
+        plot.plot_matrix(report, _output_path(args.plot, layout.geometry.name, several))
+    status = report.exit_status()
+    if status == EXIT_MEMORY_GREW:
+        _say(err, "kvverify stress: memory grew over the run (exit status 3); see the GPU memory lines above")
+    return status
 
 
-def _say(err, text: str) -> None:
-    err.print(text, markup=False, highlight=False, soft_wrap=True)
+def _device_index() -> int | None:
+    device = distributed.current_device()
+    return None if device is None else device.index
+
+
+def _report(args, c, layout, planned, gathered):
+    """Rank 0's report from every rank's ``_RankResult``."""
+    from kvverify.stress.report import CellResult, Execution, Gpu, StressReport
+
+    results = []
+    several = len(gathered) > 1
+    for pc in planned:
+        per_gpu, errors = [], []
+        for r in gathered:
+            if pc.cell not in r.given:
+                continue
+            outcome = r.outcomes.get(pc.cell)
+            per_gpu.append((r.rank, outcome.observation if outcome is not None else None))
+            if outcome is not None and outcome.error:
+                errors.append(f"GPU {r.rank}: {outcome.error}" if several else outcome.error)
+        results.append(CellResult.on_gpus(pc.cell, pc.contract, pc.witness, per_gpu, "; ".join(errors) or None))
+    ran = [r for r in gathered if r.not_run_reason is None]
+    trials_run = sum(o.observation.trials for r in ran for o in r.outcomes.values() if o.observation is not None)
+    stopped = any(
+        cell not in r.outcomes
+        or (r.outcomes[cell].error is None and r.outcomes[cell].observation.trials < r.outcomes[cell].planned_trials)
+        for r in ran for cell in r.given
+    )
+    execution = Execution(
+        shard=args.shard, rounds_planned=max((r.rounds_planned for r in ran), default=0),
+        rounds_run=max((o.rounds for r in ran for o in r.outcomes.values()), default=0),
+        trials_planned=sum(r.trials_planned for r in ran), trials_run=trials_run, max_seconds=args.max_seconds,
+        stopped=stopped and args.max_seconds is not None,
+    )
+    gpus = tuple(Gpu(r.rank, r.host, r.device, r.platform, r.not_run_reason, r.memory) for r in gathered)
+    return StressReport(
+        platform=gathered[0].platform, campaign=c.name, seed=c.seed, cells=tuple(results), layout=layout.describe(),
+        not_run_reason=None if ran else gathered[0].not_run_reason, gpus=gpus, execution=execution,
+    )
+
+
+def _say(console, text: str) -> None:
+    """One message, folded at the console's width (a report line, not an error)."""
+    console.print(text, markup=False, highlight=False, overflow="fold")
 
 
 def _throughput_line(outcomes) -> str:
@@ -359,33 +514,45 @@ def _throughput_line(outcomes) -> str:
     )
 
 
-def _execute_with_progress(planned, c, layout, params, console, err, deadline=None):
-    """Run the cells with a progress bar on a terminal, else one plain line per cell on stderr
-    (logs show where the time goes, and which cell was running when a run stopped)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+def _execute_with_progress(schedule, c, layout, params, console, err, deadline, ranks, memory):
+    """Run the rounds of ``schedule`` (``planning.rounds``) with a progress bar on a terminal, else
+    one plain line per cell and round on stderr (logs show where the time goes, and which cell was
+    running when a run stopped). Only rank 0 shows progress: every rank runs at about its pace."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from kvverify.stress import running
     from kvverify.stress.report import cell_verdict
 
-    plain = not err.is_terminal
+    planned = [pc for pc, _ in schedule[0]] if schedule else []
+    plain = not err.is_terminal and ranks.leader
     start = time.monotonic()
-    state = {"done": 0, "last": start}
+    state = {"in_round": 0, "last": start, "round": 0}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
+                  console=console, transient=True, disable=not (console.is_terminal and ranks.leader)) as progress:
         task = progress.add_task(f"stress {c.name}", total=len(planned))
 
-        def done(pc, outcome):
-            progress.update(task, advance=1, description=pc.cell.label)
-            state["done"] += 1
+        def done(pc, outcome, round_index):
+            if round_index != state["round"]:
+                state["round"], state["in_round"] = round_index, 0
+                progress.reset(task, total=len(schedule[round_index]))
+            state["in_round"] += 1
+            progress.update(task, advance=1, description=f"round {round_index + 1}/{len(schedule)} {pc.cell.label}")
             now = time.monotonic()
             took, state["last"] = now - state["last"], now
             if plain:
                 verdict = "ERROR" if outcome.error else cell_verdict(pc.contract, outcome.observation,
                                                                      pc.cell.executor).value
-                print(f"[stress] {state['done']}/{len(planned)} cells, {now - start:.1f} s, {pc.cell.label}: "
-                      f"{verdict} ({took:.2f} s)", file=sys.stderr, flush=True)
+                print(f"[stress] round {round_index + 1}/{len(schedule)}, {state['in_round']}/"
+                      f"{len(schedule[round_index])} cells, {now - start:.1f} s, {pc.cell.label}: {verdict} "
+                      f"({took:.2f} s)", file=sys.stderr, flush=True)
 
-        return running.execute(planned, c, layout, params, on_cell_done=done, deadline=deadline)
+        return running.execute(planned, c, layout, params, on_cell_done=done, deadline=deadline, memory=memory)
 
 
 def _dump_traces(planned, folder: Path) -> None:

@@ -6,8 +6,12 @@ what the executor *observed* into one ``CellVerdict`` by ``cell_verdict``, the o
 place that rule lives (``shared/DESIGN.md``, "Three kinds of evidence").
 
 The terminal table and JUnit XML are in ``kvverify.stress.render``, which reads this module
-(never the reverse); the JSON document follows ``kvverify/schemas/stress-report-v1.json``
+(never the reverse); the JSON document follows ``kvverify/schemas/stress-report-v2.json``
 (described in ``docs/report-schema.md``).
+
+A run on several GPUs (``torchrun``, ``--gpus``) makes one report: a row per GPU (``Gpu``:
+platform, memory trend), each cell's observation per GPU, and the cell's verdict over them
+(``joined_verdict``).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from typing import Any, NamedTuple
 
 from kvverify import __version__
 from kvverify.stats import clopper_pearson_upper
+from kvverify.stress.memory import Series, Trend
 from kvverify.terms import (
+    ADVERSARIAL,
     BLOCK_STATES,
     CONTRACTS,
     COPY_KIND,
@@ -38,20 +44,41 @@ from kvverify.terms import (
 
 __all__ = [
     "CONFIDENCE",
+    "EXIT_CANNOT_START",
+    "EXIT_FAILED",
+    "EXIT_MEMORY_GREW",
+    "EXIT_OK",
+    "HOST_MEMORY_KINDS",
+    "SCHEMA_VERSION",
     "Cell",
     "CellResult",
-    "HOST_MEMORY_KINDS",
+    "Execution",
+    "Gpu",
     "Headline",
     "Observation",
     "Platform",
-    "SCHEMA_VERSION",
     "StressReport",
     "cell_verdict",
+    "joined_verdict",
     "load_schema",
+    "worst_exit_status",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 CONFIDENCE = 0.95  # of the upper bound on the corruption rate, as the issue asks
+
+# Exit statuses of `kvverify stress`, which the report's `exit_status` repeats.
+EXIT_OK = 0
+EXIT_FAILED = 1  # a failing cell verdict, a cell not run by error, or cells the --max-seconds cap left unrun
+EXIT_CANNOT_START = 2  # bad options, campaign, model config, memory that does not fit (no report)
+EXIT_MEMORY_GREW = 3  # nothing failed, but host or device memory grew over the run (a leak)
+_EXIT_PRECEDENCE = (EXIT_OK, EXIT_MEMORY_GREW, EXIT_FAILED, EXIT_CANNOT_START)
+
+
+def worst_exit_status(statuses: Iterable[int]) -> int:
+    """The status that says most of several runs' (e.g. one per model): cannot start over a
+    failure over a memory growth over success. Raises ValueError for an unknown status."""
+    return max(statuses, key=_EXIT_PRECEDENCE.index, default=EXIT_OK)
 
 
 def _one_of(field: str, value: Any, allowed: Iterable[str]) -> None:
@@ -173,14 +200,28 @@ class Observation:
         """Bytes checked per second, in GB/s (10^9 bytes); None when no time elapsed."""
         return self.bytes_checked / self.elapsed_s / 1e9 if self.elapsed_s > 0 else None
 
+    @classmethod
+    def combined(cls, observations: Iterable[Observation | None]) -> Observation | None:
+        """One cell's observations on several GPUs as one: trials and counts summed, the longest
+        ``elapsed_s`` (the GPUs run at once), the first one's ``window``. None when none ran."""
+        seen = [o for o in observations if o is not None]
+        if not seen:
+            return None
+        if len(seen) == 1:
+            return seen[0]
+        total = {f: sum(getattr(o, f) for o in seen) for f in
+                 ("trials", "corrupted_trials", "blocks_checked", "bytes_checked", "ok", "stale", "torn", "garbage")}
+        return cls(**total, elapsed_s=max(o.elapsed_s for o in seen), window=dict(seen[0].window))
+
 
 def cell_verdict(contract: str, observation: Observation | None, executor: str) -> CellVerdict:
     """Join a contract verdict with an observation, exactly as ``shared/DESIGN.md`` says.
 
     ``contract``: ``"SAFE"`` or ``"RACY"``; ``observation``: None when the cell did not
-    run; ``executor``: ``"native"`` or ``"adversarial"`` (only a RACY cell without
-    corruption depends on it: the adversarial executor must make every permitted
-    reordering visible, the native one need not). Raises ValueError for other values.
+    run; ``executor``: one of ``EXECUTORS`` (only a RACY cell without corruption depends on
+    it: the adversarial executor must make every permitted reordering visible, the native
+    and kernel copy paths run as a user runs them and need not). Raises ValueError for
+    other values.
     """
     _one_of("contract", contract, CONTRACTS)
     _one_of("executor", executor, EXECUTORS)
@@ -192,9 +233,32 @@ def cell_verdict(contract: str, observation: Observation | None, executor: str) 
         return CellVerdict.SAFE_CONFIRMED
     if observation.corrupted:
         return CellVerdict.CONFIRMED_RACE
-    if executor == "adversarial":
+    if executor == ADVERSARIAL:
         return CellVerdict.SENSITIVITY_FAILURE
     return CellVerdict.NO_RACE_OBSERVED
+
+
+_JOIN_ORDER = (
+    CellVerdict.UNEXPECTED_CORRUPTION,
+    CellVerdict.SENSITIVITY_FAILURE,
+    CellVerdict.CONFIRMED_RACE,
+    CellVerdict.NO_RACE_OBSERVED,
+    CellVerdict.SAFE_CONFIRMED,
+    CellVerdict.NOT_RUN,
+)
+
+
+def joined_verdict(verdicts: Iterable[CellVerdict]) -> CellVerdict:
+    """One cell's verdict over several GPUs (or runs), from each one's ``cell_verdict``: a failing
+    verdict on any of them; else ``CONFIRMED_RACE`` when any saw the race; else the verdict of
+    those that ran it; ``NOT_RUN`` when none did (or none is given).
+
+    It equals ``cell_verdict`` of the summed observations except where the adversarial executor
+    missed a race on one GPU that another caught: that is still a ``SENSITIVITY_FAILURE``, since
+    the harness must make a permitted reordering visible on every GPU.
+    """
+    given = set(verdicts)
+    return next((v for v in _JOIN_ORDER if v in given), CellVerdict.NOT_RUN)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,17 +266,23 @@ class CellResult:
     """A cell with its contract verdict, the checker's witness and what was observed.
 
     ``witness``: the first race's summary (ops, kind, reason) for a RACY contract, None
-    for a SAFE one. ``observation``: None when the cell did not run. The verdict and the
-    rate bound are derived, never stored, so they cannot disagree with the evidence.
+    for a SAFE one. ``observation``: None when the cell did not run. ``per_gpu``: ``(rank,
+    observation or None)`` for each GPU the cell was given to (empty for a report not made by
+    a run); ``observation`` is then their ``Observation.combined``. ``error``: why the cell
+    could not be run (on some GPU), or None. The verdict and the rate bound are derived,
+    never stored, so they cannot disagree with the evidence.
 
     Raises ValueError for an unknown contract, a RACY contract without a witness or a
-    SAFE one with a witness.
+    SAFE one with a witness, a GPU listed twice, or an ``observation`` that is not the
+    combination of ``per_gpu``.
     """
 
     cell: Cell
     contract: str
     witness: str | None = None
     observation: Observation | None = None
+    per_gpu: tuple[tuple[int, Observation | None], ...] = ()
+    error: str | None = None
 
     def __post_init__(self) -> None:
         _one_of("contract", self.contract, CONTRACTS)
@@ -220,11 +290,36 @@ class CellResult:
             raise ValueError(
                 f"{self.cell.label}: a RACY contract needs a witness, a SAFE one has none"
             )
+        object.__setattr__(self, "per_gpu", tuple((int(g), o) for g, o in self.per_gpu))
+        ranks = [g for g, _ in self.per_gpu]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"{self.cell.label}: a GPU appears twice in per_gpu {ranks}")
+        if self.per_gpu and self.observation != Observation.combined(o for _, o in self.per_gpu):
+            raise ValueError(f"{self.cell.label}: observation is not the combination of per_gpu")
+
+    @classmethod
+    def on_gpus(cls, cell: Cell, contract: str, witness: str | None,
+                per_gpu: Iterable[tuple[int, Observation | None]], error: str | None = None) -> CellResult:
+        """A cell's result from each GPU's observation (None where it did not run there)."""
+        per_gpu = tuple(per_gpu)
+        return cls(cell, contract, witness, Observation.combined(o for _, o in per_gpu), per_gpu, error)
+
+    @property
+    def gpu_verdicts(self) -> tuple[tuple[int, CellVerdict], ...]:
+        """``(rank, cell_verdict)`` per GPU of ``per_gpu``."""
+        return tuple((g, cell_verdict(self.contract, o, self.cell.executor)) for g, o in self.per_gpu)
 
     @property
     def verdict(self) -> CellVerdict:
-        """``cell_verdict`` of this cell."""
+        """``cell_verdict`` of this cell; over several GPUs, ``joined_verdict`` of theirs."""
+        if self.per_gpu:
+            return joined_verdict(v for _, v in self.gpu_verdicts)
         return cell_verdict(self.contract, self.observation, self.cell.executor)
+
+    @property
+    def unrun_gpus(self) -> tuple[int, ...]:
+        """GPUs the cell was given to that have no observation of it."""
+        return tuple(g for g, o in self.per_gpu if o is None)
 
     @property
     def rate_upper_bound(self) -> float | None:
@@ -264,6 +359,43 @@ class Platform:
             _one_of("host_memory_kinds", kind, HOST_MEMORY_KINDS)
 
 
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """One GPU of a run (one rank under torchrun).
+
+    ``rank``: the torch.distributed rank (0 without torchrun); ``host``: the host's name;
+    ``device``: CUDA device index (None without one); ``platform``: where it ran;
+    ``not_run_reason``: why it ran no cell (e.g. no CUDA device), or None; ``memory``: its
+    process's footprint over the run (``kvverify.stress.memory.Trend``), None when not sampled.
+    """
+
+    rank: int
+    host: str
+    device: int | None
+    platform: Platform
+    not_run_reason: str | None = None
+    memory: Trend | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+    """How the run used its time.
+
+    ``shard``: the cells were split across GPUs (else every GPU ran every cell); ``rounds_planned``,
+    ``rounds_run``: rounds of trials over every cell (``planning.rounds``); ``trials_planned``,
+    ``trials_run``: over every GPU; ``max_seconds``: the cap (None without one); ``stopped``: the
+    cap ended the run before its plan (trials cut short; cells left unrun fail the run).
+    """
+
+    shard: bool = False
+    rounds_planned: int = 0
+    rounds_run: int = 0
+    trials_planned: int = 0
+    trials_run: int = 0
+    max_seconds: float | None = None
+    stopped: bool = False
+
+
 class Headline(NamedTuple):
     """Whether ``ANY`` was safe exactly for the host-source loads with a quiescent source.
 
@@ -288,10 +420,13 @@ class StressReport:
     """The outcome of one ``kvverify stress`` run.
 
     ``layout``: ``KVLayout.describe()`` of the geometry used (None if none);
-    ``not_run_reason``: why the observed columns are empty (e.g. no CUDA device), or None.
+    ``not_run_reason``: why the observed columns are empty (e.g. no CUDA device), or None;
+    ``platform``: where rank 0 ran; ``gpus``: one row per GPU of the run (empty for a report
+    not made by a run); ``execution``: rounds, trials and the cap (None: not recorded).
 
-    Raises ValueError when two results share a cell, or when results that differ only
-    in executor disagree on the contract (the trace does not depend on the executor).
+    Raises ValueError when two results share a cell, when results that differ only in
+    executor disagree on the contract (the trace does not depend on the executor), when two
+    GPU rows share a rank, or when a cell names a GPU that has no row.
     """
 
     platform: Platform
@@ -301,9 +436,19 @@ class StressReport:
     layout: Mapping[str, Any] | None = None
     not_run_reason: str | None = None
     created: str = dataclasses.field(default_factory=_now)
+    gpus: tuple[Gpu, ...] = ()
+    execution: Execution | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cells", tuple(self.cells))
+        object.__setattr__(self, "gpus", tuple(self.gpus))
+        ranks = [g.rank for g in self.gpus]
+        if len(set(ranks)) != len(ranks):
+            raise ValueError(f"GPU ranks {ranks} repeat")
+        for r in self.cells:
+            missing = {g for g, _ in r.per_gpu} - set(ranks)
+            if missing:
+                raise ValueError(f"{r.cell.label}: GPU(s) {sorted(missing)} have no row in gpus")
         seen: set[Cell] = set()
         contracts: dict[tuple[str, str, str, str], str] = {}
         for r in self.cells:
@@ -317,18 +462,57 @@ class StressReport:
     # -- verdicts ---------------------------------------------------------------------
 
     def exit_status(self) -> int:
-        """1 if any cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE, else 0."""
-        return int(any(r.verdict.failing for r in self.cells))
+        """What ``kvverify stress`` exits with, from the report alone.
 
-    def summary(self) -> dict[str, dict[str, dict[str, list[str]]]]:
+        ``EXIT_FAILED`` (1) when a cell's verdict fails on any GPU (UNEXPECTED_CORRUPTION,
+        SENSITIVITY_FAILURE), a cell could not be run (``error``), or a cell has no observation
+        on a GPU that ran cells (the --max-seconds cap left it unrun); else ``EXIT_MEMORY_GREW``
+        (3) when a GPU's process footprint grew (``memory_growing``); else ``EXIT_OK`` (0). A run
+        where no GPU ran anything (contract verdicts only) exits 0.
+        """
+        if self.unrun_cells() or any(r.error for r in self.cells) or any(
+            r.verdict.failing or any(v.failing for _, v in r.gpu_verdicts) for r in self.cells
+        ):
+            return EXIT_FAILED
+        return EXIT_MEMORY_GREW if self.memory_growing() else EXIT_OK
+
+    def unrun_cells(self) -> tuple[CellResult, ...]:
+        """Cells without an observation (on some GPU they were given to) although a GPU ran:
+        what a cap or an error left out. Empty when no GPU ran anything."""
+        if self.gpus:
+            ran = {g.rank for g in self.gpus if g.not_run_reason is None}
+            if not ran:
+                return ()
+            return tuple(r for r in self.cells if r.error is None
+                         and (set(r.unrun_gpus) & ran or (not r.per_gpu and r.observation is None)))
+        if self.not_run_reason is not None:
+            return ()
+        return tuple(r for r in self.cells if r.error is None and r.observation is None)
+
+    def memory_growing(self) -> bool | None:
+        """True when any GPU's process footprint grew beyond its tolerance, False when every
+        GPU that could tell stayed flat, None when none could tell."""
+        known = [g.memory.growing for g in self.gpus if g.memory is not None and g.memory.growing is not None]
+        if any(known):
+            return True
+        return False if known else None
+
+    def ran(self) -> tuple[CellResult, ...]:
+        """The cells that ran on a device (those with an observation), in report order."""
+        return tuple(r for r in self.cells if r.observation is not None)
+
+    def summary(self, *, ran_only: bool = False) -> dict[str, dict[str, dict[str, list[str]]]]:
         """Where each order was safe: order → direction → scenario → host memory kinds.
 
         A (scenario, direction, order, host memory) is safe when every executor's cell of
-        it is ``CellResult.safe``. Every order present in the run appears, with both
-        directions (an empty mapping where it was safe nowhere).
+        it is ``CellResult.safe``. Every order present among the cells considered appears,
+        with both directions (an empty mapping where it was safe nowhere). ``ran_only``:
+        consider only the cells that ran (``ran()``), so that a run cut short, or one without
+        a device, claims nothing from contract verdicts alone; the JSON document keeps every
+        cell.
         """
         groups: dict[tuple[str, str, str, str], bool] = {}
-        for r in self.cells:
+        for r in self.ran() if ran_only else self.cells:
             key = (r.cell.order, r.cell.direction, r.cell.scenario, r.cell.host_memory)
             groups[key] = groups.get(key, True) and r.safe
         out: dict[str, dict[str, dict[str, list[str]]]] = {}
@@ -355,11 +539,16 @@ class StressReport:
           scenario, direction and host memory) are both SAFE.
 
         The claim holds when the two sets are equal. Taken from the contract verdicts and
-        the observations, never from scenario names.
+        the observations, never from scenario names. Only the ANY cells that ran are
+        compared (a run cut short speaks of what it ran); when no cell ran at all (no
+        device), every ANY cell is, by its contract alone, and the text says "on paper only".
         """
-        any_cells = [r for r in self.cells if r.cell.order == "ANY"]
+        ran = self.ran()
+        every_any = [r for r in self.cells if r.cell.order == "ANY"]
+        any_cells = [r for r in (ran or self.cells) if r.cell.order == "ANY"]
         if not any_cells:
-            return Headline(None, "ANY: no ANY cell in this run, nothing to compare")
+            where = "ran" if ran else "in this run"
+            return Headline(None, f"ANY: no ANY cell {where}, nothing to compare")
         contracts = {_contract_key(r.cell, r.cell.order): r.contract for r in self.cells}
         safe_extra, unsafe_quiescent, undecided = [], [], []
         for r in any_cells:
@@ -378,7 +567,13 @@ class StressReport:
                 unsafe_quiescent.append(r.cell.label)
         n_safe = sum(r.safe for r in any_cells)
         subject = "ANY was safe exactly for the host-source loads whose source stayed untouched"
-        tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
+        not_run = len(every_any) - len(any_cells)
+        if not ran:
+            tally = f"{n_safe} of {len(any_cells)} ANY cells safe, on paper only: no cell ran"
+        elif not_run:
+            tally = f"{n_safe} of the {len(any_cells)} ANY cells that ran safe; {not_run} not run"
+        else:
+            tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
         if undecided:
             text = (
                 f"cannot tell whether {subject}: {len(undecided)} ANY load cell(s) lack "
@@ -387,8 +582,6 @@ class StressReport:
             return Headline(
                 None, text, tuple(safe_extra), tuple(unsafe_quiescent), tuple(undecided)
             )
-        if not any(r.observation for r in any_cells):
-            tally += ", on paper only: no ANY cell ran"
         if not safe_extra and not unsafe_quiescent:
             return Headline(True, f"YES: {subject} ({tally})")
         parts = []
@@ -402,7 +595,7 @@ class StressReport:
     # -- JSON -------------------------------------------------------------------------
 
     def to_json(self) -> dict[str, Any]:
-        """The report as a JSON-ready dict following ``stress-report-v1.json``."""
+        """The report as a JSON-ready dict following ``stress-report-v2.json``."""
         headline = self.headline()
         return {
             "schema_version": SCHEMA_VERSION,
@@ -414,9 +607,12 @@ class StressReport:
             "layout": dict(self.layout) if self.layout is not None else None,
             "confidence": CONFIDENCE,
             "not_run_reason": self.not_run_reason,
+            "gpus": [_gpu_json(g) for g in self.gpus],
+            "execution": dataclasses.asdict(self.execution) if self.execution is not None else None,
             "cells": [_cell_json(r) for r in self.cells],
             "summary": self.summary(),
             "headline": {"holds": headline.holds, "text": headline.text},
+            "memory_growing": self.memory_growing(),
             "exit_status": self.exit_status(),
         }
 
@@ -428,24 +624,33 @@ class StressReport:
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> StressReport:
-        """Rebuild a report from a ``to_json()`` document (derived fields are recomputed).
+        """Rebuild a report from a ``to_json()`` document (derived fields are recomputed). A version 1
+        document (before several GPUs, rounds and memory trends) reads as a run with no per-GPU rows.
 
-        Raises ValueError for a different schema version, KeyError for a missing field.
+        Raises ValueError for another schema version, KeyError for a missing field.
         """
-        if doc.get("schema_version") != SCHEMA_VERSION:
-            raise ValueError(
-                f"schema_version {doc.get('schema_version')!r} is not {SCHEMA_VERSION}"
+        version = doc.get("schema_version")
+        if version == 1:
+            return cls(
+                platform=_platform_from_json(doc["platform"]), campaign=doc["campaign"], seed=doc["seed"],
+                cells=tuple(CellResult(Cell(c["scenario"], c["direction"], c["order"], c["host_memory"], c["executor"]),
+                                       c["contract"]["verdict"], c["contract"]["witness"],
+                                       _observed_from_json(c["observed"])) for c in doc["cells"]),
+                layout=doc.get("layout"), not_run_reason=doc.get("not_run_reason"), created=doc["created"],
             )
-        platform = dict(doc["platform"])
-        platform["host_memory_kinds"] = tuple(platform["host_memory_kinds"])
+        if version != SCHEMA_VERSION:
+            raise ValueError(f"schema_version {version!r} is neither 1 nor {SCHEMA_VERSION}")
+        execution = doc["execution"]
         return cls(
-            platform=Platform(**platform),
+            platform=_platform_from_json(doc["platform"]),
             campaign=doc["campaign"],
             seed=doc["seed"],
             cells=tuple(_cell_from_json(c) for c in doc["cells"]),
             layout=doc.get("layout"),
             not_run_reason=doc.get("not_run_reason"),
             created=doc["created"],
+            gpus=tuple(_gpu_from_json(g) for g in doc["gpus"]),
+            execution=Execution(**execution) if execution is not None else None,
         )
 
 
@@ -453,20 +658,74 @@ def _contract_key(cell: Cell, order: str) -> tuple[str, str, str, str]:
     return (cell.scenario, cell.direction, order, cell.host_memory)
 
 
+def _platform_from_json(d: Mapping[str, Any]) -> Platform:
+    return Platform(**(dict(d) | {"host_memory_kinds": tuple(d["host_memory_kinds"])}))
+
+
+def _observed_json(obs: Observation | None) -> dict[str, Any] | None:
+    if obs is None:
+        return None
+    return {
+        "trials": obs.trials,
+        "corrupted_trials": obs.corrupted_trials,
+        "blocks_checked": obs.blocks_checked,
+        "bytes_checked": obs.bytes_checked,
+        "counts": obs.counts,
+        "window": dict(obs.window),
+        "elapsed_s": obs.elapsed_s,
+        "gb_per_s": obs.gb_per_s,
+    }
+
+
+def _observed_from_json(o: Mapping[str, Any] | None) -> Observation | None:
+    if o is None:
+        return None
+    counts = o["counts"]
+    return Observation(
+        trials=o["trials"],
+        corrupted_trials=o["corrupted_trials"],
+        blocks_checked=o["blocks_checked"],
+        bytes_checked=o["bytes_checked"],
+        **{s.lower(): counts[s] for s in BLOCK_STATES},
+        elapsed_s=o["elapsed_s"],
+        window=dict(o["window"]),
+    )
+
+
+def _trend_json(t: Trend | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return dataclasses.asdict(t) | {"series": [list(p) for p in t.series]}
+
+
+def _trend_from_json(d: Mapping[str, Any] | None) -> Trend | None:
+    if d is None:
+        return None
+
+    def series(s: Mapping[str, Any] | None) -> Series | None:
+        return Series(**s) if s is not None else None
+
+    return Trend(**(dict(d) | {"host_rss": series(d["host_rss"]), "device_used": series(d["device_used"]),
+                               "series": tuple(tuple(p) for p in d["series"])}))
+
+
+def _gpu_json(g: Gpu) -> dict[str, Any]:
+    return {
+        "rank": g.rank,
+        "host": g.host,
+        "device": g.device,
+        "platform": dataclasses.asdict(g.platform) | {"host_memory_kinds": list(g.platform.host_memory_kinds)},
+        "not_run_reason": g.not_run_reason,
+        "memory": _trend_json(g.memory),
+    }
+
+
+def _gpu_from_json(d: Mapping[str, Any]) -> Gpu:
+    return Gpu(d["rank"], d["host"], d["device"], _platform_from_json(d["platform"]), d["not_run_reason"],
+               _trend_from_json(d["memory"]))
+
+
 def _cell_json(r: CellResult) -> dict[str, Any]:
-    obs = r.observation
-    observed = None
-    if obs is not None:
-        observed = {
-            "trials": obs.trials,
-            "corrupted_trials": obs.corrupted_trials,
-            "blocks_checked": obs.blocks_checked,
-            "bytes_checked": obs.bytes_checked,
-            "counts": obs.counts,
-            "window": dict(obs.window),
-            "elapsed_s": obs.elapsed_s,
-            "gb_per_s": obs.gb_per_s,
-        }
     return {
         "label": r.cell.label,
         "scenario": r.cell.scenario,
@@ -476,31 +735,24 @@ def _cell_json(r: CellResult) -> dict[str, Any]:
         "host_memory": r.cell.host_memory,
         "executor": r.cell.executor,
         "contract": {"verdict": r.contract, "witness": r.witness},
-        "observed": observed,
+        "observed": _observed_json(r.observation),
         "rate_upper_bound": r.rate_upper_bound,
         "verdict": r.verdict.value,
+        "error": r.error,
+        "per_gpu": [{"gpu": g, "observed": _observed_json(o), "verdict": v.value}
+                    for (g, o), (_, v) in zip(r.per_gpu, r.gpu_verdicts)],
     }
 
 
 def _cell_from_json(c: Mapping[str, Any]) -> CellResult:
     cell = Cell(c["scenario"], c["direction"], c["order"], c["host_memory"], c["executor"])
-    o = c["observed"]
-    observation = None
-    if o is not None:
-        counts = o["counts"]
-        observation = Observation(
-            trials=o["trials"],
-            corrupted_trials=o["corrupted_trials"],
-            blocks_checked=o["blocks_checked"],
-            bytes_checked=o["bytes_checked"],
-            **{s.lower(): counts[s] for s in BLOCK_STATES},
-            elapsed_s=o["elapsed_s"],
-            window=dict(o["window"]),
-        )
-    return CellResult(cell, c["contract"]["verdict"], c["contract"]["witness"], observation)
+    per_gpu = tuple((p["gpu"], _observed_from_json(p["observed"])) for p in c["per_gpu"])
+    return CellResult(cell, c["contract"]["verdict"], c["contract"]["witness"], _observed_from_json(c["observed"]),
+                      per_gpu, c["error"])
 
 
-def load_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of the report document, from the package data."""
-    text = resources.files("kvverify").joinpath("schemas/stress-report-v1.json").read_text("utf-8")
+def load_schema(version: int = SCHEMA_VERSION) -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of the report document of ``version`` (1 or 2), from the
+    package data. Raises FileNotFoundError for a version that has no schema."""
+    text = resources.files("kvverify").joinpath(f"schemas/stress-report-v{version}.json").read_text("utf-8")
     return json.loads(text)

@@ -270,6 +270,7 @@ def test_spin_holds_the_stream():
         assert elapsed_ms(s, lambda: kernels.spin(10 * MS)) >= 0.9 * 10
 
 
+@pytest.mark.sanitizer_incompatible  # a kernel on another stream must run meanwhile: the sanitizer serializes
 def test_write_with_spin_delays_the_write_and_leaves_room(make_blocks):
     b = make_blocks("device", 8, 64)
     ptrs, ids = torch.from_numpy(b.ptrs).cuda(), torch.arange(b.n, dtype=torch.int64, device="cuda")
@@ -295,6 +296,7 @@ def test_write_with_spin_delays_the_write_and_leaves_room(make_blocks):
     assert (states.cpu() == BlockState.OK).all()
 
 
+@pytest.mark.sanitizer_incompatible  # a kernel on another stream must run meanwhile: the sanitizer serializes
 def test_read_blocks_reads_for_the_duration_and_writes_nothing(make_blocks):
     b = make_blocks("device", 16, 1000)
     ptrs, ids = torch.from_numpy(b.ptrs).cuda(), torch.arange(b.n, dtype=torch.int64, device="cuda")
@@ -316,6 +318,7 @@ def test_read_blocks_reads_for_the_duration_and_writes_nothing(make_blocks):
     end.synchronize()
 
 
+@pytest.mark.sanitizer_incompatible  # a kernel on another stream must run meanwhile: the sanitizer serializes
 def test_host_addresses_do_not_wait_for_a_held_stream(make_blocks):
     """Numpy addresses are staged asynchronously: a call behind a held stream returns at once."""
     b = make_blocks("device", 4, 32)

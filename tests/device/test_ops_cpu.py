@@ -1,4 +1,5 @@
-"""CPU tests of the op's contract: import without a GPU, every validation error, enum values."""
+"""CPU tests of the op's contract: import without a GPU, every validation error (every copy path),
+enum values, schemas and fake registrations."""
 
 from __future__ import annotations
 
@@ -14,17 +15,20 @@ from kvverify.device import extension, ops  # noqa: E402
 from kvverify.device.ops import SrcAccessOrder  # noqa: E402
 
 HAS_EXTENSION = extension.load_error() is None
-PATHS = ["wrapper", "cuda-python"] + (["torch.ops"] if HAS_EXTENSION else [])
+PATHS = ["wrapper", "cuda-python", "kernel"] + (["torch.ops", "torch.ops-kernel"] if HAS_EXTENSION else [])
+KERNEL_PATHS = ["kernel"] + (["torch.ops-kernel"] if HAS_EXTENSION else [])
 
 
 def call(path, src, dst, sizes, order=1):
     """One call of the op through one of its entry points."""
-    if path == "wrapper":
+    if path in ("wrapper", "kernel"):
         if not HAS_EXTENSION:
             pytest.skip("extension not built: the wrapper's extension backend cannot run")
-        return ops.swap_blocks_batch(src, dst, sizes, order)
+        return ops.swap_blocks_batch(src, dst, sizes, order, method="kernel" if path == "kernel" else "batch")
     if path == "cuda-python":
         return ops.swap_blocks_batch(src, dst, sizes, order, backend="cuda-python")
+    if path == "torch.ops-kernel":
+        return torch.ops.kvverify.swap_blocks_kernel(src, dst, sizes)
     return torch.ops.kvverify.swap_blocks_batch(src, dst, sizes, order)
 
 
@@ -47,15 +51,15 @@ def test_enum_values_equal_cuda():
 @pytest.mark.parametrize(
     "src, dst, sizes, error, words",
     [
-        (torch.tensor([1, 2], dtype=torch.int32), i64(1, 2), i64(8, 8), TypeError, "src_ptrs"),
-        (i64(1, 2), torch.tensor([1.0, 2.0]), i64(8, 8), TypeError, "dst_ptrs"),
-        (i64(1, 2), i64(1, 2), torch.tensor([8, 8], dtype=torch.int32), TypeError, "sizes"),
-        (i64(1, 2).reshape(1, 2), i64(1, 2), i64(8, 8), ValueError, "src_ptrs must be 1-D"),
-        (i64(1, 2), i64(1, 2, 3), i64(8, 8), ValueError, "same length"),
-        (i64(1, 2), i64(1, 2), i64(8, 0), ValueError, "sizes[1]"),
-        (i64(1, 2), i64(1, 2), i64(-8, 8), ValueError, "sizes[0]"),
-        (i64(0, 2), i64(1, 2), i64(8, 8), ValueError, "src_ptrs[0] is a null pointer"),
-        (i64(1, 2), i64(1, 0), i64(8, 8), ValueError, "dst_ptrs[1] is a null pointer"),
+        (torch.tensor([8, 16], dtype=torch.int32), i64(8, 16), i64(8, 8), TypeError, "src_ptrs"),
+        (i64(8, 16), torch.tensor([8.0, 16.0]), i64(8, 8), TypeError, "dst_ptrs"),
+        (i64(8, 16), i64(8, 16), torch.tensor([8, 8], dtype=torch.int32), TypeError, "sizes"),
+        (i64(8, 16).reshape(1, 2), i64(8, 16), i64(8, 8), ValueError, "src_ptrs must be 1-D"),
+        (i64(8, 16), i64(8, 16, 24), i64(8, 8), ValueError, "same length"),
+        (i64(8, 16), i64(8, 16), i64(8, 0), ValueError, "sizes[1]"),
+        (i64(8, 16), i64(8, 16), i64(-8, 8), ValueError, "sizes[0]"),
+        (i64(0, 16), i64(8, 16), i64(8, 8), ValueError, "src_ptrs[0] is a null pointer"),
+        (i64(8, 16), i64(8, 0), i64(8, 8), ValueError, "dst_ptrs[1] is a null pointer"),
     ],
 )
 def test_bad_batches_are_rejected_by_name(path, src, dst, sizes, error, words):
@@ -111,7 +115,45 @@ def test_empty_batch_is_a_no_op(path):
 @pytest.mark.parametrize("path", PATHS)
 def test_no_cuda_device_is_an_error(path):
     with pytest.raises(ValueError, match="needs a CUDA device"):
-        call(path, i64(1), i64(2), i64(8))
+        call(path, i64(8), i64(16), i64(8))
+
+
+@pytest.mark.parametrize("path", KERNEL_PATHS)
+@pytest.mark.parametrize(
+    "src, dst, sizes, words",
+    [
+        (i64(8, 16), i64(8, 16), i64(8, 12), "sizes[1] = 12 bytes is not a multiple of 8"),
+        (i64(8, 20), i64(8, 16), i64(8, 8), "src_ptrs[1] = 20 is not 8-byte aligned"),
+        (i64(4, 16), i64(8, 16), i64(8, 8), "src_ptrs[0] = 4 is not 8-byte aligned"),
+        (i64(8, 16), i64(8, 17), i64(8, 8), "dst_ptrs[1] = 17 is not 8-byte aligned"),
+    ],
+)
+def test_the_kernel_path_refuses_partial_words_by_name(path, src, dst, sizes, words):
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]") + ".*use method='batch'"):
+        call(path, src, dst, sizes)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a CUDA device")
+@pytest.mark.parametrize("path", ["wrapper", "cuda-python"] + (["torch.ops"] if HAS_EXTENSION else []))
+def test_the_driver_paths_take_partial_words(path):
+    # 12 bytes at an odd address is a valid batch copy: validation passes and only the missing
+    # device stops it.
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        call(path, i64(9), i64(21), i64(12))
+
+
+def test_methods():
+    assert ops.resolve_method("batch", True) == "batch"
+    assert ops.resolve_method("kernel", True) == "kernel"
+    assert ops.resolve_method("batch", False) == ops.resolve_method("loop", True) == "loop"
+    with pytest.raises(ValueError, match="unknown method 'dma'"):
+        ops.resolve_method("dma", True)
+    with pytest.raises(ValueError, match="give one of them"):
+        ops.resolve_method("kernel", False)
+    with pytest.raises(ValueError, match="extension backend only"):
+        ops.swap_blocks_batch([8], [16], [8], method="kernel", backend="cuda-python")
+    with pytest.raises(ValueError, match="extension backend only"):
+        ops.swap_blocks_batch([8], [16], [8], method="loop", backend="cuda-python")
 
 
 def test_package_imports_without_torch_or_extension():
@@ -155,3 +197,22 @@ def test_op_schema_is_the_published_one():
     assert schema == (
         "kvverify::swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int src_access_order=1) -> ()"
     )
+    # The serving-engine arguments, without an order: the kernel path reads in stream order.
+    assert str(torch.ops.kvverify.swap_blocks_kernel.default._schema) == (
+        "kvverify::swap_blocks_kernel(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes) -> ()"
+    )
+    assert str(torch.ops.kvverify.check_pointers.default._schema) == (
+        "kvverify::check_pointers(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, bool for_kernel=False) -> ()"
+    )
+
+
+@pytest.mark.skipif(not HAS_EXTENSION, reason="extension not built")
+@pytest.mark.parametrize("name", ["swap_blocks_batch", "swap_blocks_loop", "swap_blocks_kernel"])
+def test_every_copy_op_has_a_fake(name):
+    # torch.compile traces with fake tensors: a copy op with no fake kernel would make it fail.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = getattr(torch.ops.kvverify, name)
+    with FakeTensorMode():
+        args = [torch.empty(4, dtype=torch.int64) for _ in range(3)]  # fake: no data, no device needed
+        assert op(*args) is None

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from help_screen import check_screen, help_lines
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -110,6 +111,15 @@ def test_subcommand_help(monkeypatch, capsys, command, options):
         assert option in out
 
 
+@pytest.mark.parametrize("command", ["probe", "bench"])
+def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example(command):
+    examples = check_screen(help_lines(command))
+    module = {"probe": probe, "bench": bench}[command]
+    for example in examples:
+        assert example.split()[1] == command
+        parse(module, example.split()[2:])  # each example's options parse as written
+
+
 def test_probe_defaults_and_lists():
     args = parse(probe, [])
     assert args.reps == 5 and args.hold_ms == 20.0 and args.page_bytes == 64 * KiB and args.pages == 16
@@ -165,8 +175,9 @@ def test_bench_quick_and_explicit_options():
 
 
 def test_plan_points_raw_sizes():
-    args = bench_plan.resolve(parse(bench, ["--page-sizes", "4KiB,2MiB"]))
-    points = bench_plan.plan_points(args)
+    args = bench_plan.resolve(parse(bench, ["--page-sizes", "4KiB,2MiB", "--directions", "h2d,d2h"]))
+    points, skipped = bench_plan.plan_points(args)
+    assert not skipped
     assert [(p.direction, p.page_bytes) for p in points] == [
         ("h2d", 4 * KiB), ("d2h", 4 * KiB), ("h2d", 2 * MiB), ("d2h", 2 * MiB)]
     for p in points:
@@ -187,8 +198,47 @@ def test_plan_points_errors():
     with pytest.raises(PlanError, match="more than the pool"):
         bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--pool-bytes", "128MiB", "--calls-per-rep", "4", "--page-sizes", "64KiB"])))
     # without an explicit --calls-per-rep the rep shrinks to fit the pool instead
-    points = bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--pool-bytes", "128MiB", "--page-sizes", "64KiB"])))
+    points, _ = bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--pool-bytes", "128MiB", "--page-sizes", "64KiB"])))
     assert points[0].calls_per_rep == 2
+    # a `both` call has half of each pool per direction: 64 MiB does not fit 64 MiB halves of 128 MiB twice
+    assert [p.calls_per_rep for p in points if p.direction == "both"] == [1]
+    with pytest.raises(PlanError, match="--pages-per-call goes with --page-sizes"):
+        bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--model", "llama-3.1-8b", "--pages-per-call", "16"])))
+
+
+def test_plan_points_pages_per_call():
+    args = bench_plan.resolve(parse(bench, ["--page-sizes", "4KiB,2MiB", "--pages-per-call", "16,1024",
+                                            "--pool-bytes", "3GiB"]))
+    points, skipped = bench_plan.plan_points(args)
+    shapes = {(p.direction, p.page_bytes, p.pages_per_call) for p in points}
+    # 1024 pages of 2 MiB: 2 GiB per call fits a 3 GiB pool one way, not the 1.5 GiB half of a `both` call
+    assert ("h2d", 2 * MiB, 1024) in shapes and ("both", 2 * MiB, 1024) not in shapes
+    assert skipped == ["both 2 MiB x 1024: 2 GiB per call do not fit 1536 MiB of pool"]
+    assert len(points) == 2 * 2 * 3 - 1
+    small = next(p for p in points if (p.direction, p.page_bytes, p.pages_per_call) == ("h2d", 4 * KiB, 16))
+    assert small.calls_per_rep == bench_plan.MAX_CALLS_PER_REP  # 64 KiB calls: capped, not 4096 of them
+    both = next(p for p in points if (p.direction, p.page_bytes, p.pages_per_call) == ("both", 4 * KiB, 1024))
+    assert both.rep_bytes == 2 * both.call_bytes * both.calls_per_rep and both.label == "4 KiB x 1024"
+
+
+def test_calibrate_defaults_and_explicit_options():
+    args = bench_plan.resolve(parse(bench, ["--calibrate"]))
+    assert args.page_sizes == bench_plan.DEFAULT_PAGE_SIZES
+    assert args.pages_per_call == bench_plan.CALIBRATE_PAGES_PER_CALL == [16, 256, 4096, 16384]
+    assert args.orders == ("STREAM", "ANY") and args.reps == bench_plan.CALIBRATE_REPS
+    assert args.no_repeat and args.compute is False and tuple(args.directions) == ("h2d", "d2h", "both")
+    assert bench_plan.methods_for(args) == ["STREAM", "ANY", "loop", "kernel", "ceiling"]
+    points, skipped = bench_plan.plan_points(args)
+    # shapes whose call exceeds the 2 GiB pool (or a 1 GiB half for `both`) are left out, and said so
+    assert all(p.call_bytes <= 2 * GiB // p.ways for p in points) and skipped
+    assert {p.page_bytes for p in points} == set(bench_plan.DEFAULT_PAGE_SIZES)
+    assert all(p.rep_bytes // p.ways >= min(bench_plan.CALIBRATE_MIN_REP_BYTES, p.call_bytes * bench_plan.MAX_CALLS_PER_REP)
+               for p in points)
+    args = bench_plan.resolve(parse(bench, ["--calibrate", "--compute", "--orders", "STREAM", "--reps", "2",
+                                            "--pages-per-call", "64"]))
+    assert args.compute is True and args.orders == ("STREAM",) and args.reps == 2 and args.pages_per_call == [64]
+    args = bench_plan.resolve(parse(bench, []))
+    assert args.compute is True and args.orders == ("STREAM", "DURING_API_CALL", "ANY") and args.pages_per_call is None
 
 
 def test_bench_plan_error_is_one_line(capsys):
@@ -200,14 +250,14 @@ def test_bench_plan_error_is_one_line(capsys):
 
 def test_plan_points_model():
     args = bench_plan.resolve(parse(bench, ["--model", "llama-3.1-8b", "--directions", "h2d"]))
-    points = bench_plan.plan_points(args)
+    points, _ = bench_plan.plan_points(args)
     # 16, 32, 64 tokens x 8 KV heads x 128 x 2 bytes; 32 layers x (K, V) = 64 tensors x 16 blocks per transfer
     assert [p.page_bytes for p in points] == [32 * KiB, 64 * KiB, 128 * KiB]
     assert all(p.pages_per_call == 64 * 16 for p in points)
     assert points[0].label == "llama-3.1-8b 16 tok"
     assert points[0].calls_per_rep == 8  # 32 MiB per call, 256 MiB per rep
     args = bench_plan.resolve(parse(bench, ["--model", "DeepSeek-V3", "--block-tokens", "16", "--blocks-per-transfer", "4"]))
-    (p, _) = bench_plan.plan_points(args)
+    p = bench_plan.plan_points(args)[0][0]
     assert p.page_bytes == 16 * 576 * 2 and p.pages_per_call == 61 * 4
     with pytest.raises(PlanError, match="llama-3.1-8b"):
         bench_plan.plan_points(bench_plan.resolve(parse(bench, ["--model", "nope"])))
@@ -394,14 +444,18 @@ def test_run_probe_without_batch_api_marks_cells(annotate_off):
 
 
 class FakeBench:
-    """Synthetic timings: each method has a bandwidth in GB/s; DURING_API_CALL waits for the hold."""
+    """Synthetic timings: each method has a bandwidth in GB/s; DURING_API_CALL waits for the hold; each
+    method slows a concurrent matmul by SLOWDOWN."""
 
-    RATES = {"STREAM": 50.0, "ANY": 50.5, "DURING_API_CALL": 40.0, "loop": 20.0, "ceiling": 55.0}
+    RATES = {"STREAM": 50.0, "ANY": 50.5, "DURING_API_CALL": 40.0, "loop": 20.0, "kernel": 52.0, "ceiling": 55.0}
+    SLOWDOWN = {"STREAM": 0.02, "ANY": 0.02, "DURING_API_CALL": 0.02, "loop": 0.01, "kernel": 0.25, "ceiling": 0.0}
+    MATMUL_S = 2e-4
 
     def __init__(self):
         self.prepared = []
         self.held_calls = 0
         self.e2e_calls = 0
+        self.matmul_calls = []
 
     def prepare(self, point, seed):
         self.prepared.append((point, seed))
@@ -423,6 +477,16 @@ class FakeBench:
         self.e2e_calls += 1
         return issue.point.rep_bytes / (self.RATES[issue.method] * 1e9) + 1e-4
 
+    def matmuls_alone(self, count, hold_ns):
+        self.matmul_calls.append(("alone", count))
+        return count * self.MATMUL_S
+
+    def matmuls_during(self, issue, repeats, count, hold_ns):
+        self.matmul_calls.append((issue.method, count, repeats))
+        copies_s = repeats * issue.point.rep_bytes / (self.RATES[issue.method] * 1e9)
+        during_s = count * self.MATMUL_S * (1 + self.SLOWDOWN[issue.method])
+        return during_s, copies_s, copies_s >= during_s
+
 
 @pytest.fixture
 def bench_doc(annotate_off):
@@ -435,9 +499,9 @@ def bench_doc(annotate_off):
 def test_run_bench_document(bench_doc):
     doc, backend = bench_doc
     points = doc["points"]
-    assert len(points) == 8 and not doc["truncated"] and doc["points_planned"] == 8
-    # 5 methods x (6 reps + 1 warm-up) per point, then STREAM x (6 + 1) again for the repeat series
-    assert backend.held_calls == 8 * 5 * 7 + 8 * 7 and backend.e2e_calls == backend.held_calls
+    assert len(points) == 12 and not doc["truncated"] and doc["points_planned"] == 12  # 4 sizes x h2d, d2h, both
+    # 6 methods x (6 reps + 1 warm-up) per point, then STREAM x (6 + 1) again for the repeat series
+    assert backend.held_calls == 12 * 6 * 7 + 12 * 7 and backend.e2e_calls == backend.held_calls
     p = next(p for p in points if p["direction"] == "h2d" and p["page_bytes"] == 2 * MiB)
     assert p["methods"]["STREAM"]["gbps"]["median"] == pytest.approx(50.0)
     assert p["methods"]["ceiling"]["gbps"]["median"] == pytest.approx(55.0)
@@ -449,8 +513,21 @@ def test_run_bench_document(bench_doc):
     assert p["repeat"]["checked"] and p["repeat"]["within_tolerance"] and p["repeat"]["rel_delta"] == pytest.approx(0)
     small = next(p for p in points if p["page_bytes"] == 16 * KiB)
     assert small["repeat"]["checked"] is False and small["repeat"]["within_tolerance"] is None
-    assert doc["ceiling_gbps"] == {"h2d": pytest.approx(55.0), "d2h": pytest.approx(55.0)}
+    assert doc["ceiling_gbps"] == {"h2d": pytest.approx(55.0), "d2h": pytest.approx(55.0), "both": pytest.approx(55.0)}
     assert p["bytes_timed_per_method"] == 6 * 256 * MiB
+    both = next(p for p in points if p["direction"] == "both" and p["page_bytes"] == 2 * MiB)
+    assert both["bytes_per_rep"] == 2 * 256 * MiB  # both directions' bytes count
+    # compute slowdown: each method's loop sized to half its copy time, copies lasting twice the loop
+    kernel = p["methods"]["kernel"]["compute"]
+    assert kernel["slowdown"]["median"] == pytest.approx(0.25) and kernel["n"] == bench.COMPUTE_REPS
+    assert kernel["overlapped"] == bench.COMPUTE_REPS
+    copy_s = 256 * MiB / 52e9
+    assert kernel["matmuls"] == round(0.5 * copy_s / FakeBench.MATMUL_S)
+    assert kernel["copy_reps"] * copy_s >= 2 * kernel["matmuls"] * FakeBench.MATMUL_S
+    assert kernel["copy_gbps_during"]["median"] == pytest.approx(52.0)
+    assert p["methods"]["STREAM"]["compute"]["slowdown"]["median"] == pytest.approx(0.02)
+    assert doc["config"]["compute"]["matmul_s"] == pytest.approx(FakeBench.MATMUL_S)
+    assert backend.matmul_calls[:2] == [("alone", 1), ("alone", bench.MATMUL_PROBE)]  # warm-up, then the probe
     # every point's draws are distinct from the others' and from the repeat series'
     seeds = [s for _, s in backend.prepared]
     assert len(set(seeds)) == len(seeds)
@@ -464,7 +541,8 @@ def test_bench_tables_and_json(bench_doc, tmp_path):
     bench_render.render_tables(doc, console)
     text = console.export_text()
     assert "ANY/STREAM" in text and "1.010 [1.010, 1.010]" in text and "55.0" in text and "40.0*" in text
-    assert "end-to-end" in text
+    assert "end-to-end" in text and "kernel" in text and "52.0" in text
+    assert "compute slowdown" in text and "+25.0% (52.0)" in text and "+2.0% (50.0)" in text
     out = tmp_path / "bench.json"
     common.write_json(str(out), doc)
     loaded = json.loads(out.read_text())
@@ -490,7 +568,7 @@ def test_bench_max_seconds_cuts_short(annotate_off):
 def test_bench_without_batch_api_measures_baselines_only(annotate_off):
     args = parse(bench, ["--page-sizes", "64KiB", "--reps", "2", "--directions", "h2d"])
     doc = bench.run_bench(args, FakeBench(), {"batch_api_available": False}, annotate_off)
-    assert set(doc["points"][0]["methods"]) == {"loop", "ceiling"}
+    assert set(doc["points"][0]["methods"]) == {"loop", "kernel", "ceiling"}
     assert doc["points"][0]["any_over_stream"] is None and doc["points"][0]["repeat"] is None
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -80,3 +81,27 @@ def test_bench_quick_runs_one_point(tmp_path):
         assert point["repeat"] is not None and point["repeat"]["second_gbps"] > 0
     if png is not None:
         assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_bench_calibrate_small_grid_on_the_device(tmp_path):
+    """A small calibration: every path runs in every direction and both at once, the paths document
+    reads back, and the kernel path's compute slowdown is measured."""
+    from kvverify.measure import calibration
+
+    out, paths_out = tmp_path / "bench.json", tmp_path / "paths.json"
+    argv = ["--calibrate", "--compute", "--page-sizes", "16KiB,256KiB", "--pages-per-call", "16,1024", "--reps", "3",
+            "--pool-bytes", "512MiB", "--json", str(out), "-o", str(paths_out)]
+    assert bench.run(parse(bench, argv)) == 0
+    doc = json.loads(out.read_text())
+    assert {p["direction"] for p in doc["points"]} == {"h2d", "d2h", "both"} and not doc["skipped_points"]
+    for point in doc["points"]:
+        for name, method in point["methods"].items():
+            assert method["error"] is None, (point["label"], name, method["error"])
+            assert method["gbps"]["median"] > 0 and method["compute"]["n"] == 3, (point["label"], name)
+    paths = calibration.load(paths_out)
+    assert len(paths["entries"]) == len(doc["points"]) and not paths["unmeasured"]
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    jsonschema.validate(paths, json.loads((Path(bench.__file__).parents[1] / "schemas" / "paths-v1.json").read_text()))

@@ -80,11 +80,11 @@ def simulated(monkeypatch):
         DURING_API_CALL = 2
         ANY = 3
 
-    def swap_blocks_batch(src_ptrs, dst_ptrs, sizes, src_access_order=None, *, use_batch_api=True, **_):
+    def swap_blocks_batch(src_ptrs, dst_ptrs, sizes, src_access_order=None, *, use_batch_api=True, method="batch", **_):
         src, dst, n = (torch.as_tensor(x, dtype=torch.int64) for x in (src_ptrs, dst_ptrs, sizes))
         assert src.dim() == dst.dim() == n.dim() == 1 and len(src) == len(dst) == len(n) > 0
-        assert isinstance(src_access_order, SrcAccessOrder)
-        record["swaps"].append((src_access_order.name, use_batch_api, len(src)))
+        assert isinstance(src_access_order, SrcAccessOrder) and method in ("batch", "loop", "kernel")
+        record["swaps"].append((src_access_order.name, method if use_batch_api else "loop", len(src)))
         for s, d, k in zip(src.tolist(), dst.tolist(), n.tolist()):
             ctypes.memmove(d, s, k)
 
@@ -112,6 +112,7 @@ def simulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Stream", _Stream)
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
     monkeypatch.setattr(extension, "gpu_refusal", lambda: None)
@@ -150,20 +151,23 @@ def test_bench_end_to_end_on_the_stand_in(simulated, tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     argv = ["--page-sizes", "64KiB,256KiB", "--call-bytes", "1MiB", "--calls-per-rep", "2", "--pool-bytes", "16MiB",
-            "--reps", "3", "--json", str(out), "--plot", str(png)]
+            "--reps", "3", "--matmul-size", "16", "--json", str(out), "--plot", str(png)]
     assert bench.run(parse(bench, argv)) == 0
     doc = json.loads(out.read_text())
-    assert len(doc["points"]) == 4
+    assert len(doc["points"]) == 6
     for p in doc["points"]:
-        assert set(p["methods"]) == {"STREAM", "DURING_API_CALL", "ANY", "loop", "ceiling"}
+        assert set(p["methods"]) == {"STREAM", "DURING_API_CALL", "ANY", "loop", "kernel", "ceiling"}
         for m in p["methods"].values():
             assert m["error"] is None and m["gbps"]["n"] == 3
             assert m["blocking"] is True  # the stand-in's events complete at once: never covered
+            assert m["compute"]["n"] == 3 and m["compute"]["matmuls"] >= 2
         assert p["any_over_stream"]["n"] == 3 and p["repeat"] is not None
     swaps = simulated["swaps"]
-    # the ceiling: one contiguous cudaMemcpyAsync of the whole rep; the loop: the same pages without the batch API
-    assert ("STREAM", False, 1) in swaps
-    assert ("STREAM", False, 16) in swaps and ("ANY", True, 16) in swaps and ("DURING_API_CALL", True, 4) in swaps
+    # the ceiling: one contiguous cudaMemcpyAsync of the whole rep (half of it each way for `both`);
+    # the loop and the kernel: the same pages as the batch
+    assert ("STREAM", "loop", 1) in swaps
+    assert ("STREAM", "loop", 16) in swaps and ("ANY", "batch", 16) in swaps and ("DURING_API_CALL", "batch", 4) in swaps
+    assert ("STREAM", "kernel", 16) in swaps and ("STREAM", "kernel", 4) in swaps
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert all(b.freed for b in simulated["buffers"])
     assert "ANY/STREAM" in capsys.readouterr().out
@@ -193,5 +197,33 @@ def test_bench_page_draws_move_the_right_bytes(simulated):
         src, dst, _ = backend.prepare(d2h, seed=1)[0]
         assert all(0 <= p - backend.dev.data_ptr() < (1 << 20) for p in src.tolist())
         assert all(0 <= p - backend.host.ptr < (1 << 20) for p in dst.tolist())
+    finally:
+        backend.close()
+
+
+def test_bench_both_ways_use_their_own_halves_and_move_the_right_bytes(simulated):
+    half = 1 << 19
+    backend = bench_device.CudaBench(0, "pinned", 2 * half)
+    try:
+        host, dev = backend.host.numpy(np.uint8), backend.dev.numpy()
+        host[:] = np.arange(host.size, dtype=np.uint64).astype(np.uint8)
+        dev[:] = (np.arange(dev.size, dtype=np.uint64) * 7).astype(np.uint8)
+        point = bench_plan.Point("both", 4096, 8, 2, "4 KiB")
+        calls = backend.prepare(point, seed=3)
+        for (h_src, h_dst, _), (d_src, d_dst, _) in calls:
+            assert all(0 <= p - backend.host.ptr < half for p in h_src.tolist())  # H2D: first halves
+            assert all(0 <= p - backend.dev.data_ptr() < half for p in h_dst.tolist())
+            assert all(half <= p - backend.dev.data_ptr() < 2 * half for p in d_src.tolist())  # D2H: second halves
+            assert all(half <= p - backend.host.ptr < 2 * half for p in d_dst.tolist())
+        host_before, dev_before = host.copy(), dev.copy()
+        backend.issuer("kernel", point, calls[:1])()
+        (h_src, h_dst, _), (d_src, d_dst, _) = calls[0]
+        for s, d in zip(h_src.tolist(), h_dst.tolist()):
+            so, do = s - backend.host.ptr, d - backend.dev.data_ptr()
+            assert np.array_equal(dev[do:do + 4096], host_before[so:so + 4096])
+        for s, d in zip(d_src.tolist(), d_dst.tolist()):
+            so, do = s - backend.dev.data_ptr(), d - backend.host.ptr
+            assert np.array_equal(host[do:do + 4096], dev_before[so:so + 4096])
+        assert [m for _, m, _ in simulated["swaps"][-2:]] == ["kernel", "kernel"]
     finally:
         backend.close()

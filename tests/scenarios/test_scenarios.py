@@ -13,10 +13,10 @@ from kvverify.scenarios import SCENARIOS, Params, contract, get, select, to_trac
 from kvverify.scenarios.program import (
     GPU,
     HOST,
+    BlockCopy,
     Blocks,
-    Copy,
     Expect,
-    HostWrite,
+    HostFill,
     Program,
     ProgramError,
     Swap,
@@ -123,7 +123,7 @@ def test_every_program_validates_and_checks_agree_with_the_reference_model():
 
 def test_validate_catches_a_wrong_expected_generation():
     g, h = Blocks(GPU, (0,)), Blocks(HOST, (0,))
-    program = Program(("compute", "x"), 1, 1, (Write("compute", g, 2), Swap("x", (Copy(g, h),)), Expect(h, 3)))
+    program = Program(("compute", "x"), 1, 1, (Write("compute", g, 2), Swap("x", (BlockCopy(g, h),)), Expect(h, 3)))
     with pytest.raises(ProgramError, match="expects generation 3"):
         validate(program)
 
@@ -133,7 +133,7 @@ def test_validate_catches_unknown_streams_and_pools():
     with pytest.raises(ProgramError, match="unknown stream"):
         validate(Program(("compute",), 1, 0, (Write("other", g, 2),)))
     with pytest.raises(ProgramError, match="host touches host blocks only"):
-        validate(Program(("compute",), 1, 0, (HostWrite(g, 2),)))
+        validate(Program(("compute",), 1, 0, (HostFill(g, 2),)))
     with pytest.raises(ProgramError, match="outside the pool"):
         validate(Program(("compute",), 1, 0, (Write("compute", Blocks(GPU, (3,)), 2),)))
 
@@ -141,7 +141,7 @@ def test_validate_catches_unknown_streams_and_pools():
 def test_reference_model_reads_batch_sources_before_the_batch_and_lets_the_last_copy_win():
     a, b = Blocks(GPU, (0,)), Blocks(GPU, (1,))
     h = Blocks(HOST, (0,))
-    program = Program(("compute", "x"), 2, 1, (Write("compute", b, 5), Swap("x", (Copy(a, h), Copy(b, h)))))
+    program = Program(("compute", "x"), 2, 1, (Write("compute", b, 5), Swap("x", (BlockCopy(a, h), BlockCopy(b, h)))))
     after = reference_contents(program)[-1]
     assert after[(HOST, 0)] == (1, 5)  # content of GPU slot 1, generation 5
 

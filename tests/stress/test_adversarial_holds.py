@@ -41,8 +41,8 @@ import torch
 from kvverify.device import host_memory, kernels, ops
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import Params
-from kvverify.scenarios.program import GPU, HOST, Blocks, Copy, HostRead, HostWrite, Program, Swap
-from kvverify.stress import running
+from kvverify.scenarios.program import GPU, HOST, BlockCopy, Blocks, HostConsume, HostFill, Program, Swap
+from kvverify.stress import planning, running
 from kvverify.stress.campaign import load
 from kvverify.stress.executors import adversarial as adversarial_module
 from kvverify.stress.executors import base as base_module
@@ -266,7 +266,7 @@ def test_no_schedule_makes_the_host_wait_on_a_hold(model):
     """Every scenario, order and schedule (three trials: early, mixed, late): no call the
     H200 would block on a hold, and the outcomes of the reference schedule still hold."""
     c = _campaign()
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     outcomes = running.execute(planned, c, TINY, PARAMS, device=torch.device("cpu"))
     assert model.holds > 0  # the model saw the holds
     assert not model.violations, sorted(set(model.violations))
@@ -333,7 +333,7 @@ def test_random_data_never_makes_the_host_wait_on_a_hold(model):
     """--data random under the adversarial executor: its device writes run on held compute
     streams (early schedule), so nothing there may wait for the current stream."""
     c = _campaign(data="random", scenarios=("H1", "H2", "H4", "P1", "P2"))
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     outcomes = running.execute(planned, c, TINY, PARAMS, device=torch.device("cpu"))
     assert model.holds > 0
     assert not model.violations, sorted(set(model.violations))
@@ -357,7 +357,7 @@ def test_memory_is_never_freed_when_the_device_does_not_settle(model, monkeypatc
     monkeypatch.setattr(host_memory.HostBuffer, "free", free)
     monkeypatch.setattr(running, "settle", lambda device, timeout_s: False)
     c = _campaign(scenarios=("P2",), orders=("ANY",))
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     before = len(running._ABANDONED)
     try:
         running.execute(planned, c, TINY, PARAMS, device=torch.device("cpu"))
@@ -375,13 +375,13 @@ def test_memory_is_never_freed_when_the_device_does_not_settle(model, monkeypatc
 def _executor_with_torch_pool(monkeypatch, streams: int):
     """An adversarial executor (and its pools) whose torch.cuda.Stream() hands out a pool of
     ``streams`` streams round robin, as torch's pool of 32 does."""
-    from kvverify.stress import executors
+    from kvverify.stress import executors, planning
 
     pool = [torch.cuda.Stream() for _ in range(streams)]
     turn = iter(range(10**6))
     monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: pool[next(turn) % len(pool)])
     c = _campaign()
-    sizes = running.pool_sizes([pc.program for pc in running.plan(c, TINY, PARAMS)], TINY, True)
+    sizes = planning.pool_sizes([pc.program for pc in planning.plan(c, TINY, PARAMS)], TINY, True)
     pools = pools_module.Pools(TINY, "pageable", sizes, torch.device("cpu"))
     return executors.make("adversarial", pools, executors.Settings()), pools
 
@@ -446,9 +446,9 @@ def test_streams_made_past_torch_pool_are_destroyed_once_idle(model, monkeypatch
 
 def _landing_setup(program):
     """An adversarial executor on pageable pools sized for ``program``, its prepared swaps."""
-    from kvverify.stress import executors
+    from kvverify.stress import executors, planning
 
-    sizes = running.pool_sizes([program], TINY, True)
+    sizes = planning.pool_sizes([program], TINY, True)
     pools = pools_module.Pools(TINY, "pageable", sizes, torch.device("cpu"))
     ex = executors.make("adversarial", pools, executors.Settings())
     swaps = [data for step, data in ex.prepare(program).steps if isinstance(step, Swap)]
@@ -480,7 +480,7 @@ def test_landing_writes_rounds_in_order_with_a_partly_colliding_copy_group(model
     the later copy to host 1 first, so the earlier one (gpu 1) is what host 1 ends with; the
     first group has a block in each round (the partial-group path)."""
     program = Program(("compute", "xfer0"), 3, 2, (
-        Swap("xfer0", (Copy(Blocks(GPU, (0, 1)), Blocks(HOST, (0, 1))), Copy(Blocks(GPU, (2,)), Blocks(HOST, (1,))))),
+        Swap("xfer0", (BlockCopy(Blocks(GPU, (0, 1)), Blocks(HOST, (0, 1))), BlockCopy(Blocks(GPU, (2,)), Blocks(HOST, (1,))))),
     ))
     ex, pools, (data,) = _landing_setup(program)
     try:
@@ -503,8 +503,8 @@ def test_landings_found_done_keep_issue_order_when_one_completes_during_the_quer
     ``_land`` is querying: found done latest first, both land, in issue order, so host 0 ends
     with the second's bytes, also after a later ``_land``."""
     program = Program(("compute", "xfer0"), 2, 1, (
-        Swap("xfer0", (Copy(Blocks(GPU, (0,)), Blocks(HOST, (0,))),)),
-        Swap("xfer0", (Copy(Blocks(GPU, (1,)), Blocks(HOST, (0,))),)),
+        Swap("xfer0", (BlockCopy(Blocks(GPU, (0,)), Blocks(HOST, (0,))),)),
+        Swap("xfer0", (BlockCopy(Blocks(GPU, (1,)), Blocks(HOST, (0,))),)),
     ))
     ex, pools, (first, second) = _landing_setup(program)
     try:
@@ -532,9 +532,9 @@ def test_the_host_lands_copies_before_it_touches_host_blocks(model, monkeypatch)
     from kvverify.stress.executors import contents
 
     program = Program(("compute", "xfer0"), 1, 1, (
-        Swap("xfer0", (Copy(Blocks(HOST, (0,)), Blocks(GPU, (0,))),)),
-        HostWrite(Blocks(HOST, (0,)), 2),
-        HostRead(Blocks(HOST, (0,)), 2),
+        Swap("xfer0", (BlockCopy(Blocks(HOST, (0,)), Blocks(GPU, (0,))),)),
+        HostFill(Blocks(HOST, (0,)), 2),
+        HostConsume(Blocks(HOST, (0,)), 2),
     ))
     ex, pools, (load_swap,) = _landing_setup(program)
     calls = []

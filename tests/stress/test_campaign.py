@@ -20,7 +20,7 @@ def test_smoke_is_every_cell_with_llama_and_a_gib_per_cell():
     assert c.models == ("llama-3.1-8b",)
     assert set(c.orders) == {"STREAM", "DURING_API_CALL", "ANY"}
     assert set(c.host_memory) == {"pinned", "registered", "pageable"}
-    assert set(c.executors) == {"native", "adversarial"}
+    assert set(c.executors) == {"native", "adversarial", "kernel"}
     assert c.scenarios == ("all",) and c.min_checked == 2**30
 
 
@@ -99,22 +99,22 @@ def test_parse_defaults_fit_a_24_gib_host():
 
 def test_estimate_charges_native_copies_into_pageable_memory_per_page():
     """The plan line's model: a native D2H batch into pageable memory costs per page
-    (running.PAGEABLE_D2H_PAGE_S); the adversarial executor's landing does not."""
+    (planning.PAGEABLE_D2H_PAGE_S); the adversarial executor's landing does not."""
     from kvverify import geometry
-    from kvverify.stress import running
+    from kvverify.stress import planning
 
     c = load("smoke").override(scenarios=("P1",), orders=("STREAM",))
     layout = geometry.KVLayout(geometry.preset("llama-3.1-8b"), block_size=16)
-    params, _ = running.fit_params(c, layout)
-    by_cell = {(pc.cell.host_memory, pc.cell.executor): pc for pc in running.plan(c, layout, params)}
+    params, _ = planning.fit_params(c, layout)
+    by_cell = {(pc.cell.host_memory, pc.cell.executor): pc for pc in planning.plan(c, layout, params)}
 
     def seconds(host, executor):
-        return running.estimate([by_cell[(host, executor)]], c, layout).seconds
+        return planning.estimate([by_cell[(host, executor)]], c, layout).seconds
 
     pc = by_cell[("pageable", "native")]
-    pages = running.program_blocks(pc.program)["copied_to_host"] * layout.num_tensors
-    trials = running.trials_for(c, running.program_blocks(pc.program)["checked"] * layout.block_bytes, "native")
+    pages = planning.program_blocks(pc.program)["copied_to_host"] * layout.num_tensors
+    trials = planning.trials_for(c, planning.program_blocks(pc.program)["checked"] * layout.block_bytes, "native")
     assert pages > 0
     per_page = seconds("pageable", "native") - seconds("pageable", "adversarial")
-    assert per_page == pytest.approx(trials * pages * (running.PAGEABLE_D2H_PAGE_S - layout.page_bytes / running.PAGEABLE_BPS))
+    assert per_page == pytest.approx(trials * pages * (planning.PAGEABLE_D2H_PAGE_S - layout.page_bytes / planning.PAGEABLE_BPS))
     assert seconds("pinned", "native") < seconds("pageable", "adversarial") < seconds("pageable", "native")

@@ -14,7 +14,7 @@ from fake_device import fake_device  # noqa: F401  (fixture)
 
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import Params
-from kvverify.stress import running
+from kvverify.stress import planning, running
 from kvverify.stress.campaign import load
 
 TINY = KVLayout(ModelGeometry("tiny", 2, 1, 16, 2), block_size=4)  # 128-byte pages, 4 tensors
@@ -27,7 +27,7 @@ def _campaign(**changes):
 
 
 def _run(campaign, device):
-    planned = running.plan(campaign, TINY, PARAMS)
+    planned = planning.plan(campaign, TINY, PARAMS)
     return planned, running.execute(planned, campaign, TINY, PARAMS, device=device)
 
 
@@ -46,6 +46,34 @@ def test_reference_schedule_is_clean_except_reordered_batches(fake_device):
             assert obs.corrupted_trials == 3 and obs.garbage > 0 and obs.stale == obs.torn == 0, pc.cell.label
         else:
             assert not obs.corrupted, (pc.cell.label, obs.counts)
+
+
+def test_the_kernel_executor_copies_with_the_kernel_path(fake_device, monkeypatch):
+    """Kernel cells (STREAM, host memory a kernel reaches) run every swap through
+    ``method="kernel"``, the native ones through the batch, and the reference schedule leaves
+    every block OK. Pinned memory is the stand-in's pageable memory here (no CUDA)."""
+    from kvverify.device import host_memory, ops
+    from kvverify.stress.executors import pools
+
+    monkeypatch.setattr(pools, "allocate_host", lambda kind, n: host_memory.allocate_host("pageable", n))
+    methods: list[str] = []
+    copy = ops.swap_blocks_batch
+
+    def recording(*args, method="batch", **kwargs):
+        methods.append(method)
+        copy(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "swap_blocks_batch", recording)
+    campaign = _campaign(host_memory=("pinned",), orders=("STREAM", "ANY"), executors=("native", "kernel"),
+                         scenarios=("P2", "H1", "H3"))
+    planned = planning.plan(campaign, TINY, PARAMS)
+    kernel_cells = [pc for pc in planned if pc.cell.executor == "kernel"]
+    assert kernel_cells and all(pc.cell.order == "STREAM" for pc in kernel_cells)
+    for pc in planned:
+        methods.clear()
+        outcome = running.execute([pc], campaign, TINY, PARAMS, device=fake_device)[pc.cell]
+        assert outcome.error is None and not outcome.observation.corrupted, pc.cell.label
+        assert methods and set(methods) == {"kernel" if pc.cell.executor == "kernel" else "batch"}, pc.cell.label
 
 
 def test_random_data_native_is_clean(fake_device):
@@ -69,7 +97,7 @@ def test_a_stale_block_is_seen(fake_device, monkeypatch):
 
 def test_injected_fault_fails_one_cell_and_the_run_goes_on(fake_device, monkeypatch):
     c = _campaign(scenarios=("P2",), orders=("STREAM",), executors=("native",))
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     monkeypatch.setenv(running.FAIL_CELL_ENV, planned[0].cell.label)
     outcomes = running.execute(planned, c, TINY, PARAMS, device=fake_device)
     assert "injected" in outcomes[planned[0].cell].error
@@ -124,7 +152,7 @@ def test_ctrl_c_frees_every_pool(fake_device, monkeypatch):
     monkeypatch.setattr(pools, "allocate_host", tracking)
     monkeypatch.setattr(native.NativeExecutor, "_swap", interrupted)
     c = _campaign(scenarios=("P2",), executors=("native",), data="random")
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     with pytest.raises(KeyboardInterrupt):
         running.execute(planned, c, TINY, PARAMS, device=fake_device)
     assert len(made) == 2 and not any(buf._live for buf in made)

@@ -174,6 +174,9 @@ def test_observation_derived_values():
         ("RACY", corrupted(), "native", CellVerdict.CONFIRMED_RACE),
         ("RACY", clean(), "native", CellVerdict.NO_RACE_OBSERVED),
         ("RACY", clean(), "adversarial", CellVerdict.SENSITIVITY_FAILURE),
+        ("RACY", clean(), "kernel", CellVerdict.NO_RACE_OBSERVED),  # a copy path as a user runs it
+        ("RACY", corrupted(), "kernel", CellVerdict.CONFIRMED_RACE),
+        ("SAFE", corrupted(), "kernel", CellVerdict.UNEXPECTED_CORRUPTION),
         ("SAFE", clean(), "native", CellVerdict.SAFE_CONFIRMED),
         ("SAFE", clean(), "adversarial", CellVerdict.SAFE_CONFIRMED),
         ("SAFE", corrupted(), "native", CellVerdict.UNEXPECTED_CORRUPTION),
@@ -305,6 +308,22 @@ def test_headline_on_paper_when_nothing_ran():
     assert h.holds is True and "on paper" in h.text
 
 
+def test_headline_and_summary_speak_only_of_the_cells_that_ran():
+    """A run cut short: contract verdicts of cells that did not run claim nothing."""
+    stores_ran = results(observe=faithful)
+    stores_ran = [r if r.cell.direction == "store" else dataclasses.replace(r, observation=None) for r in stores_ran]
+    report = make_report(stores_ran)
+    h = report.headline()
+    assert h.holds is True
+    assert h.text.endswith("(0 of the 4 ANY cells that ran safe; 6 not run)")
+    assert report.summary(ran_only=True)["ANY"] == {"store": {}, "load": {}}
+    assert report.summary()["ANY"]["load"] == {"H3-fixed": ["pinned"]}  # the JSON's summary: every cell
+    only_stream = [r if r.cell.order == "STREAM" else dataclasses.replace(r, observation=None) for r in results()]
+    h = make_report(only_stream).headline()
+    assert (h.holds, h.text) == (None, "ANY: no ANY cell ran, nothing to compare")
+    assert len(make_report(only_stream).ran()) == 10
+
+
 def test_report_rejects_duplicates_and_contract_disagreement():
     cells = results()
     with pytest.raises(ValueError, match="twice"):
@@ -349,7 +368,7 @@ def test_json_validates_and_round_trips(validator, tmp_path):
     )
     doc = report.to_json()
     validator.validate(doc)
-    assert doc["schema_version"] == 1 and doc["headline"]["holds"] is True
+    assert doc["schema_version"] == 2 and doc["headline"]["holds"] is True
     assert doc["platform"]["gpu"] == "NVIDIA H200"
     path = tmp_path / "report.json"
     report.write_json(path)
@@ -388,7 +407,7 @@ def test_no_gpu_report_validates(validator):
         lambda d: d["cells"][0].pop("verdict"),
         lambda d: d["cells"][0]["observed"].pop("trials"),
         lambda d: d["cells"][0]["observed"]["counts"].pop("TORN"),
-        lambda d: d.__setitem__("schema_version", 2),
+        lambda d: d.__setitem__("schema_version", 1),
         lambda d: d["cells"][0].__setitem__("verdict", "PROBABLY_FINE"),
         lambda d: d["cells"][0].__setitem__("copy_kind", "H2D"),  # a store is D2H
         lambda d: d["cells"][0].__setitem__("observed", None),  # not run, yet a verdict
@@ -402,9 +421,21 @@ def test_broken_documents_fail_validation(validator, mutate):
 
 
 def test_from_json_rejects_other_versions():
-    doc = make_report().to_json() | {"schema_version": 2}
+    doc = make_report().to_json() | {"schema_version": 3}
     with pytest.raises(ValueError, match="schema_version"):
         StressReport.from_json(doc)
+
+
+def test_from_json_reads_a_version_1_report():
+    """The H200's smoke report of version 1 (before per-GPU rows): its cells, verdicts and
+    headline come back as they were written."""
+    from pathlib import Path
+
+    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "stress-smoke-h200.json").read_text())
+    assert doc["schema_version"] == 1
+    report = StressReport.from_json(doc)
+    assert [r.verdict.value for r in report.cells] == [c["verdict"] for c in doc["cells"]]
+    assert report.headline().text == doc["headline"]["text"] and report.gpus == ()
 
 
 # -- JUnit --------------------------------------------------------------------------------------
@@ -461,7 +492,7 @@ def test_table_has_every_column_and_cell():
     for r in make_report().cells:
         assert r.cell.label in text
     assert "RACY [1]" in text and f"[1] {WITNESS}" in text
-    assert "writer_spin_ns=200000" in text and "200.0 MiB" in text
+    assert "w1: writer_spin_ns=200000 reader_ns=100000" in text and "200.0 MiB" in text  # each window once
     assert "ANY safe in store: nowhere; load: H3-fixed [pinned]" in text
     assert "Headline: YES" in text
 
@@ -480,3 +511,147 @@ def test_no_gpu_table_marks_observed_columns_not_run():
     assert row.count(" - ") == len(COLUMNS) - 4  # the other observed columns are empty
     assert sum("Observed columns not run: no CUDA device" in line for line in lines) == 1
     assert report.exit_status() == 0
+
+
+# -- several GPUs, memory, rounds (schema version 2) ----------------------------------------------
+
+from kvverify.stress.memory import Sample, trend  # noqa: E402
+from kvverify.stress.report import (  # noqa: E402
+    EXIT_FAILED,
+    EXIT_MEMORY_GREW,
+    EXIT_OK,
+    Execution,
+    Gpu,
+    joined_verdict,
+    worst_exit_status,
+)
+
+H200 = Platform("NVIDIA H200", "580.65.06", "13.0", "2.11.0+cu130")
+
+
+def two_gpus(observe1=faithful, memory=(None, None), reasons=(None, None)):
+    """The catalogue-shaped cells run on GPUs 0 and 1: GPU 0 observes ``faithful``, GPU 1 ``observe1``."""
+    cells = []
+    for r in results():
+        o1 = observe1(r.contract, r.cell.executor)
+        cells.append(CellResult.on_gpus(r.cell, r.contract, r.witness, [(0, r.observation), (1, o1)]))
+    gpus = tuple(Gpu(k, "node7", k, H200, reasons[k], memory[k]) for k in (0, 1))
+    return make_report(cells, gpus=gpus, execution=Execution(rounds_planned=2, rounds_run=2, trials_planned=9,
+                                                             trials_run=9))
+
+
+def test_joined_verdict_prefers_failures_then_races():
+    V = CellVerdict
+    assert joined_verdict([V.CONFIRMED_RACE, V.SENSITIVITY_FAILURE]) is V.SENSITIVITY_FAILURE
+    assert joined_verdict([V.NO_RACE_OBSERVED, V.CONFIRMED_RACE]) is V.CONFIRMED_RACE
+    assert joined_verdict([V.SAFE_CONFIRMED, V.UNEXPECTED_CORRUPTION]) is V.UNEXPECTED_CORRUPTION
+    assert joined_verdict([V.NOT_RUN, V.SAFE_CONFIRMED]) is V.SAFE_CONFIRMED
+    assert joined_verdict([V.NOT_RUN]) is joined_verdict([]) is V.NOT_RUN
+
+
+def test_combined_observation_sums_counts_and_takes_the_longest_time():
+    a, b = clean(trials=10), corrupted(trials=20, bad_trials=3)
+    both = Observation.combined([a, None, b])
+    assert (both.trials, both.corrupted_trials) == (30, 3)
+    assert both.blocks_checked == a.blocks_checked + b.blocks_checked and both.stale == 40
+    assert both.elapsed_s == 2.5 and both.window == a.window
+    assert Observation.combined([None]) is None and Observation.combined([a]) is a
+
+
+def test_a_race_missed_on_one_gpu_fails_the_cell_though_another_gpu_caught_it():
+    report = two_gpus(observe1=lambda contract, executor: clean())  # GPU 1's adversarial executor sees nothing
+    r = next(r for r in report.cells if r.cell.label == "H1-broken store/D2H/ANY/pinned/adversarial")
+    assert cell_verdict(r.contract, r.observation, "adversarial") is CellVerdict.CONFIRMED_RACE  # summed
+    assert r.verdict is CellVerdict.SENSITIVITY_FAILURE
+    assert dict(r.gpu_verdicts) == {0: CellVerdict.CONFIRMED_RACE, 1: CellVerdict.SENSITIVITY_FAILURE}
+    assert report.exit_status() == EXIT_FAILED
+
+
+def test_two_faithful_gpus_pass_with_one_headline():
+    report = two_gpus()
+    assert report.exit_status() == EXIT_OK and report.headline().holds is True
+    r = report.cells[0]
+    assert r.observation.trials == 200 and len(r.per_gpu) == 2
+
+
+def test_unrun_cells_fail_only_where_a_gpu_ran():
+    missing = replace_observation(results(), "H3-fixed load/H2D/ANY/pinned/native", None)
+    assert make_report(missing).exit_status() == EXIT_FAILED  # a GPU was there (no not_run_reason)
+    cells = [CellResult.on_gpus(r.cell, r.contract, r.witness, [(0, r.observation), (1, None)]) for r in results()]
+    gpus = (Gpu(0, "a", 0, H200), Gpu(1, "a", None, Platform(), "LOCAL_RANK 1 has no CUDA device of its own"))
+    assert make_report(cells, gpus=gpus).exit_status() == EXIT_OK  # GPU 1 ran nothing at all: said in its row
+    gpus = (Gpu(0, "a", 0, H200), Gpu(1, "a", 1, H200))
+    assert len(make_report(cells, gpus=gpus).unrun_cells()) == len(cells)  # GPU 1 ran, yet not these
+    errored = [dataclasses.replace(missing[0], error="GPU 1: HarnessError: stuck")] + missing[1:]
+    assert make_report(errored).exit_status() == EXIT_FAILED
+
+
+def _trend(growth):
+    samples = [Sample(60.0 * k, int(2**30 * (1 + growth * k)), 2**31, k, True) for k in range(4)]
+    return trend(samples)
+
+
+def test_memory_growth_on_any_gpu_gives_exit_status_3_unless_a_cell_failed():
+    assert two_gpus(memory=(_trend(0.0), _trend(0.0))).exit_status() == EXIT_OK
+    grew = two_gpus(memory=(_trend(0.0), _trend(0.02)))
+    assert grew.memory_growing() is True and grew.exit_status() == EXIT_MEMORY_GREW
+    failed = two_gpus(observe1=lambda contract, executor: clean(), memory=(_trend(0.02), None))
+    assert failed.exit_status() == EXIT_FAILED  # a failing cell says more than a leak
+    assert two_gpus().memory_growing() is None
+    assert worst_exit_status([0, 3, 1]) == 1 and worst_exit_status([0, 3]) == 3 and worst_exit_status([2, 1]) == 2
+
+
+def test_two_gpu_json_validates_and_round_trips(validator):
+    report = two_gpus(observe1=lambda contract, executor: clean(), memory=(_trend(0.0), _trend(0.02)))
+    doc = report.to_json()
+    validator.validate(doc)
+    assert [g["rank"] for g in doc["gpus"]] == [0, 1] and doc["gpus"][1]["memory"]["growing"] is True
+    cell = next(c for c in doc["cells"] if c["label"] == "H1-broken store/D2H/ANY/pinned/adversarial")
+    assert [(p["gpu"], p["verdict"]) for p in cell["per_gpu"]] == [(0, "CONFIRMED_RACE"), (1, "SENSITIVITY_FAILURE")]
+    assert cell["verdict"] == "SENSITIVITY_FAILURE" and doc["exit_status"] == 1
+    assert doc["execution"]["rounds_planned"] == 2
+    assert StressReport.from_json(json.loads(json.dumps(doc))) == report
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda d: d["gpus"][0].pop("memory"),
+        lambda d: d["cells"][0]["per_gpu"][0].__setitem__("observed", None),  # not run, yet a verdict
+        lambda d: d.__setitem__("exit_status", 2),  # a report is never written by a run that could not start
+        lambda d: d["execution"].pop("stopped"),
+        lambda d: d["gpus"][0]["memory"]["series"].append([1.0, 2]),
+    ],
+)
+def test_broken_v2_documents_fail_validation(validator, mutate):
+    doc = copy.deepcopy(two_gpus(memory=(_trend(0.0), None)).to_json())
+    mutate(doc)
+    assert not validator.is_valid(doc)
+
+
+def test_version_1_schema_stays_for_old_reports():
+    v1 = load_schema(1)
+    assert v1["properties"]["schema_version"] == {"const": 1}
+    assert load_schema()["properties"]["schema_version"] == {"const": 2}
+
+
+def test_cells_must_name_gpus_that_have_rows():
+    cells = [CellResult.on_gpus(r.cell, r.contract, r.witness, [(3, r.observation)]) for r in results()]
+    with pytest.raises(ValueError, match="no row"):
+        make_report(cells, gpus=(Gpu(0, "a", 0, H200),))
+    with pytest.raises(ValueError, match="combination"):
+        CellResult(results()[0].cell, "SAFE", None, clean(), ((0, clean(trials=3)),))
+
+
+def test_gpu_section_names_each_gpu_its_memory_and_disagreements():
+    from kvverify.stress.render import render_gpus
+
+    report = two_gpus(observe1=lambda contract, executor: clean(), memory=(_trend(0.0), _trend(0.02)))
+    console = Console(record=True, width=400, color_system=None)
+    render_gpus(report, console)
+    text = console.export_text()
+    assert "GPU 0 (node7, cuda:0): NVIDIA H200, driver 580.65.06, CUDA 13.0" in text
+    assert "flat within 1%" in text and "GREW beyond 1%" in text and "+6.00%" in text
+    assert "GPUs disagree on 9 cell(s): H1-fixed store/D2H/DURING_API_CALL/pinned/adversarial (GPU 0 CONFIRMED_RACE, " \
+           "GPU 1 SENSITIVITY_FAILURE)" in text
+    assert "Rounds: 2 of 2; trials: 9 of 9 planned" in text

@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
+from help_screen import check_screen, help_lines
 
 from kvverify.geometry import KVLayout, ModelGeometry, preset
 from kvverify.scenarios import SCENARIOS, Params
-from kvverify.stress import running
+from kvverify.stress import planning
 from kvverify.stress.campaign import CampaignError, load
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,10 +30,12 @@ def test_bare_stress_without_gpu_prints_contracts_and_exits_0(tmp_path):
     junit = tmp_path / "r.xml"
     p = stress("--json", str(out), "--junit", str(junit))
     assert p.returncode == 0, p.stderr
-    lines = [line for line in p.stdout.splitlines() if "not run" in line.lower() and "contract verdicts only" in line]
-    assert len(lines) == 1, p.stdout[-2000:]
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("Nothing ran on a device: no CUDA device is visible"), p.stdout[:2000]
+    assert sum(line.startswith("Contract verdicts only") for line in lines) == 1, p.stdout[:2000]
     doc = json.loads(out.read_text())
-    n_cells = sum(len(s.directions) for s in SCENARIOS.values()) * 3 * 3 * 2
+    scenario_directions = sum(len(s.directions) for s in SCENARIOS.values())
+    n_cells = scenario_directions * (3 * 3 * 2 + 2)  # the kernel path: STREAM cells, pinned and registered
     assert len(doc["cells"]) == n_cells
     assert all(c["observed"] is None and c["verdict"] == "NOT_RUN" for c in doc["cells"])
     assert {c["contract"]["verdict"] for c in doc["cells"]} == {"SAFE", "RACY"}
@@ -113,8 +116,8 @@ TINY = KVLayout(ModelGeometry("tiny", 2, 2, 64, 2), block_size=16)
 
 def test_plan_gives_every_executor_the_same_contract():
     c = load("smoke").override(scenarios=("H5",))
-    planned = running.plan(c, TINY)
-    assert len(planned) == 2 * 3 * 3 * 2
+    planned = planning.plan(c, TINY)
+    assert len(planned) == 2 * 3 * 3 * 2 + 2 * 2  # native and adversarial everywhere; kernel: STREAM, pinned and registered
     by_key = {}
     for pc in planned:
         key = (pc.cell.scenario, pc.cell.order, pc.cell.host_memory)
@@ -124,25 +127,35 @@ def test_plan_gives_every_executor_the_same_contract():
     assert by_key[("H5-broken", "STREAM", "pinned")] == "SAFE"
 
 
+def test_the_kernel_path_runs_stream_cells_a_kernel_can_reach():
+    for order in ("STREAM", "DURING_API_CALL", "ANY"):
+        for host in ("pinned", "registered", "pageable"):
+            assert planning.runs("native", order, host) and planning.runs("adversarial", order, host)
+            assert planning.runs("kernel", order, host) == (order == "STREAM" and host != "pageable")
+    c = load("smoke").override(orders=("ANY",), executors=("kernel", "native"))
+    assert {pc.cell.executor for pc in planning.plan(c, TINY)} == {"native"}  # no STREAM cell: no kernel cell
+
+
 def test_trials_reach_the_checked_bytes_within_bounds():
     c = load("smoke").override(trials=2, max_trials=10, min_checked=2**20)
-    assert running.trials_for(c, 2**18, "native") == 4
-    assert running.trials_for(c, 2**30, "native") == 2
-    assert running.trials_for(c, 2**30, "adversarial") == 3  # each schedule once
-    assert running.trials_for(c, 1, "native") == 10
+    assert planning.trials_for(c, 2**18, "native") == 4
+    assert planning.trials_for(c, 2**30, "native") == 2
+    assert planning.trials_for(c, 2**30, "adversarial") == 3  # each schedule once
+    assert planning.trials_for(c, 2**30, "kernel") == 2  # one path, no schedules
+    assert planning.trials_for(c, 1, "native") == 10
 
 
 def test_fit_params_shrinks_blocks_to_the_memory_caps():
     layout = KVLayout(preset("llama-3.1-8b"))
     c = load("smoke")
-    params, note = running.fit_params(c, layout)
+    params, note = planning.fit_params(c, layout)
     assert params == Params(c.blocks_per_transfer, 4) and note is None
     small = c.override(host_mem=64 * 2**20)
-    params, note = running.fit_params(small, layout)
+    params, note = planning.fit_params(small, layout)
     assert params.blocks_per_transfer < c.blocks_per_transfer
     assert f"blocks_per_transfer lowered from {c.blocks_per_transfer}" in note
     with pytest.raises(CampaignError, match="does not fit"):
-        running.fit_params(c.override(gpu_mem=2**20), layout)
+        planning.fit_params(c.override(gpu_mem=2**20), layout)
 
 
 def test_fit_params_finds_the_largest_fitting_blocks_quickly():
@@ -152,32 +165,32 @@ def test_fit_params_finds_the_largest_fitting_blocks_quickly():
 
     layout = KVLayout(preset("llama-3.1-8b"))
     small = load("smoke").override(host_mem=64 * 2**20)
-    got = {n: running.fit_params(small.override(blocks_per_transfer=n), layout)[0].blocks_per_transfer
+    got = {n: planning.fit_params(small.override(blocks_per_transfer=n), layout)[0].blocks_per_transfer
            for n in (3, 5, 200, 1000, 5000)}
     best = got[5000]
     assert got == {3: min(3, best), 5: min(5, best), 200: best, 1000: best, 5000: best}
     programs = [s.program(d, Params(best + 1, small.transfers)) for s in SCENARIOS.values() for d in s.directions]
-    sizes = running.pool_sizes(programs, layout, staged=True)
+    sizes = planning.pool_sizes(programs, layout, staged=True)
     host = sizes.host_bytes(layout) + sizes.snapshot_pages * layout.page_bytes  # + the adversarial snapshot area
     assert host > small.host_mem  # best + 1 would not fit
     start = time.monotonic()
-    params, note = running.fit_params(load("smoke").override(blocks_per_transfer=10**8), layout)
+    params, note = planning.fit_params(load("smoke").override(blocks_per_transfer=10**8), layout)
     assert time.monotonic() - start < 30 and "lowered from 100000000" in note
     assert params.blocks_per_transfer <= load("smoke").gpu_mem // layout.block_bytes
 
 
 def test_pool_sizes_cover_every_program():
     programs = [s.program(d, Params(4, 3)) for s in SCENARIOS.values() for d in s.directions]
-    sizes = running.pool_sizes(programs, TINY, staged=True)
+    sizes = planning.pool_sizes(programs, TINY, staged=True)
     assert sizes.gpu_slots == max(p.gpu_slots for p in programs)
     assert sizes.staging_pages >= sizes.host_slots * TINY.num_tensors
-    assert running.pool_sizes(programs, TINY, staged=False).staging_pages == 0
+    assert planning.pool_sizes(programs, TINY, staged=False).staging_pages == 0
 
 
 def test_no_gpu_flag_gives_contract_verdicts_only():
     p = stress("--no-gpu", "--scenarios", "P2", "--orders", "ANY")
     assert p.returncode == 0, p.stderr
-    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+    assert p.stdout.splitlines()[0] == "Nothing ran on a device: --no-gpu was given."
 
 
 @pytest.mark.parametrize("option", ["--json", "--junit"])
@@ -215,3 +228,47 @@ def test_dump_traces_into_a_file_refuses_before_the_run(tmp_path):
     result = stress("--no-gpu", "--dump-traces", str(existing))
     assert result.returncode == 2
     assert result.stderr.strip() == f"kvverify stress: cannot start: --dump-traces {existing}: exists and is not a folder; give a folder path"
+
+
+def test_details_prints_one_row_per_cell_with_its_witness():
+    p = stress("--no-gpu", "--scenarios", "H3", "--orders", "ANY", "--host-memory", "pinned", "--details")
+    assert p.returncode == 0, p.stderr
+    assert "H3-broken load/H2D/ANY/pinned/adversarial" in p.stdout and "Verdict" in p.stdout
+    assert "[1] ops " in p.stdout  # the witness of the RACY contract, numbered
+    assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+
+
+def test_plot_writes_the_matrix_as_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "matrix.png"
+    p = stress("--no-gpu", "--scenarios", "H1,H3", "--orders", "STREAM,ANY", "--plot", str(out))
+    assert p.returncode == 0, p.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_refuses_before_the_run(tmp_path):
+    p = stress("--no-gpu", "--plot", str(tmp_path / "no" / "such" / "m.png"))
+    assert p.returncode == 2 and p.stderr.startswith("kvverify stress: cannot start: --plot ")
+    assert "Contract" not in p.stdout  # nothing ran
+
+
+def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example(tmp_path):
+    (example,) = check_screen(help_lines("stress"))
+    # the example runs as written (without a device: contract verdicts), writing the files it names
+    pytest.importorskip("matplotlib")  # it draws a PNG
+    args = example.split()[2:]
+    done = stress("--no-gpu", *args, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(a for a in args if a.endswith((".json", ".png")))
+
+
+def test_plot_without_matplotlib_refuses_before_the_run(monkeypatch, tmp_path, capsys):
+    import importlib.util
+
+    from kvverify import cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    assert cli.main(["stress", "--no-gpu", "--plot", str(tmp_path / "m.png")]) == 2
+    captured = capsys.readouterr()
+    assert "cannot start: --plot needs matplotlib" in captured.err and "Nothing ran" not in captured.out

@@ -1,7 +1,7 @@
-"""The stress harness on a GPU: every scenario of the catalogue, both executors, three host
-memory kinds, with small pages so the whole matrix runs in seconds.
+"""The stress harness on a GPU: every scenario of the catalogue, every executor (the kernel copy path
+in its STREAM cells), three host memory kinds, with small pages so the whole matrix runs in seconds.
 
-The expectation of each cell comes from the checker (``running.plan``), never from a table:
+The expectation of each cell comes from the checker (``planning.plan``), never from a table:
 a SAFE cell shows no corruption under either executor; a RACY cell shows corruption under
 the adversarial executor (the positive controls). Broken and fixed forms of every hazard
 are therefore covered under both executors.
@@ -18,7 +18,7 @@ import pytest
 
 from kvverify.geometry import KVLayout, ModelGeometry
 from kvverify.scenarios import SCENARIOS, Params
-from kvverify.stress import running
+from kvverify.stress import planning, running
 from kvverify.stress.campaign import load
 
 pytestmark = pytest.mark.gpu
@@ -34,7 +34,7 @@ def _campaign(**changes):
 
 
 def _run(campaign):
-    planned = running.plan(campaign, TINY, PARAMS)
+    planned = planning.plan(campaign, TINY, PARAMS)
     outcomes = running.execute(planned, campaign, TINY, PARAMS)
     return planned, outcomes
 
@@ -58,7 +58,10 @@ def _problems(planned, outcomes):
 @pytest.mark.parametrize("host", ["pinned", "registered", "pageable"])
 def test_every_cell_matches_its_contract(host):
     planned, outcomes = _run(_campaign(host_memory=(host,)))
-    assert len(planned) == sum(len(s.directions) for s in SCENARIOS.values()) * 3 * 2
+    scenario_directions = sum(len(s.directions) for s in SCENARIOS.values())
+    kernel_cells = scenario_directions if host != "pageable" else 0  # STREAM only; no kernel reads pageable memory
+    assert len(planned) == scenario_directions * 3 * 2 + kernel_cells
+    assert sum(pc.cell.executor == "kernel" for pc in planned) == kernel_cells
     problems = _problems(planned, outcomes)
     assert not problems, "\n".join(problems)
 
@@ -96,7 +99,7 @@ def test_random_data_native_is_clean_on_safe_cells():
 
 def test_injected_fault_fails_one_cell_and_the_run_goes_on(monkeypatch):
     c = _campaign(scenarios=("P2",), host_memory=("pinned",), orders=("STREAM",))
-    planned = running.plan(c, TINY, PARAMS)
+    planned = planning.plan(c, TINY, PARAMS)
     monkeypatch.setenv(running.FAIL_CELL_ENV, planned[0].cell.label)
     outcomes = running.execute(planned, c, TINY, PARAMS)
     assert outcomes[planned[0].cell].error and "injected" in outcomes[planned[0].cell].error
@@ -119,3 +122,70 @@ def test_stress_cli_quick_run_exits_0(tmp_path):
     verdicts = {c["verdict"] for c in doc["cells"]}
     assert "NOT_RUN" not in verdicts and not verdicts & {"UNEXPECTED_CORRUPTION", "SENSITIVITY_FAILURE"}
     assert "CONFIRMED_RACE" in verdicts and "SAFE_CONFIRMED" in verdicts
+
+
+# -- rounds, memory, ranks -----------------------------------------------------------------------------
+
+# Small: two of these runs (plain and under torchrun) fit the gpu-tests step's time beside the rest.
+QUICK = ('block_size = 16\ntrials = 3\nmax_trials = 3\nmin_checked = "1MiB"\nblocks_per_transfer = 2\ntransfers = 2\n'
+         'writer_delay_us = 500\nreader_us = 500\nscenarios = ["H1", "H3", "P2"]\n')
+
+
+def test_rounds_sample_host_and_device_memory():
+    from kvverify.stress import memory
+
+    c = _campaign(scenarios=("P2", "H1-broken"), host_memory=("pinned", "pageable"), max_trials=6, min_checked=2**40)
+    planned = planning.plan(c, TINY, PARAMS)
+    recorder = memory.Recorder(device="cuda")
+    outcomes = running.execute(planned, c, TINY, PARAMS, memory=recorder)
+    assert all(o.rounds == 2 and o.observation.trials == 6 for o in outcomes.values())
+    settled = [s for s in recorder.samples if s.settled]
+    assert [s.round for s in settled] == [0, 0, 1, 1]  # one per host memory kind and round
+    assert all(s.host_rss > 2**20 and s.device_used > 2**20 for s in recorder.samples)
+    assert not _problems(planned, outcomes)
+
+
+def _quick(tmp_path, *launcher_and_args):
+    campaign = tmp_path / "quick.toml"
+    campaign.write_text(QUICK)
+    out = tmp_path / f"r{len(list(tmp_path.glob('r*.json')))}.json"
+    env = dict(os.environ, PYTHONPATH=ROOT, COLUMNS="200")
+    launcher = [a for a in launcher_and_args if a != "--shard"]
+    extra = ["--shard"] if "--shard" in launcher_and_args else []
+    p = subprocess.run([sys.executable, *launcher, "-m", "kvverify", "stress", "--campaign", str(campaign),
+                        "--model", "qwen2.5-7b", "--json", str(out), *extra],
+                       capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _decided(doc):
+    """Verdicts a faithful harness must reproduce run after run: every adversarial cell and every
+    SAFE cell (a native RACY cell may or may not show its race)."""
+    return {c["label"]: c["verdict"] for c in doc["cells"]
+            if c["executor"] == "adversarial" or c["contract"]["verdict"] == "SAFE"}
+
+
+def test_torchrun_with_one_rank_gives_the_plain_verdicts(tmp_path):
+    plain = _quick(tmp_path)
+    one = _quick(tmp_path, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1")
+    assert _decided(one) == _decided(plain)
+    assert [(g["rank"], g["device"]) for g in one["gpus"]] == [(0, 0)]
+    assert one["gpus"][0]["memory"]["samples"] > 0 and one["gpus"][0]["memory"]["series"][0][2] > 0
+
+
+def test_two_gpus_each_run_every_cell_or_a_share(tmp_path):
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    both = _quick(tmp_path, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2")
+    assert [(g["rank"], g["device"]) for g in both["gpus"]] == [(0, 0), (1, 1)]
+    for c in both["cells"]:
+        assert [p["gpu"] for p in c["per_gpu"]] == [0, 1]
+        if c["executor"] == "adversarial" or c["contract"]["verdict"] == "SAFE":
+            assert {p["verdict"] for p in c["per_gpu"]} == {c["verdict"]}, c["label"]
+    shard = _quick(tmp_path, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--shard")
+    assert all(len(c["per_gpu"]) == 1 for c in shard["cells"])
+    assert {c["per_gpu"][0]["gpu"] for c in shard["cells"]} == {0, 1}
+    assert _decided(shard) == _decided(both)

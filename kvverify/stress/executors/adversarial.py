@@ -32,19 +32,15 @@ copies first wherever two copies touch the same block (``batch_rounds``), as the
 lack of internal order allows (H7).
 
 No hold may ever be waited on by the host. Held streams therefore only ever carry H2D and
-D2H batches between device and pinned memory (which the H200's driver queues behind a hold
-and returns from at once), never a device-to-device batch and never a batch into pageable
-memory. Measured on the H200 (driver 580): a ``cuMemcpyBatchAsync`` of 2048 device-to-device
-copies issued on a held stream (or on one waiting for a held stream) did not return until
-the hold was released (the driver does not coalesce device-to-device copies of a batch; its
-submission queue for the stream fills), and a D2H batch of 2048 pages into pageable memory
-behind a hold did not return either (the driver completes it inside the call). So a host
-source is snapshot on the host, not into device memory (the destination write is then a
-pinned H2D batch, as in ``STREAM`` order), and a copy into pageable memory lands in a pinned
-landing area on its stream (held like any other) and the host writes it into the pageable
-destination the first time it finds the landing done: at every host wait and before every
-host read, host write and host snapshot. That is a write between the copy's place in its
-stream and the host's observing its completion, which rule 6 (as kvverify reads it) allows.
+D2H batches between device and pinned memory, never a device-to-device batch and never a
+batch into pageable memory: a driver may complete those inside the call, which would then
+wait for the hold (seen on an H200, docs/stress.md). So a host source is snapshot on the
+host, not into device memory (the destination write is then a pinned H2D batch, as in
+``STREAM`` order), and a copy into pageable memory lands in a pinned landing area on its
+stream (held like any other) and the host writes it into the pageable destination the first
+time it finds the landing done: at every host wait and before every host read, host write
+and host snapshot. That is a write between the copy's place in its stream and the host's
+observing its completion, which rule 6 (as kvverify reads it) allows.
 
 A hold the watchdog had to release (``StreamGate.deadline_s``: the host was blocked in a
 call that waited for a held stream) still leaves a permitted schedule (a hold only delays),
@@ -208,8 +204,8 @@ class AdversarialExecutor(Executor):
             torch = self.torch
             tensors = self.pools.tensors
             block_round = batch_rounds(data.pairs)
-            # Page k of the batch belongs to block copy k // tensors within its Copy group:
-            # pages were laid out Copy by Copy, tensor-major inside each.
+            # Page k of the batch belongs to block copy k // tensors within its BlockCopy group:
+            # pages were laid out BlockCopy by BlockCopy, tensor-major inside each.
             page_round, k = [], 0
             for copy in data.step.copies:
                 n = len(copy.src)

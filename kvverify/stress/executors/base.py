@@ -27,8 +27,8 @@ from kvverify.scenarios.program import (
     SETUP_GENERATION,
     Blocks,
     Expect,
-    HostRead,
-    HostWrite,
+    HostConsume,
+    HostFill,
     Poll,
     Program,
     Read,
@@ -43,7 +43,7 @@ from kvverify.scenarios.program import (
 )
 from kvverify.stress.executors.pools import Pools, PreparedBlocks
 
-GEN_STRIDE = 64  # generations per trial: programs use 1..34, each trial gets fresh ones
+GEN_STRIDE = 64  # generations per trial (prepare refuses a program that uses more); each trial gets fresh ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +123,8 @@ class Executor:
     # -- preparation (once per cell) -------------------------------------------------------
 
     def prepare(self, program: Program) -> Prepared:
+        if program.max_generation() >= GEN_STRIDE:
+            raise HarnessError(f"a program uses generation {program.max_generation()}; a trial has {GEN_STRIDE}")
         pools = self.pools
         states = reference_contents(program)
         steps: list[tuple[object, object]] = []
@@ -130,14 +132,14 @@ class Executor:
 
         def data(blocks: Blocks, i: int, generation: int) -> BlockData:
             # A write puts its own content there; a check expects what the reference model says.
-            state = states[i + 1] if isinstance(program.steps[i], (Write, HostWrite)) else states[i]
+            state = states[i + 1] if isinstance(program.steps[i], (Write, HostFill)) else states[i]
             cids = np.array([state[(blocks.pool, s)][0] for s in blocks.slots], dtype=np.int64)
             return BlockData(pools.prepare(blocks), pools.page_ids(cids), cids, generation)
 
         for i, step in enumerate(program.steps):
-            if isinstance(step, (Write, HostWrite)):
+            if isinstance(step, (Write, HostFill)):
                 steps.append((step, data(step.blocks, i, step.generation)))
-            elif isinstance(step, (Read, HostRead, Expect)):
+            elif isinstance(step, (Read, HostConsume, Expect)):
                 steps.append((step, data(step.blocks, i, step.generation)))
                 checked += len(step.blocks) * pools.tensors * (2 if isinstance(step, Read) else 1)
             elif isinstance(step, Swap):
@@ -258,10 +260,10 @@ class Executor:
             self._host_wait([self._mark(self._stream(step.stream))], f"sync on stream {step.stream!r}")
         elif isinstance(step, Poll):
             self._host_wait([self._events[e] for e in step.events if e in self._events], "polling end events")
-        elif isinstance(step, HostWrite):
+        elif isinstance(step, HostFill):
             self._before_host_access()
             self._host_write(data, base)
-        elif isinstance(step, HostRead):
+        elif isinstance(step, HostConsume):
             self._before_host_access()
             pending.append(self._verify(data, base, self.host_stream))
             self._own_wait(self.host_stream, "host read")

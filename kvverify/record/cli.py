@@ -1,0 +1,180 @@
+"""``kvverify record [-o TRACE.json] [--no-check] -- python prog.py ... | -- pytest ...``.
+
+Runs a Python program in this process under the recorder, writes the trace, checks it and prints
+each race with both source locations. Exit status: the program's own when it failed; else 1 on a
+race, 0 when safe; 2 when nothing could be recorded (no CUDA device, a bad command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EPILOG = """\
+exit status:
+  0  the program succeeded and its recorded device work is SAFE
+  1  the program succeeded and its recorded work races (each race is listed with
+     both ops and the lines that issued them, the bytes, the kind, why, and a fix)
+  N  the program's own exit status, when it failed (the trace is written and checked anyway)
+  2  nothing was recorded: no CUDA device, a torch without the GPU-trace hooks, or a
+     command this cannot run in-process (one line on stderr says which); or the
+     recorder failed on some ops and found no race in the rest (the summary lists them)
+
+The program runs in this process (runpy for scripts and modules, pytest.main for pytest),
+on the thread that records: work issued from other threads is not recorded (docs/record.md).
+
+examples:
+  kvverify record -- python offload_test.py --layers 32
+  kvverify record -o trace.json -- pytest -x tests/offload
+  kvverify record --swap-op myengine::swap_blocks -- python -m myengine.bench
+  kvverify check trace.json              # decide a written trace again
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.description = (
+        "Run a PyTorch program under the recorder and find its races: what it asks the CUDA device to\n"
+        "do (streams, events and their query results, synchronization, kernels, host/device copies,\n"
+        "batched swaps with their source access order and every raw pointer resolved to its\n"
+        "allocation, host accesses to pinned memory) becomes a trace, which `kvverify check` decides.")
+    parser.epilog = EPILOG
+    parser.add_argument("-o", "--output", default="kvverify-trace.json", metavar="TRACE.json",
+                        help="where to write the trace (default: %(default)s)")
+    parser.add_argument("--no-check", action="store_true", help="write the trace, do not check it")
+    parser.add_argument("--swap-op", action="append", default=[], metavar="NS::NAME",
+                        help="an op with the schema of kvverify::swap_blocks_batch under another name (a serving "
+                             "engine's own); repeat for several. Ops named *::swap_blocks_batch are found anyway")
+    parser.add_argument("--keep-all", action="store_true",
+                        help="write every kernel access, also to buffers no copy and no host access touches")
+    parser.add_argument("--max-races", type=int, default=20, metavar="N",
+                        help="list at most N races (default %(default)s); the verdict does not depend on it")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                        help="python SCRIPT.py ARGS | python -m MODULE ARGS | python -c CODE | pytest ARGS | "
+                             "SCRIPT.py ARGS")
+
+
+def _fail(message: str) -> int:
+    print(f"kvverify record: {message}", file=sys.stderr)
+    return 2
+
+
+def program(command: list[str]) -> tuple[str, str, list[str]]:
+    """``(kind, target, arguments)`` of a command line: kind ``"script"`` (target: its path),
+    ``"module"``, ``"code"`` or ``"pytest"``. Raises ValueError for a command that cannot run
+    in-process, naming it."""
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise ValueError("name the program to record after '--', e.g. kvverify record -- python prog.py")
+    first, rest = command[0], command[1:]
+    name = os.path.basename(first)
+    if name in ("pytest", "py.test"):
+        return "pytest", "pytest", rest
+    if name.startswith("python"):
+        if not rest:
+            raise ValueError(f"'{first}' without a script, -m MODULE or -c CODE has nothing to run")
+        if rest[0] == "-m" and len(rest) > 1:
+            if rest[1] == "pytest":
+                return "pytest", "pytest", rest[2:]
+            return "module", rest[1], rest[2:]
+        if rest[0] == "-c" and len(rest) > 1:
+            return "code", rest[1], rest[2:]
+        if rest[0].startswith("-"):
+            raise ValueError(f"python option {rest[0]} is not supported in-process; give python SCRIPT.py, "
+                             "-m MODULE or -c CODE")
+        return "script", rest[0], rest[1:]
+    if first.endswith(".py"):
+        return "script", first, rest
+    raise ValueError(f"'{first}' is not a Python program this can run in-process; give python SCRIPT.py ..., "
+                     "python -m MODULE ..., or pytest ...")
+
+
+def run_program(kind: str, target: str, arguments: list[str]) -> int:
+    """Run the program here, on this thread; return its exit status (an uncaught exception is
+    printed and gives 1, as python does)."""
+    import runpy
+    import traceback
+
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if kind == "pytest":
+            import pytest
+
+            return int(pytest.main(arguments))
+        if kind == "script":
+            if not os.path.isfile(target):
+                print(f"kvverify record: can't open file '{target}'", file=sys.stderr)
+                return 2
+            sys.argv = [target, *arguments]
+            sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+            runpy.run_path(target, run_name="__main__")
+        elif kind == "module":
+            sys.argv = [target, *arguments]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *arguments]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+        return 0
+    except SystemExit as exc:
+        if exc.code is None:
+            return 0
+        if isinstance(exc.code, int):
+            return exc.code
+        print(exc.code, file=sys.stderr)
+        return 1
+    except Exception:
+        traceback.print_exc()
+        return 1
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+
+
+def run(args: argparse.Namespace, platform=None) -> int:
+    """``platform``: the device layer (default: the CUDA device through torch; tests pass a stand-in)."""
+    from kvverify.errors import RecordingError
+    from kvverify.record.session import recording
+
+    try:
+        kind, target, arguments = program(args.command)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.max_races < 1:
+        return _fail("--max-races must be at least 1")
+    rec = recording(swap_ops=args.swap_op, keep_all=args.keep_all, platform=platform)
+    try:
+        rec.start()
+    except RecordingError as exc:
+        return _fail(str(exc))
+    try:
+        status = run_program(kind, target, arguments)
+    finally:
+        rec.stop()
+    try:
+        rec.write(args.output)
+    except OSError as exc:
+        print(f"kvverify record: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
+        if status == 0:
+            status = 2
+    else:
+        print(f"kvverify record: trace written to {args.output}", file=sys.stderr)
+    if args.no_check:
+        print("\n".join(rec.summary().lines()))
+        return status
+    from kvverify.check import check
+
+    verdict = check(rec.trace(), max_races=args.max_races)
+    command = " ".join(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    print(verdict.render(source=command).rstrip("\n"))
+    print()
+    print("\n".join(rec.summary().lines()))
+    if status != 0:
+        print(f"kvverify record: the program exited with status {status}", file=sys.stderr)
+        return status
+    if verdict.safe and not rec.complete():
+        print("kvverify record: the recorder failed on some ops (listed above): SAFE covers only what was recorded",
+              file=sys.stderr)
+        return 2
+    return 0 if verdict.safe else 1

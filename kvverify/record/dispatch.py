@@ -1,0 +1,487 @@
+"""Every op the program runs through torch's dispatcher, as device work and host accesses.
+
+``RecordingMode`` is a ``TorchDispatchMode`` (as PyTorch's CUDA Stream Sanitizer,
+``torch/cuda/_sanitizer.py``, uses one): it sees each aten op with its tensor arguments and the
+schema's alias annotations (``Tensor(a!)`` is written, ``Tensor(a)`` only aliased), and custom ops
+(``torch.ops.kvverify.*``, a serving engine's own) with theirs. What it makes of them:
+
+- an op on CUDA tensors: a ``kernel`` on the current stream of their device, reading and writing
+  the byte ranges of the allocations the tensors lie in (a strided view as its covering span);
+  fresh outputs are new allocations, written by the op (``empty`` and views launch nothing);
+- an op on CPU tensors: ``host_read`` / ``host_write`` of their storages at this point of the host
+  program (the trace keeps those that matter: pinned staging and descriptor buffers);
+- ``copy_`` and ``_to_copy`` (``.to()``, ``.cuda()``, ``.cpu()``) between host and device: a
+  ``copy`` on the current stream of the device side; a blocking one (``non_blocking=False``) is
+  followed by the stream synchronization torch performs for it (``at::cuda::memcpy_and_sync``);
+- a batched swap (``kvverify::swap_blocks_batch`` and every op of its schema under another name):
+  a ``copy_batch`` in the order the call asked for, every raw pointer resolved to the allocation it
+  lies in (``kvverify.record.memory``); ``kvverify::swap_blocks_loop``: one ``copy`` per entry;
+- kvverify's harness kernels (``write_blocks``, ``read_blocks``, ``verify_blocks``,
+  ``checksum_blocks``): their accesses through the block pointers they are given;
+- ``kvverify::host_alloc`` / ``host_register`` (``kvverify.device.host_memory``): new pinned /
+  registered host memory; ``host_free`` / ``host_unregister`` retire it.
+
+Pointers held in a CUDA tensor are known from the host copy that filled it; where none was seen,
+the tensor is read back (a synchronizing copy the trace does not show).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvverify.record.memory import Span
+from kvverify.record.recorder import CopyArrays, Recorder
+from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
+
+DEFAULT_SWAP_OPS = ("kvverify::swap_blocks_batch",)
+RECORDER_ERROR = "NOT RECORDED (a recorder error; the trace misses these ops):"
+SWAP_ORDER_ARGS = ("src_access_order", "is_src_access_order_any")
+# kvverify's harness kernels: each reaches ``block_bytes`` at every address of ``block_ptrs``.
+POINTER_KERNELS = {"kvverify::write_blocks": "writes", "kvverify::read_blocks": "reads",
+                   "kvverify::verify_blocks": "reads", "kvverify::checksum_blocks": "reads"}
+# Ops that launch nothing on the device and touch no data.
+NO_ACCESS = frozenset(("aten::record_stream", "aten::is_pinned", "aten::set_", "aten::resize_", "aten::resize_as_",
+                       "kvverify::check_pointers", "kvverify::spin", "kvverify::batch_api_available",
+                       "kvverify::driver_version"))
+FACTORY = re.compile(r"(new_.*|.*_like)$")  # tensor arguments give only shape and dtype
+POINTER_TABLES = 16384  # device pointer tensors whose values are kept, the oldest dropped first
+
+
+class Platform:
+    """What the recorder asks of the device layer. ``kvverify.record.hooks.CudaPlatform`` answers
+    with torch.cuda; the CPU tests answer with a stand-in (``tests/record/fake_cuda.py``)."""
+
+    def where(self, t: torch.Tensor) -> str | None:
+        """``"device"`` (device memory), ``"host"`` (host memory) or None (not memory: meta)."""
+        raise NotImplementedError
+
+    def stream_key(self, t: torch.Tensor | None) -> object:
+        """``Recorder.stream_key`` of the current stream of ``t``'s device (None: current device)."""
+        raise NotImplementedError
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        raise NotImplementedError
+
+    def read_values(self, t: torch.Tensor) -> np.ndarray:
+        """The values of an int64 device tensor, read back to the host (synchronizes)."""
+        raise NotImplementedError
+
+    def allocator_blocks(self) -> list[tuple[int, int]]:
+        """``(base, bytes)`` of every live block of torch's caching allocator."""
+        return []
+
+    def host_range(self, address: int) -> tuple[int, int, str] | None:
+        """``(base, bytes, space)`` of the CUDA allocation holding ``address`` that the allocator
+        does not know of (pinned or registered host memory, raw ``cudaMalloc``), or None."""
+        return None
+
+    def install(self, recorder: Recorder, guard: Callable[[Callable], Callable]) -> None:
+        """Start reporting streams, events and synchronization to ``recorder``, each report
+        through ``guard(callback)`` (which drops other threads' and the recorder's own)."""
+        raise NotImplementedError
+
+    def uninstall(self) -> None:
+        """Stop reporting (idempotent)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """What a schema says about an op, computed once per op."""
+
+    name: str  # "aten.add_.Tensor"
+    qualified: str  # "aten::add_"
+    handler: Callable
+    tensor_args: tuple  # (position, name, is_write, metadata_only) of Tensor-typed arguments
+    fresh_returns: tuple  # positions of returns that are new tensors (no alias annotation)
+    launches: bool  # False for empty() and friends: the output is allocated, not written
+    schema: object
+
+
+def _tensors(value) -> Iterable[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                yield v
+
+
+def _argument(info: OpInfo, args: tuple, kwargs: dict, name: str, default=None):
+    for k, a in enumerate(info.schema.arguments):
+        if a.name == name:
+            if k < len(args) and not a.kwarg_only:
+                return args[k]
+            if name in kwargs:
+                return kwargs[name]
+            return a.default_value if a.has_default_value() else default
+    return default
+
+
+class RecordingMode(TorchDispatchMode):
+    """Records every op the current thread dispatches into ``recorder`` (see module docstring).
+
+    ``swap_ops``: qualified names (``"ns::name"``) of ops with the batched swap's schema
+    (``Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes`` and ``int src_access_order`` or ``bool
+    is_src_access_order_any``), besides ``kvverify::swap_blocks_batch``; any op named
+    ``*::swap_blocks_batch`` of that schema counts too. ``internal``: a context manager factory
+    the mode enters while it reads pointer tensors back (the hooks then report nothing).
+    """
+
+    def __init__(self, recorder: Recorder, platform: Platform, swap_ops: Iterable[str],
+                 internal: Callable) -> None:
+        super().__init__()
+        self.rec = recorder
+        self.platform = platform
+        self.swap_ops = frozenset(DEFAULT_SWAP_OPS) | frozenset(swap_ops)
+        self._internal = internal
+        self._infos: dict[int, OpInfo] = {}
+        self._pointers: OrderedDict[int, tuple] = OrderedDict()  # data_ptr -> (allocation, version, values)
+
+    # -- dispatch ---------------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        info = self._infos.get(id(func))  # OpOverloads live as long as torch: id() skips their Python __hash__
+        if info is None:
+            info = self._infos[id(func)] = self._describe(func)
+        if info.handler is None:
+            return func(*args, **kwargs)
+        rec = self.rec
+        rec.begin_op()
+        try:
+            out = func(*args, **kwargs)
+            try:
+                info.handler(self, info, args, kwargs, out)
+            except Exception as exc:  # the program must run on: the summary says what is missing
+                rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
+        finally:
+            rec.end_op()
+        return out
+
+    def _describe(self, func) -> OpInfo:
+        schema = func._schema
+        qualified = schema.name
+        tensor_args = []
+        factory = bool(FACTORY.match(qualified.split("::")[-1]))
+        for k, a in enumerate(schema.arguments):
+            if "Tensor" not in str(a.type):
+                continue
+            alias = a.alias_info
+            is_write = alias is not None and alias.is_write
+            view = alias is not None and not alias.is_write
+            tensor_args.append((k, a.name, is_write, factory or view))
+        fresh = tuple(k for k, r in enumerate(schema.returns) if "Tensor" in str(r.type) and r.alias_info is None)
+        base = qualified.split("::")[-1]
+        launches = not base.startswith(("empty", "new_empty", "_empty"))
+        handler = RecordingMode._generic
+        view = not fresh and all(metadata_only and not is_write for _, _, is_write, metadata_only in tensor_args)
+        if qualified in NO_ACCESS or (view and schema.name.startswith("aten::")):
+            handler = None  # launches nothing, or only makes a view of its input
+        elif qualified == "aten::copy_":
+            handler = RecordingMode._copy
+        elif qualified == "aten::_to_copy":
+            handler = RecordingMode._to_copy
+        elif qualified in self.swap_ops and not _is_swap_schema(schema):
+            self.rec.notes[f"{qualified} was named as a batched swap, but its schema ({schema}) is not the swap's "
+                           "(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int src_access_order | bool "
+                           "is_src_access_order_any): recorded as a kernel over its tensor arguments"] += 1
+        elif qualified in self.swap_ops or (qualified.endswith("::swap_blocks_batch") and _is_swap_schema(schema)):
+            handler = RecordingMode._swap
+        elif qualified == "kvverify::swap_blocks_loop":
+            handler = RecordingMode._swap_loop
+        elif qualified in POINTER_KERNELS:
+            handler = RecordingMode._pointer_kernel
+        elif qualified in ("kvverify::host_alloc", "kvverify::host_register"):
+            handler = RecordingMode._host_memory
+        elif qualified in ("kvverify::host_free", "kvverify::host_unregister"):
+            handler = RecordingMode._host_release
+        return OpInfo(str(func), qualified, handler, tuple(tensor_args), fresh, launches, schema)
+
+    # -- tensors as byte ranges --------------------------------------------------------------
+
+    def span(self, t: torch.Tensor, where: str, at: str | None) -> Span | None:
+        """The covering span of ``t``'s elements, resolved; None for an empty tensor."""
+        n = t.numel()
+        if n == 0:
+            return None
+        size = t.element_size()
+        start = t.data_ptr()
+        if t.is_contiguous():
+            length = n * size
+        else:
+            lo = hi = 0
+            for extent, stride in zip(t.shape, t.stride()):
+                if extent > 1:
+                    reach = (extent - 1) * stride
+                    if reach < 0:
+                        lo += reach
+                    else:
+                        hi += reach
+            start += lo * size
+            length = (hi - lo + 1) * size
+        memory = self.rec.memory
+        span = memory.resolve(start, length)
+        if span is not None and not memory.allocations[span[0]].placeholder:
+            return span
+        storage = t.untyped_storage()
+        if where == "device":
+            space = DEVICE_SPACE
+        else:
+            space = HOST_SPACE["pinned"] if self.platform.is_pinned(t) else HOST_SPACE["pageable"]
+        memory.known(storage.data_ptr(), max(1, storage.nbytes()), space, "a tensor made before the recording")
+        span = memory.resolve(start, length)
+        if span is not None:
+            return span
+        return memory.unresolved_span(start, length, memory.why_not(start, length), at)
+
+    def _fresh(self, t: torch.Tensor, where: str, at: str | None, origin: str, may_pin: bool) -> None:
+        """Register the storage of a new output tensor as a new allocation."""
+        storage = t.untyped_storage()
+        nbytes = storage.nbytes()
+        if nbytes == 0:
+            return
+        if where == "device":
+            space = DEVICE_SPACE
+        else:
+            space = HOST_SPACE["pinned"] if may_pin and self.platform.is_pinned(t) else HOST_SPACE["pageable"]
+        self.rec.memory.fresh(storage.data_ptr(), nbytes, space, origin, at)
+
+    def _accesses(self, info: OpInfo, args: tuple, kwargs: dict, out, at: str | None, may_pin: bool = False):
+        """The op's device stream (or None) and its ranges: device reads, device writes, host
+        reads, host writes. Registers fresh outputs."""
+        where = self.platform.where
+        stream = None
+        reads: list = []
+        writes: list = []
+        host_reads: list = []
+        host_writes: list = []
+        inputs: set[int] = set()  # storages of the inputs, where an output may alias one
+        for k, name, is_write, metadata_only in info.tensor_args:
+            value = args[k] if k < len(args) else kwargs.get(name)
+            for t in _tensors(value):
+                w = where(t)
+                if w is None:
+                    continue
+                if w == "device" and stream is None:
+                    stream = self.platform.stream_key(t)
+                if info.fresh_returns:
+                    inputs.add(t.untyped_storage().data_ptr())
+                if metadata_only:
+                    continue
+                span = self.span(t, w, at)
+                if span is not None:
+                    if w == "device":
+                        (writes if is_write else reads).append(span)
+                    else:
+                        (host_writes if is_write else host_reads).append(span)
+        if info.fresh_returns:
+            outs = out if isinstance(out, (tuple, list)) and len(info.schema.returns) > 1 else (out,)
+            for k in info.fresh_returns:
+                if k >= len(outs):
+                    continue
+                for t in _tensors(outs[k]):
+                    w = where(t)
+                    if w is None or t.untyped_storage().data_ptr() in inputs:
+                        continue
+                    if w == "device" and stream is None:
+                        stream = self.platform.stream_key(t)
+                    self._fresh(t, w, at, f"output of {info.name}", may_pin)
+                    if info.launches:
+                        span = self.span(t, w, at)
+                        if span is not None:
+                            (writes if w == "device" else host_writes).append(span)
+        return stream, reads, writes, host_reads, host_writes
+
+    def _emit(self, info: OpInfo, stream, reads, writes, host_reads, host_writes, at) -> None:
+        rec = self.rec
+        rec.host_access("host_read", host_reads, info.name, at)
+        if stream is not None and (reads or writes):  # views and empty() launch nothing
+            rec.kernel(stream, info.name, reads, writes, at)
+        rec.host_access("host_write", host_writes, info.name, at)
+
+    # -- handlers ---------------------------------------------------------------------------
+
+    def _generic(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        at = self.rec.locate()
+        may_pin = bool(kwargs.get("pin_memory")) or info.qualified == "aten::_pin_memory"
+        self._emit(info, *self._accesses(info, args, kwargs, out, at, may_pin), at)
+
+    def _copy(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        dst, src = args[0], _argument(info, args, kwargs, "src")
+        non_blocking = bool(_argument(info, args, kwargs, "non_blocking", False))
+        self._transfer(info, src, dst, non_blocking, args, kwargs, out)
+
+    def _to_copy(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        non_blocking = bool(_argument(info, args, kwargs, "non_blocking", False))
+        self._transfer(info, args[0], out, non_blocking, args, kwargs, out, fresh=True)
+
+    def _transfer(self, info: OpInfo, src, dst, non_blocking: bool, args, kwargs, out, fresh: bool = False) -> None:
+        """``dst`` gets ``src``'s elements: a copy when one side is host memory and the other
+        device memory, otherwise a kernel or a host access like any op."""
+        where = self.platform.where
+        ws, wd = where(src), where(dst)
+        at = self.rec.locate()
+        if ws is None or wd is None or ws == wd:
+            may_pin = info.qualified == "aten::_to_copy" and bool(kwargs.get("pin_memory"))
+            self._emit(info, *self._accesses(info, args, kwargs, out, at, may_pin), at)
+            return
+        if fresh:
+            # torch pins the output of a non-blocking copy to the host (``_to_copy``)
+            self._fresh(dst, wd, at, f"output of {info.name}", may_pin=True)
+        device_side = src if ws == "device" else dst
+        stream = self.platform.stream_key(device_side)
+        src_span, dst_span = self.span(src, ws, at), self.span(dst, wd, at)
+        if src_span is None or dst_span is None:
+            return
+        n = min(src_span[2], dst_span[2])
+        self.rec.copy(stream, info.name, src_span[:2] + (n,), dst_span[:2] + (n,), at)
+        if src_span[2] != dst_span[2]:
+            # a copy that converts dtype or layout: the rest of the longer side, in stream order
+            rest = (src_span, "reads") if src_span[2] > n else (dst_span, "writes")
+            span = rest[0][:1] + (rest[0][1] + n, rest[0][2] - n)
+            self.rec.kernel(stream, info.name, [span] if rest[1] == "reads" else [],
+                            [span] if rest[1] == "writes" else [], at)
+        if not non_blocking:
+            self.rec.synchronized_by_op(stream, at)
+        if ws == "host" and src.dtype == torch.int64:
+            # copy_ writes dst in place: torch bumps its version counter once this op returns
+            # (ADInplaceOrView runs above the dispatcher hook); _to_copy's output stays at 0
+            self._remember_pointers(dst, src, bumps=0 if fresh else 1)
+
+    def _values(self, t: torch.Tensor) -> np.ndarray:
+        """An int64 tensor's values as a numpy array (a device tensor: from the host copy that
+        filled it, else read back)."""
+        if self.platform.where(t) != "device":
+            return t.detach().contiguous().view(-1).numpy()
+        entry = self._pointers.get(t.data_ptr())
+        if entry is not None:
+            allocation, version, values = entry
+            try:
+                current = t._version
+            except RuntimeError:  # inference tensors have no version counter
+                current = version
+            if self.rec.memory.find(t.data_ptr()) is allocation and current == version and len(values) == t.numel():
+                return values
+        self.rec.notes["pointer tensors read back from the device (no host copy of them seen)"] += 1
+        with self._internal():
+            return self.platform.read_values(t)
+
+    def _remember_pointers(self, dst: torch.Tensor, src: torch.Tensor, bumps: int) -> None:
+        if not (dst.is_contiguous() and src.numel() == dst.numel() and dst.numel()):
+            return
+        allocation = self.rec.memory.find(dst.data_ptr())
+        try:
+            version = dst._version + bumps
+        except RuntimeError:  # an inference tensor: no version counter
+            version = 0
+        self._pointers[dst.data_ptr()] = (allocation, version, src.detach().contiguous().view(-1).numpy().copy())
+        self._pointers.move_to_end(dst.data_ptr())
+        while len(self._pointers) > POINTER_TABLES:
+            self._pointers.popitem(last=False)
+
+    def _resolve(self, addresses: np.ndarray, lengths: np.ndarray, what: str, at: str | None):
+        """Allocation indices and offsets of raw ranges; what no allocation holds is learnt from
+        the allocator's snapshot and CUDA's host allocations, else kept unresolved."""
+        memory = self.rec.memory
+        index, offset, found = memory.resolve_batch(addresses, lengths)
+        if found.all():
+            return index, offset
+        # what lies in a placeholder was looked for already: memory made since would have replaced it
+        unknown = [i for i in np.flatnonzero(~found).tolist()
+                   if (holder := memory.find(int(addresses[i]))) is None or not holder.placeholder]
+        if unknown:
+            self._learn(addresses[unknown])
+            index, offset, found = memory.resolve_batch(addresses, lengths)
+        if not found.all():
+            index, offset = index.copy(), offset.copy()
+            for i in np.flatnonzero(~found).tolist():
+                a, n = int(addresses[i]), int(lengths[i])
+                index[i], offset[i], _ = memory.unresolved_span(a, n, f"{what}[{i}] {memory.why_not(a, n)}", at)
+        return index, offset
+
+    def _learn(self, addresses: np.ndarray) -> None:
+        memory = self.rec.memory
+        blocks = sorted(self.platform.allocator_blocks())
+        starts = [b for b, _ in blocks]
+        for address in sorted(set(addresses.tolist())):
+            holder = memory.find(address)
+            if holder is not None and not holder.placeholder:
+                continue
+            i = np.searchsorted(starts, address, side="right") - 1 if starts else -1
+            if i >= 0 and address < blocks[i][0] + blocks[i][1]:
+                memory.known(blocks[i][0], blocks[i][1], DEVICE_SPACE, "a caching-allocator block")
+                continue
+            host = self.platform.host_range(address)
+            if host is not None:
+                memory.known(host[0], host[1], host[2], "CUDA host memory made outside torch")
+
+    def _swap(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        tensors = [args[k] if k < len(args) else kwargs.get(name) for k, name, _, _ in info.tensor_args[:3]]
+        src, dst, sizes = (self._values(t).astype(np.int64, copy=False) for t in tensors)
+        if not len(sizes):
+            return
+        order = SrcAccessOrder.STREAM
+        for name in SWAP_ORDER_ARGS:
+            value = _argument(info, args, kwargs, name)
+            if value is not None:
+                if name == "is_src_access_order_any":
+                    order = SrcAccessOrder.ANY if value else SrcAccessOrder.STREAM
+                else:
+                    order = SrcAccessOrder(int(value))
+        at = self.rec.locate()
+        s_index, s_offset = self._resolve(src, sizes, "src_ptrs", at)
+        d_index, d_offset = self._resolve(dst, sizes, "dst_ptrs", at)
+        stream = self.platform.stream_key(None)
+        self.rec.copy_batch(stream, info.name, order.name, CopyArrays(s_index, s_offset, d_index, d_offset, sizes), at)
+
+    def _swap_loop(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        # one cudaMemcpyAsync per entry: stream-ordered, and ordered among themselves
+        src, dst, sizes = (self._values(t).astype(np.int64, copy=False) for t in args[:3])
+        at = self.rec.locate()
+        s_index, s_offset = self._resolve(src, sizes, "src_ptrs", at)
+        d_index, d_offset = self._resolve(dst, sizes, "dst_ptrs", at)
+        stream = self.platform.stream_key(None)
+        for si, so, di, do, n in zip(s_index.tolist(), s_offset.tolist(), d_index.tolist(), d_offset.tolist(),
+                                     sizes.tolist()):
+            self.rec.copy(stream, info.name, (si, so, n), (di, do, n), at)
+
+    def _pointer_kernel(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        at = self.rec.locate()
+        stream, reads, writes, host_reads, host_writes = self._accesses(info, args, kwargs, out, at)
+        ptrs = _argument(info, args, kwargs, "block_ptrs")
+        block_bytes = int(_argument(info, args, kwargs, "block_bytes"))
+        addresses = self._values(ptrs).astype(np.int64, copy=False)
+        if len(addresses):
+            lengths = np.full(len(addresses), block_bytes, dtype=np.int64)
+            index, offset = self._resolve(addresses, lengths, "block_ptrs", at)
+            spans = [(i, o, block_bytes) for i, o in zip(index.tolist(), offset.tolist())]
+            (writes if POINTER_KERNELS[info.qualified] == "writes" else reads).extend(spans)
+        if stream is None:
+            stream = self.platform.stream_key(None)
+        self._emit(info, stream, reads, writes, host_reads, host_writes, at)
+
+    def _host_memory(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        at = self.rec.locate()
+        if info.qualified == "kvverify::host_alloc":
+            address, nbytes, space = int(out), int(_argument(info, args, kwargs, "nbytes")), HOST_SPACE["pinned"]
+        else:
+            address = int(_argument(info, args, kwargs, "ptr"))
+            nbytes, space = int(_argument(info, args, kwargs, "nbytes")), HOST_SPACE["registered"]
+        self.rec.memory.fresh(address, nbytes, space, info.qualified, at)
+
+    def _host_release(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        self.rec.memory.retire(int(_argument(info, args, kwargs, "ptr")))
+
+
+def _is_swap_schema(schema) -> bool:
+    args = schema.arguments
+    tensors = [a for a in args[:3] if str(a.type) == "Tensor"]
+    return len(tensors) == 3 and any(a.name in SWAP_ORDER_ARGS for a in args[3:])

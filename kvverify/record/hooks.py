@@ -1,0 +1,276 @@
+"""The recorder's hooks into torch on a CUDA device (``CudaPlatform``).
+
+What reports what:
+
+- torch's GPU-trace callbacks (``torch.cuda._gpu_trace``, which PyTorch's CUDA Stream Sanitizer
+  uses; C++ calls them once ``torch._C._activate_gpu_trace()`` ran): event creation, deletion,
+  record, wait and synchronize, for ``torch.cuda.Event`` and the device-generic ``torch.Event``
+  alike; stream synchronize (also the one inside a blocking copy); device synchronize; the caching
+  allocator's allocations and frees;
+- ``Event.query()`` reports nothing to those callbacks, so ``torch.cuda.Event.query`` and
+  ``torch.cuda.Stream.query`` are wrapped while recording, and ``torch.Event`` is replaced by a
+  subclass whose ``query`` reports (``isinstance`` against ``torch.Event`` keeps working);
+- ``torch.cuda.cudart().cudaHostRegister`` / ``cudaHostUnregister`` are wrapped (registered host
+  memory made through torch's cudart);
+- everything else comes through the dispatcher (``kvverify.record.dispatch``).
+
+Only the recording thread is recorded (the trace format is one host thread's program order):
+callbacks from other threads are counted and left out. Nothing is reported while the recorder
+reads pointer tensors back (``internal``).
+
+torch offers no way to turn the GPU-trace callbacks off again: after a recording, each CUDA event
+and stream operation still calls into Python once, to find no callback (a few microseconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from kvverify.errors import RecordingError
+from kvverify.record.dispatch import Platform
+from kvverify.record.recorder import Recorder
+from kvverify.terms import DEVICE_SPACE, HOST_SPACE
+
+
+def refusal() -> str | None:
+    """None when torch sees a CUDA device, else one line saying why recording cannot run."""
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install torch)"
+    try:
+        available = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    except Exception as exc:  # a broken driver install raises here on some builds
+        return f"CUDA could not be initialised ({' '.join(str(exc).split())})"
+    if not available:
+        return ("no CUDA device is visible (torch.cuda.is_available() is False): there is no device work to "
+                "record; run it on a GPU host, or check CUDA_VISIBLE_DEVICES and the driver")
+    return None
+
+
+class CudaPlatform(Platform):
+    """The platform of a live CUDA device through torch (``kvverify.record.dispatch.Platform``)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.torch = torch
+        # the current stream's raw handle without making a Python stream object (torch's own codegen uses it)
+        self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._undo: list[Callable[[], None]] = []
+
+    def where(self, t) -> str | None:
+        if t.is_cuda:
+            return "device"
+        return "host" if t.is_cpu else None
+
+    def stream_key(self, t) -> object:
+        torch = self.torch
+        device = t.device.index if t is not None and t.is_cuda else torch.cuda.current_device()
+        if self._raw_stream is not None:
+            handle = self._raw_stream(device)
+        else:
+            handle = torch.cuda.current_stream(device).cuda_stream
+        return Recorder.stream_key(int(handle), device)
+
+    def _callback_key(self, handle: int) -> object:
+        return Recorder.stream_key(int(handle), self.torch.cuda.current_device())
+
+    def is_pinned(self, t) -> bool:
+        return bool(t.is_pinned())
+
+    def read_values(self, t) -> np.ndarray:
+        return t.detach().to("cpu").contiguous().view(-1).numpy()
+
+    def allocator_blocks(self) -> list[tuple[int, int]]:
+        blocks = []
+        for segment in self.torch.cuda.memory_snapshot():
+            for b in segment.get("blocks", ()):
+                if b.get("state") == "active_allocated":
+                    blocks.append((int(b["address"]), int(b["size"])))
+        return blocks
+
+    def host_range(self, address: int) -> tuple[int, int, str] | None:
+        from kvverify.device.cuda_python import pointer_range
+
+        found = pointer_range(address)
+        if found is None:
+            return None
+        kind, base, size = found
+        space = {"host": HOST_SPACE["pinned"], "device": DEVICE_SPACE}.get(kind)
+        return (base, size, space) if space else None
+
+    # -- hooks ---------------------------------------------------------------------------------
+
+    def install(self, recorder: Recorder, guard: Callable[[Callable], Callable]) -> None:
+        """Start reporting to ``recorder``; ``guard`` wraps each callback (thread and internal
+        checks). Raises RecordingError where this torch lacks the hooks."""
+        torch = self.torch
+        activate = getattr(torch._C, "_activate_gpu_trace", None)
+        try:
+            import torch.cuda._gpu_trace as gpu_trace
+        except ImportError:
+            gpu_trace = None
+        if activate is None or gpu_trace is None:
+            raise RecordingError(
+                f"torch {torch.__version__} has no GPU-trace callbacks (torch._C._activate_gpu_trace, "
+                "torch.cuda._gpu_trace; PyTorch's CUDA Stream Sanitizer needs them too): record with torch >= 2.1")
+        activate()
+        self._probe(gpu_trace)
+        key = self._callback_key
+        try:
+            callbacks = (
+                (gpu_trace.EventCreationCallbacks, recorder.event_created),
+                (gpu_trace.EventDeletionCallbacks, recorder.event_deleted),
+                (gpu_trace.EventRecordCallbacks, lambda e, s: recorder.event_recorded(e, key(s))),
+                (gpu_trace.EventWaitCallbacks, lambda e, s: recorder.event_waited(e, key(s))),
+                (gpu_trace.EventSynchronizationCallbacks, recorder.event_synchronized),
+                (gpu_trace.StreamSynchronizationCallbacks, lambda s: recorder.stream_synchronized(key(s))),
+                (gpu_trace.DeviceSynchronizationCallbacks, recorder.device_synchronized),
+                (gpu_trace.MemoryAllocationCallbacks, recorder.memory_allocated),
+                (gpu_trace.MemoryDeallocationCallbacks, recorder.memory_freed),
+            )
+        except AttributeError as exc:
+            raise RecordingError(f"torch {torch.__version__}'s torch.cuda._gpu_trace lacks a callback registry the "
+                                 f"recorder needs ({exc})") from None
+        for registry, fn in callbacks:
+            cb = guard(fn)
+            registry.callback_list.append(cb)
+            self._undo.append(lambda registry=registry, cb=cb: registry.callback_list.remove(cb))
+        self._wrap_queries(recorder, guard)
+        self._wrap_host_register(recorder, guard)
+
+    def _probe(self, gpu_trace) -> None:
+        """Check that recording an event reaches the callbacks (it does not on a torch whose C++
+        was built without them): better one clear error than a trace without synchronization."""
+        seen = []
+
+        def probe(*args) -> None:  # called as (event, stream)
+            seen.append(args)
+        gpu_trace.EventRecordCallbacks.callback_list.insert(0, probe)
+        try:
+            self.torch.cuda.Event().record()
+        finally:
+            gpu_trace.EventRecordCallbacks.callback_list.remove(probe)
+        if not seen:
+            raise RecordingError(
+                f"torch {self.torch.__version__} did not report an event record to torch.cuda._gpu_trace: "
+                "the recorder cannot see streams and events with this torch")
+
+    def _wrap_queries(self, recorder: Recorder, guard) -> None:
+        torch = self.torch
+        report_event = guard(recorder.event_queried)
+        report_stream = guard(lambda key, result: recorder.stream_queried(key, result))
+
+        def wrap_method(cls, name: str, report: Callable) -> None:
+            own = cls.__dict__.get(name)  # defined by the class itself, or inherited (put back by deleting ours)
+            original = own if own is not None else getattr(cls, name)
+
+            def query(obj):
+                result = original(obj)
+                report(obj, result)
+                return result
+
+            query.__doc__ = original.__doc__
+            setattr(cls, name, query)
+            self._undo.append(lambda: setattr(cls, name, own) if own is not None else delattr(cls, name))
+
+        def event_handle(e) -> int:
+            return int(e.cuda_event if hasattr(e, "cuda_event") else e.event_id)
+
+        def report_query(e, result) -> None:
+            handle = event_handle(e)
+            if handle:  # 0: never recorded, nothing to order (and no handle to name it by)
+                report_event(handle, result)
+
+        wrap_method(torch.cuda.Event, "query", report_query)
+        wrap_method(torch.cuda.Stream, "query", lambda s, r: report_stream(self.stream_key_of(s), r))
+        generic = getattr(torch, "Event", None)
+        if isinstance(generic, type) and hasattr(generic, "event_id"):
+            torch.Event = observed_event_class(generic, report_query)
+            self._undo.append(lambda: setattr(torch, "Event", generic))
+
+    def stream_key_of(self, stream) -> object:
+        device = stream.device.index if stream.device.index is not None else self.torch.cuda.current_device()
+        return Recorder.stream_key(int(stream.cuda_stream), device)
+
+    def _wrap_host_register(self, recorder: Recorder, guard) -> None:
+        try:
+            module = self.torch.cuda.cudart()
+        except Exception:  # no CUDA runtime module in this torch build: nothing to wrap
+            return
+        if not hasattr(module, "cudaHostRegister"):
+            return
+        register, unregister = module.cudaHostRegister, module.cudaHostUnregister
+
+        def learn(ptr, size):
+            recorder.memory.fresh(int(ptr), int(size), HOST_SPACE["registered"], "cudaHostRegister (torch cudart)",
+                                  recorder.locate())
+
+        learn_guarded, retire_guarded = guard(learn), guard(lambda ptr: recorder.memory.retire(int(ptr)))
+
+        def host_register(ptr, size, flags):
+            result = register(ptr, size, flags)
+            if int(result) == 0:
+                learn_guarded(ptr, size)
+            return result
+
+        def host_unregister(ptr):
+            retire_guarded(ptr)
+            return unregister(ptr)
+
+        module.cudaHostRegister, module.cudaHostUnregister = host_register, host_unregister
+        self._undo.append(lambda: (setattr(module, "cudaHostRegister", register),
+                                   setattr(module, "cudaHostUnregister", unregister)))
+
+    def uninstall(self) -> None:
+        """Undo ``install`` (the GPU-trace callbacks stay active in torch, calling nothing)."""
+        while self._undo:
+            with contextlib.suppress(Exception):
+                self._undo.pop()()
+
+
+def observed_event_class(original: type, report: Callable[[object, bool], None]) -> type:
+    """A subclass of ``original`` (``torch.Event``, a type defined in C whose methods cannot be
+    replaced) whose ``query()`` also calls ``report(event, result)``; ``isinstance`` and
+    ``issubclass`` against it answer as against ``original``, so events made elsewhere still pass
+    checks written against ``torch.Event``."""
+
+    class _Meta(type(original)):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, original)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, original)
+
+    def query(self) -> bool:
+        result = original.query(self)
+        report(self, result)
+        return result
+
+    query.__doc__ = original.query.__doc__
+    return _Meta(original.__name__, (original,), {"query": query, "__doc__": original.__doc__,
+                                                  "__module__": original.__module__,
+                                                  "__qualname__": original.__qualname__})
+
+
+def thread_guard(thread: int, busy: Callable[[], bool], notes) -> Callable[[Callable], Callable]:
+    """A ``guard`` for ``install``: the wrapped callback runs only on thread ``thread`` and while
+    ``busy()`` is false; calls from other threads are counted in ``notes`` (a Counter)."""
+
+    def guard(fn: Callable) -> Callable:
+        def cb(*args):
+            if threading.get_ident() != thread:
+                notes["stream, event and memory reports from other threads (not recorded)"] += 1
+                return None
+            if busy():
+                return None
+            return fn(*args)
+
+        return cb
+
+    return guard

@@ -1,0 +1,98 @@
+"""pytest plugin: fail every test whose recorded device work races.
+
+Loaded by pytest through the ``pytest11`` entry point once kvverify is installed (or with
+``-p kvverify.record.pytest_plugin``). Nothing is recorded unless asked:
+
+- ``pytest --kvverify-record``: every test runs under the recorder (from its first fixture to the
+  end of its body); after the body the trace is checked and a race fails the test with the report
+  (both ops with the lines that issued them, bytes, kind, why, fix);
+- ``@pytest.mark.kvverify_record`` on a test, or its ``kvverify_record`` fixture (the running
+  ``kvverify.record.Recording``), does the same for that test alone.
+
+``--kvverify-swap-op NS::NAME`` names a serving engine's own batched-swap op;
+``--kvverify-trace-dir DIR`` writes each recorded test's trace there. Where no CUDA device is
+visible a recorded test fails with the one line that says so; the ``kvverify_platform`` fixture
+(None: the CUDA device) can be overridden to record on a stand-in.
+
+Importing this module imports neither torch nor numpy.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+_RECORDING = pytest.StashKey()
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("kvverify", "kvverify: record each test's device work and fail it on a race")
+    group.addoption("--kvverify-record", action="store_true", default=False,
+                    help="record every test's CUDA work (streams, events, copies, batched swaps) and fail a "
+                         "test whose work races")
+    group.addoption("--kvverify-swap-op", action="append", default=[], metavar="NS::NAME",
+                    help="an op with the schema of kvverify::swap_blocks_batch under another name")
+    group.addoption("--kvverify-trace-dir", default=None, metavar="DIR",
+                    help="write each recorded test's trace to DIR (one JSON file per test)")
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "kvverify_record: record this test's CUDA work and fail it on a race")
+
+
+@pytest.fixture
+def kvverify_platform():
+    """The device layer recordings use: None means the CUDA device through torch. Override this
+    fixture (e.g. in a conftest) to record on a stand-in."""
+    return None
+
+
+@pytest.fixture
+def kvverify_record(request, kvverify_platform):
+    """The running ``kvverify.record.Recording`` of this test; the test fails when its recorded
+    work races (checked right after the test body)."""
+    from kvverify.errors import RecordingError
+    from kvverify.record.session import recording
+
+    rec = recording(swap_ops=request.config.getoption("kvverify_swap_op"), platform=kvverify_platform)
+    try:
+        rec.start()
+    except RecordingError as exc:
+        pytest.fail(f"kvverify record: {exc}", pytrace=False)
+    request.node.stash[_RECORDING] = rec
+    try:
+        yield rec
+    finally:
+        rec.stop()
+
+
+@pytest.fixture(autouse=True)
+def _kvverify_record_when_asked(request):
+    if request.config.getoption("kvverify_record") or request.node.get_closest_marker("kvverify_record"):
+        request.getfixturevalue("kvverify_record")
+
+
+def _trace_file(directory: str, nodeid: str) -> str:
+    return os.path.join(directory, re.sub(r"[^A-Za-z0-9_.-]+", "_", nodeid).strip("_") + ".json")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    result = yield  # a failing test body raises here, and is reported as it is
+    rec = item.stash.get(_RECORDING, None)
+    if rec is None or not rec.running:
+        return result
+    rec.stop()
+    directory = item.config.getoption("kvverify_trace_dir")
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        rec.write(_trace_file(directory, item.nodeid))
+    if not rec.check().safe:
+        pytest.fail(f"kvverify record: the device work of {item.nodeid} races\n\n{rec.report(item.nodeid)}",
+                    pytrace=False)
+    if not rec.complete():
+        pytest.fail(f"kvverify record: the recorder failed on ops of {item.nodeid}; no race in the rest\n\n"
+                    f"{rec.report(item.nodeid)}", pytrace=False)
+    return result

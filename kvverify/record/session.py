@@ -1,0 +1,281 @@
+"""A recording: start the hooks, run the program, stop, write the trace, check it.
+
+``recording()`` is the Python entry point (``kvverify record`` and the pytest plugin use it too)::
+
+    with kvverify.record.recording() as rec:
+        run_my_offload_step()
+    verdict = rec.check()          # kvverify.check.Verdict: .verdict "SAFE" / "RACY", .races
+    rec.write("trace.json")
+
+The annotation functions (``host_write``, ``host_read``, ``host_buffer``) tell the recorder what
+the dispatcher cannot see; outside a recording they do nothing, so they can stay in production code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+import threading
+from collections.abc import Iterable
+
+from kvverify.errors import RecordingError
+from kvverify.record.frames import Locator
+from kvverify.record.recorder import Recorder
+from kvverify.record.writer import Summary, build
+from kvverify.terms import DEVICE_SPACE, HOST_SPACE
+
+_active: Recording | None = None
+_lock = threading.Lock()
+
+
+class Recording:
+    """One recording of the current thread's device work (see ``recording``).
+
+    Use it as a context manager, or call ``start()`` and ``stop()``. After ``stop()``:
+    ``trace()`` (a trace-format dict), ``summary()``, ``check()`` (a ``kvverify.check.Verdict``),
+    ``write(path)``, ``report()`` (the verdict and the summary as text).
+    """
+
+    def __init__(self, *, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=None,
+                 skip: Iterable[str] | None = None) -> None:
+        self.swap_ops = tuple(swap_ops)
+        self.keep_all = keep_all
+        self._platform = platform
+        self._skip = skip
+        self._busy = 0
+        self.recorder: Recorder | None = None
+        self._mode = None
+        self._built: tuple[dict, Summary] | None = None
+        self._verdict = None
+        self.running = False
+
+    # -- lifetime ----------------------------------------------------------------------------
+
+    def start(self) -> Recording:
+        """Start recording this thread. Raises RecordingError when there is no CUDA device, this
+        torch lacks the hooks, or another recording is running."""
+        global _active
+        from kvverify.record import hooks
+
+        with _lock:
+            if _active is not None:
+                raise RecordingError("a recording is already running in this process; stop it first "
+                                     "(recordings do not nest)")
+            platform = self._platform
+            if platform is None:
+                reason = hooks.refusal()
+                if reason is not None:
+                    raise RecordingError(reason)
+                platform = hooks.CudaPlatform()
+            from kvverify.record.dispatch import RecordingMode
+
+            self.recorder = Recorder(Locator(self._skip).locate)
+            self.thread = threading.get_ident()
+            guard = hooks.thread_guard(self.thread, lambda: self._busy > 0, self.recorder.notes)
+            try:
+                platform.install(self.recorder, guard)
+                self._mode = RecordingMode(self.recorder, platform, self.swap_ops, internal=self.internal)
+                self._mode.__enter__()
+            except BaseException:
+                platform.uninstall()
+                raise
+            self._platform_in_use = platform
+            self._built = self._verdict = None
+            self.running = True
+            _active = self
+            # The log grows by a few objects per op, and the collector's full passes would walk
+            # the whole heap (torch's included, hundreds of thousands of objects) over and over:
+            # what existed before the recording is left out of them until it stops.
+            gc.freeze()
+        return self
+
+    def stop(self) -> None:
+        """Stop recording (idempotent)."""
+        global _active
+        if not self.running:
+            return
+        with _lock:
+            try:
+                self._mode.__exit__(None, None, None)
+            finally:
+                gc.unfreeze()
+                self._platform_in_use.uninstall()
+                self.running = False
+                _active = None
+
+    def __enter__(self) -> Recording:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @contextlib.contextmanager
+    def internal(self):
+        """Work of the recorder itself: the hooks report nothing meanwhile."""
+        self._busy += 1
+        try:
+            yield
+        finally:
+            self._busy -= 1
+
+    # -- results -----------------------------------------------------------------------------
+
+    def _results(self) -> tuple[dict, Summary]:
+        if self.recorder is None:
+            raise RecordingError("nothing was recorded: start() the recording first")
+        if self.running:
+            raise RecordingError("the recording is still running: stop() it (or leave its with-block) first")
+        if self._built is None:
+            doc, summary = build(self.recorder, keep_all=self.keep_all)
+            summary.notes += [f"{what}: {n}" for what, n in sorted(self.recorder.notes.items())]
+            self._built = (doc, summary)
+        return self._built
+
+    def trace(self) -> dict:
+        """The trace (format version 1, ``docs/trace-format.md``) as a JSON-ready dict."""
+        return self._results()[0]
+
+    def summary(self) -> Summary:
+        return self._results()[1]
+
+    def check(self):
+        """Decide the trace with ``kvverify.check``; returns its ``Verdict`` (``.verdict``,
+        ``.races``, ``.render()``)."""
+        if self._verdict is None:
+            from kvverify.check import check
+
+            self._verdict = check(self.trace())
+        return self._verdict
+
+    def write(self, path: str | os.PathLike) -> None:
+        """Write the trace as JSON to ``path``."""
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.trace(), f, indent=1)
+            f.write("\n")
+
+    def complete(self) -> bool:
+        """False when the recorder failed on some op (the summary names them): a SAFE verdict
+        then covers only what was recorded."""
+        from kvverify.record.dispatch import RECORDER_ERROR
+
+        return not any(note.startswith(RECORDER_ERROR) for note in self.summary().notes)
+
+    def report(self, source: str | None = None) -> str:
+        """The checker's report of the trace, then the summary of the recording."""
+        text = self.check().render(source=source)
+        return text.rstrip("\n") + "\n\n" + "\n".join(self.summary().lines()) + "\n"
+
+
+def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=None,
+              skip: Iterable[str] | None = None) -> Recording:
+    """A recording of what the current thread asks the CUDA device to do, as a trace.
+
+    ``swap_ops``: qualified names (``"ns::name"``) of batched-swap ops with the schema of
+    ``kvverify::swap_blocks_batch`` under another name (a serving engine's own).
+    ``keep_all``: write kernels' accesses to every buffer (default: only buffers a copy touches,
+    or both the host and the device). ``platform``: the device layer (default: the CUDA device
+    through torch; tests pass a stand-in). ``skip``: folders whose frames are library code when
+    locating ops (default: torch and kvverify's recorder and op wrappers).
+
+    Use as ``with recording() as rec: ...``; starting raises RecordingError where no CUDA device
+    is visible, this torch lacks the GPU-trace hooks, or a recording is already running.
+    """
+    return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip)
+
+
+# -- annotations ---------------------------------------------------------------------------------
+
+
+def _current() -> Recording | None:
+    rec = _active
+    if rec is None or not rec.running or threading.get_ident() != rec.thread:
+        return None
+    return rec
+
+
+def _address_range(obj) -> tuple[int, int]:
+    """``(address, bytes)`` of a numpy array, a buffer, an ``(address, bytes)`` pair or a
+    ``kvverify.device.host_memory.HostBuffer``."""
+    if isinstance(obj, tuple) and len(obj) == 2:
+        return int(obj[0]), int(obj[1])
+    if hasattr(obj, "ptr") and hasattr(obj, "nbytes"):
+        return int(obj.ptr), int(obj.nbytes)
+    interface = getattr(obj, "__array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0]), int(obj.nbytes)
+    raise TypeError(f"cannot tell the bytes of a {type(obj).__name__}: pass a tensor, a numpy array, a HostBuffer "
+                    "or an (address, bytes) pair")
+
+
+def _spans(rec: Recording, objs: tuple, at: str | None) -> list:
+    memory = rec.recorder.memory
+    out = []
+    for obj in objs:
+        if hasattr(obj, "untyped_storage"):  # a tensor
+            where = rec._platform_in_use.where(obj)
+            if where != "host":
+                raise ValueError(f"host_write / host_read take host memory; this tensor is on {obj.device}")
+            span = rec._mode.span(obj, where, at)
+            if span is not None:
+                out.append(span)
+            continue
+        address, nbytes = _address_range(obj)
+        if nbytes <= 0:
+            continue
+        span = memory.resolve(address, nbytes)
+        if span is None:
+            memory.known(address, nbytes, HOST_SPACE["pageable"], "memory named in a host access", at)
+            span = memory.resolve(address, nbytes) or memory.unresolved_span(
+                address, nbytes, memory.why_not(address, nbytes), at)
+        out.append(span)
+    return out
+
+
+def _host_access(kind: str, objs: tuple, name: str | None) -> None:
+    rec = _current()
+    if rec is None:
+        return
+    at = rec.recorder.locate()
+    rec.recorder.host_access(kind, _spans(rec, objs, at), name, at)
+
+
+def host_write(*objs, name: str | None = None) -> None:
+    """The host thread writes these bytes now (numpy, ``preadv`` into a pinned buffer, a ctypes
+    memmove: writes the dispatcher cannot see).
+
+    ``objs``: CPU tensors, numpy arrays, ``HostBuffer`` objects or ``(address, bytes)`` pairs;
+    memory the recording does not know yet becomes a pageable host buffer (declare pinned memory
+    first with ``host_buffer``). Outside a recording (or on another thread): does nothing.
+    Raises ValueError for a CUDA tensor, TypeError for an object whose bytes cannot be told.
+    """
+    _host_access("host_write", objs, name)
+
+
+def host_read(*objs, name: str | None = None) -> None:
+    """The host thread reads these bytes now (e.g. a D2H destination consumed by numpy). As
+    ``host_write``."""
+    _host_access("host_read", objs, name)
+
+
+def host_buffer(obj, kind: str = "pinned", *, name: str | None = None) -> None:
+    """Declare memory the recorder cannot learn of by itself (allocated by ctypes, another
+    library's ``cudaHostAlloc``), so that swaps into it resolve to a named buffer.
+
+    ``obj`` as for ``host_write``; ``kind``: ``"pinned"``, ``"registered"``, ``"pageable"`` (host
+    memory kinds, ``kvverify.terms.HOST_MEMORY_KINDS``) or ``"device"``; ``name``: the buffer's
+    name in the trace. Outside a recording: does nothing. Raises ValueError for an unknown kind.
+    """
+    space = DEVICE_SPACE if kind == "device" else HOST_SPACE.get(kind)
+    if space is None:
+        raise ValueError(f"unknown memory kind {kind!r}; use one of {', '.join([*HOST_SPACE, 'device'])}")
+    rec = _current()
+    if rec is None:
+        return
+    if hasattr(obj, "untyped_storage"):
+        storage = obj.untyped_storage()
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+    else:
+        address, nbytes = _address_range(obj)
+    rec.recorder.memory.fresh(address, nbytes, space, "declared with host_buffer", rec.recorder.locate(), name)

@@ -1,0 +1,204 @@
+"""From a recorder's op log to a trace document (``docs/trace-format.md``, version 1).
+
+Only what can matter is written. Two accesses can race only if something other than kernels
+in program order touches the bytes, so a buffer is kept when a copy or a batched swap touches it,
+or when both the host and the device do; kernels' accesses to any other buffer (intermediate
+activations, a compute-only workspace) are summarized: counted, not written. The happens-before
+order between the ops written does not change: kernels add no ordering edges, only accesses.
+Records of events nothing waits on, synchronizes with or queries order nothing and are left out;
+repeated "not yet" answers of a polling loop are written once.
+
+``keep_all=True`` writes every access (races between kernels on compute-only buffers then show
+too: what PyTorch's CUDA Stream Sanitizer looks for).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from kvverify.record.memory import Allocation, Unresolved
+from kvverify.record.recorder import Recorder, short_at
+from kvverify.terms import DEVICE_SPACE
+
+PREFIX = {DEVICE_SPACE: "gpu", "host_pinned": "pinned", "host_registered": "registered", "host_pageable": "pageable"}
+
+
+@dataclass
+class Summary:
+    """What a recording holds and what the trace writer left out."""
+
+    ops_recorded: int = 0
+    ops_written: int = 0
+    kernels_summarized: int = 0  # kernels whose every access was to a summarized buffer
+    accesses_summarized: int = 0  # byte ranges left out (of kernels and host accesses)
+    buffers_written: int = 0
+    allocations_seen: int = 0
+    records_dropped: int = 0  # records of events nothing uses
+    queries_collapsed: int = 0  # repeated false queries of one event
+    unresolved: list[Unresolved] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        out = [f"recorded {self.ops_recorded} ops, wrote {self.ops_written} "
+               f"({self.buffers_written} buffers of {self.allocations_seen} allocations seen)"]
+        if self.kernels_summarized or self.accesses_summarized:
+            out.append(f"summarized {self.kernels_summarized} kernels and {self.accesses_summarized} accesses to "
+                       "buffers no copy and no host access touches (--keep-all writes them)")
+        if self.records_dropped or self.queries_collapsed:
+            out.append(f"left out {self.records_dropped} records of events nothing waits on, synchronizes with or "
+                       f"queries, and {self.queries_collapsed} repeated 'not yet' answers of polls")
+        if self.unresolved:
+            out.append(f"{len(self.unresolved)} byte ranges lie in no allocation the recording knows; "
+                       "written as pageable host memory ('unresolved 0x...'), as the CUDA driver treats them:")
+            for u in self.unresolved[:10]:
+                where = f" at {u.at}" if u.at else ""
+                out.append(f"  {u.length} bytes at {u.address:#x}{where}: {u.reason}")
+            if len(self.unresolved) > 10:
+                out.append(f"  ... and {len(self.unresolved) - 10} more")
+            out.append("  declare such memory with kvverify.record.host_buffer(...) (docs/record.md)")
+        out += self.notes
+        return out
+
+
+def buffer_name(a: Allocation) -> str:
+    """``gpu12 (offload.py:30)``: kind, allocation number, where the program made it (or its
+    address); a name the user gave (``host_buffer(..., name=)``) wins; memory the recording never
+    learnt of is ``unresolved 0x7f0000`` (its address)."""
+    if a.label:
+        return a.label
+    if a.placeholder:
+        return f"unresolved {a.base:#x}"
+    where = f"({short_at(a.at)})" if a.at else f"@{a.base:#x}"
+    return f"{PREFIX[a.space]}{a.index} {where}"
+
+
+def _spans(op: dict) -> Iterable[tuple]:
+    kind = op["op"]
+    if kind == "kernel":
+        yield from op["reads"]
+        yield from op["writes"]
+    elif kind == "copy":
+        yield op["src"]
+        yield op["dst"]
+    elif kind in ("host_read", "host_write"):
+        yield from op["ranges"]
+
+
+def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]:
+    """The trace (a JSON-ready dict) of what ``recorder`` logged, and a summary of it.
+
+    Raises nothing for a well-formed log; the result passes ``kvverify.check.Trace.from_json``.
+    """
+    import numpy as np
+
+    allocations = recorder.memory.allocations
+    summary = Summary(ops_recorded=len(recorder.ops), allocations_seen=len(allocations),
+                      unresolved=recorder.memory.still_unresolved())
+    # Where each allocation ended up (placeholders merge into memory learnt later), by index.
+    final = [a.final() for a in allocations]
+    finals = np.array([f[0].index for f in final], dtype=np.int64)
+    shifts = np.array([f[1] for f in final], dtype=np.int64)
+    copied: set[int] = set()
+    on_host: set[int] = set()
+    on_device: set[int] = set()
+    used_events: set[str] = set()
+    for op in recorder.ops:
+        kind = op["op"]
+        if kind == "copy_batch":
+            c = op["copies"]
+            copied.update(np.unique(finals[np.concatenate([c.src_index, c.dst_index])]).tolist())
+            continue
+        if kind in ("wait_event", "sync_event", "query_event"):
+            used_events.add(op["event"])
+        target = {"kernel": on_device, "copy": copied, "host_read": on_host, "host_write": on_host}.get(kind)
+        if target is not None:
+            target.update(final[span[0]][0].index for span in _spans(op))
+    keep = copied | (on_host & on_device)
+    names: dict[int, str] = {}
+    taken: set[str] = set()
+
+    def name(index: int) -> str:
+        out = names.get(index)
+        if out is None:
+            out = buffer_name(allocations[index])
+            if out in taken:  # labels the user gave may repeat
+                out = f"{out} #{index}"
+            taken.add(out)
+            names[index] = out
+        return out
+
+    def rng(span: tuple) -> list:
+        a, shift = final[span[0]]
+        return [name(a.index), span[1] + shift, span[2]]
+
+    def kept(spans: tuple) -> list:
+        out = [rng(s) for s in spans if keep_all or final[s[0]][0].index in keep]
+        summary.accesses_summarized += len(spans) - len(out)
+        return out
+
+    ops: list[dict] = []
+    polled: set[str] = set()  # events answered "not yet" since the last op other than a query
+    for op in recorder.ops:
+        kind = op["op"]
+        if kind == "kernel":
+            reads, writes = kept(op["reads"]), kept(op["writes"])
+            if not reads and not writes:
+                summary.kernels_summarized += 1
+                continue
+            out = {"op": kind, "stream": op["stream"], "reads": reads, "writes": writes}
+        elif kind in ("host_read", "host_write"):
+            ranges = kept(op["ranges"])
+            if not ranges:
+                continue
+            out = {"op": kind, "ranges": ranges}
+        elif kind == "copy":
+            out = {"op": kind, "stream": op["stream"], "src": rng(op["src"]), "dst": rng(op["dst"])}
+        elif kind == "copy_batch":
+            c = op["copies"]
+            sizes = c.size.tolist()
+            src = zip(finals[c.src_index].tolist(), (c.src_offset + shifts[c.src_index]).tolist(), sizes)
+            dst = zip(finals[c.dst_index].tolist(), (c.dst_offset + shifts[c.dst_index]).tolist(), sizes)
+            out = {"op": kind, "stream": op["stream"], "order": op["order"],
+                   "copies": [{"src": [name(i), o, n], "dst": [name(j), p, n]}
+                              for (i, o, n), (j, p, _) in zip(src, dst)]}
+        elif kind == "record" and op["event"] not in used_events:
+            summary.records_dropped += 1
+            continue
+        else:
+            out = {k: v for k, v in op.items() if k != "at"}
+        if kind != "query_event":
+            polled.clear()
+        elif not op["result"]:
+            if op["event"] in polled:
+                summary.queries_collapsed += 1
+                continue
+            polled.add(op["event"])
+        if op.get("name"):
+            out["name"] = op["name"]
+        else:
+            out.pop("name", None)
+        if op.get("at"):
+            out["at"] = op["at"]
+        ops.append(out)
+
+    used_buffers: set[str] = set()
+    streams: dict[str, None] = {}
+    for out in ops:
+        for key in ("stream", "on"):
+            if key in out:
+                streams.setdefault(out[key])
+        for key in ("reads", "writes", "ranges"):
+            used_buffers.update(r[0] for r in out.get(key, ()))
+        for key in ("src", "dst"):
+            if key in out:
+                used_buffers.add(out[key][0])
+        for c in out.get("copies", ()):
+            used_buffers.add(c["src"][0])
+            used_buffers.add(c["dst"][0])
+    buffers = {names[i]: {"space": allocations[i].space, "bytes": allocations[i].size}
+               for i in sorted(names) if names[i] in used_buffers}
+    summary.ops_written = len(ops)
+    summary.buffers_written = len(buffers)
+    doc = {"version": 1, "buffers": buffers, "streams": list(streams), "ops": ops}
+    return doc, summary

@@ -1,0 +1,164 @@
+"""``kvverify record -- ...``: which programs it runs in-process, its exit status, the trace it writes
+and the report it prints; on the CUDA stand-in (``fake_cuda.shared()``) and, for the no-device
+line, on this host as it is."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from fake_cuda import shared
+
+from kvverify.record import cli
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+# A program of the CPU offload handler's shape on the stand-in: a pinned staging buffer refilled
+# while its H2D copy may still be pending (H3), or, with --fixed, only after the copy's end event.
+PROGRAM = textwrap.dedent("""\
+    import sys
+    import fake_cuda
+
+    fake = fake_cuda.shared()
+    gpu = fake.device(4096)
+    staging = fake.pinned(4096)
+    load = fake.stream()
+    done = fake.event()
+    staging.fill_(1)
+    with fake.use(load):
+        gpu.copy_(staging, non_blocking=True)
+        done.record()
+    if "--fixed" in sys.argv:
+        done.synchronize()
+    staging.fill_(2)
+    sys.exit(int(sys.argv[1]) if sys.argv[1:2] and sys.argv[1].isdigit() else 0)
+    """)
+
+
+def args(*command: str, **options) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items() if v is not True]
+    flags += [f"--{k.replace('_', '-')}" for k, v in options.items() if v is True]
+    return parser.parse_args([*flags, "--", *command])
+
+
+@pytest.fixture
+def program(tmp_path, monkeypatch):
+    path = tmp_path / "prog.py"
+    path.write_text(PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(HERE))
+    return path
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["python", "prog.py", "-x"], ("script", "prog.py", ["-x"])),
+    (["python3.12", "-m", "pkg.mod", "a"], ("module", "pkg.mod", ["a"])),
+    (["python", "-m", "pytest", "-q"], ("pytest", "pytest", ["-q"])),
+    (["/usr/bin/pytest", "tests/x.py"], ("pytest", "pytest", ["tests/x.py"])),
+    (["python", "-c", "print(1)", "z"], ("code", "print(1)", ["z"])),
+    (["prog.py"], ("script", "prog.py", [])),
+    (["--", "pytest"], ("pytest", "pytest", [])),
+])
+def test_programs_it_runs_in_process(command, expected):
+    assert cli.program(command) == expected
+
+
+@pytest.mark.parametrize("command, message", [
+    ([], "name the program to record"),
+    (["python"], "has nothing to run"),
+    (["python", "-u", "prog.py"], "python option -u is not supported in-process"),
+    (["bash", "run.sh"], "'bash' is not a Python program"),
+])
+def test_commands_it_cannot_run_in_process_are_refused_by_name(command, message):
+    with pytest.raises(ValueError, match=message):
+        cli.program(command)
+
+
+def test_a_racy_program_exits_1_with_both_lines_in_the_report(program, capsys):
+    status = cli.run(args("python", str(program)), platform=shared())
+    out = capsys.readouterr()
+    assert status == 1
+    assert "RACY" in out.out and "1 race" in out.out
+    assert "prog.py:11 in <module>" in out.out and "prog.py:15 in <module>" in out.out
+    assert "kvverify record: trace written to kvverify-trace.json" in out.err
+    trace = json.loads(Path("kvverify-trace.json").read_text())
+    assert {op["op"] for op in trace["ops"]} >= {"copy", "host_write"}
+
+
+def test_a_safe_program_exits_0_and_the_trace_goes_where_asked(program, capsys):
+    status = cli.run(args("python", str(program), "--fixed", output="out.json"), platform=shared())
+    assert status == 0
+    assert "SAFE" in capsys.readouterr().out
+    assert Path("out.json").exists()
+
+
+def test_a_failing_program_gives_its_own_status_and_is_still_recorded(program, capsys):
+    assert cli.run(args("python", str(program), "3"), platform=shared()) == 3
+    out = capsys.readouterr()
+    assert "RACY" in out.out and "the program exited with status 3" in out.err
+    (Path(program).parent / "boom.py").write_text("raise RuntimeError('boom')\n")
+    assert cli.run(args("python", "boom.py"), platform=shared()) == 1
+    assert "RuntimeError: boom" in capsys.readouterr().err
+
+
+def test_no_check_writes_the_trace_and_returns_the_programs_status(program, capsys):
+    assert cli.run(args("python", str(program), no_check=True), platform=shared()) == 0
+    out = capsys.readouterr().out
+    assert "RACY" not in out and "recorded" in out
+
+
+def test_pytest_runs_in_process_under_the_recording(program, capsys):
+    test = Path(program).parent / "test_offload.py"
+    test.write_text("import runpy, pytest\n\ndef test_offload():\n    with pytest.raises(SystemExit):\n"
+                    "        runpy.run_path('prog.py', run_name='__main__')\n")
+    status = cli.run(args("pytest", "-q", "-p", "no:cacheprovider", str(test)), platform=shared())
+    out = capsys.readouterr().out
+    assert "1 passed" in out, out
+    assert status == 1 and "RACY" in out
+
+
+def test_without_a_cuda_device_it_says_so_in_one_line_and_exits_2(program, capsys):
+    from kvverify.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    assert main(["record", "--", "python", str(program)]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.startswith("kvverify record: no CUDA device is visible") and out.err.count("\n") == 1
+    assert not (Path(program).parent / "kvverify-trace.json").exists()
+
+
+def test_record_help_the_package_and_the_pytest_plugin_import_without_torch():
+    probe = "import sys; from kvverify.cli import main\ntry: main(['record', '--help'])\nexcept SystemExit: pass\n" \
+            "import kvverify.record, kvverify.record.pytest_plugin\n" \
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules), file=sys.stderr)"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "-- COMMAND" in r.stdout and "exit status" in r.stdout
+    assert r.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_a_safe_verdict_over_an_incomplete_recording_exits_2(program, capsys):
+    import fake_cuda
+
+    class Broken(fake_cuda.FakeCuda):
+        def is_pinned(self, t):
+            raise RuntimeError("no answer")
+
+    fake_cuda.SHARED.insert(0, Broken())
+    try:
+        status = cli.run(args("python", str(program), "--fixed"), platform=fake_cuda.shared())
+    finally:
+        fake_cuda.SHARED.pop(0)
+    out = capsys.readouterr()
+    assert status == 2
+    assert "NOT RECORDED" in out.out and "SAFE covers only what was recorded" in out.err

@@ -1,0 +1,301 @@
+"""The dispatcher hook on real aten ops, with a CUDA stand-in (``fake_cuda``): kernels from schema
+alias annotations, copies and the synchronization a blocking one implies, batched swaps with their
+order and raw pointers resolved, host accesses, and the races each historical mistake makes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from fake_cuda import FakeCuda, ptrs, swap_ops
+
+from kvverify.check import Trace, check
+from kvverify.record import recording
+from kvverify.record.recorder import short_at
+
+BLOCK = 4096
+
+
+@pytest.fixture
+def fake():
+    return FakeCuda()
+
+
+def record(fake, **kwargs):
+    return recording(platform=fake, skip=fake.skip(), **kwargs)
+
+
+def ops_of(rec, *kinds):
+    return [op for op in rec.trace()["ops"] if not kinds or op["op"] in kinds]
+
+
+def here(offset: int = 0) -> str:
+    import inspect
+
+    frame = inspect.currentframe().f_back
+    return f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno + offset}"
+
+
+def test_kernel_accesses_follow_the_schema_views_launch_nothing_and_strided_views_cover_their_span(fake):
+    gpu = fake.device(8, BLOCK)
+    out = fake.device(BLOCK)
+    with record(fake, keep_all=True) as rec:
+        gpu[1].fill_(7)  # aten.select is a view: no kernel; fill_ writes self (Tensor(a!))
+        torch.add(gpu[2], gpu[3], out=out)  # out= writes out, reads the two inputs
+        gpu[:, 0].zero_()  # a strided view: its covering span, first byte of block 0 to first of block 7
+    kernels = ops_of(rec, "kernel")
+    assert [k["name"] for k in kernels] == ["aten.fill_.Scalar", "aten.add.out", "aten.zero_.default"]
+    g = kernels[0]["writes"][0][0]
+    assert kernels[0]["writes"] == [[g, BLOCK, BLOCK]] and kernels[0]["reads"] == []
+    assert sorted(kernels[1]["reads"]) == [[g, 2 * BLOCK, BLOCK], [g, 3 * BLOCK, BLOCK]]
+    assert kernels[1]["writes"][0][1:] == [0, BLOCK]
+    assert kernels[2]["writes"] == [[g, 0, 7 * BLOCK + 1]]
+    assert all(k["stream"] == "default" for k in kernels)
+
+
+def test_kernels_run_on_the_current_stream_and_a_missing_wait_is_a_race_between_the_two_lines(fake):
+    gpu = fake.device(4, BLOCK)
+    compute, side = fake.stream(), fake.stream()
+    with record(fake, keep_all=True) as rec:
+        with fake.use(compute):
+            gpu[0].fill_(1)
+            first = here(-1)
+        with fake.use(side):
+            gpu[0].add_(1)
+            second = here(-1)
+    verdict = rec.check()
+    (race,) = verdict.races
+    ops = rec.trace()["ops"]
+    assert race.kind == "WAW"
+    assert short_at(ops[race.first]["at"]) == first and short_at(ops[race.second]["at"]) == second
+    assert ops[race.first]["stream"] != ops[race.second]["stream"]
+
+
+def test_a_blocking_copy_synchronizes_its_stream_and_a_non_blocking_one_does_not(fake):
+    gpu = fake.device(2, BLOCK)
+    pinned = fake.pinned(2, BLOCK)
+    pageable = fake.pageable(2, BLOCK)
+    with record(fake) as rec:
+        gpu[0].copy_(pinned[0], non_blocking=True)  # H2D from pinned: stream-ordered
+        pageable[1].copy_(gpu[1])  # blocking D2H: copy, then the stream sync torch does
+    ops = ops_of(rec)
+    assert [op["op"] for op in ops] == ["copy", "copy", "sync_stream"]
+    h2d, d2h = ops[0], ops[1]
+    buffers = rec.trace()["buffers"]
+    assert buffers[h2d["src"][0]]["space"] == "host_pinned" and buffers[h2d["dst"][0]]["space"] == "device"
+    assert buffers[d2h["dst"][0]]["space"] == "host_pageable" and d2h["dst"][1:] == [BLOCK, BLOCK]
+
+
+def test_a_host_read_of_a_non_blocking_d2h_destination_races_until_it_is_synchronized(fake):
+    gpu = fake.device(BLOCK)
+    pinned = fake.pinned(BLOCK)
+    with record(fake) as rec:
+        pinned.copy_(gpu, non_blocking=True)
+        pinned.sum()  # H4: consumed before completion
+    assert not rec.check().safe
+    with record(fake) as rec:
+        pinned.copy_(gpu, non_blocking=True)
+        done = fake.event()
+        done.record()
+        done.synchronize()
+        pinned.sum()
+    assert rec.check().safe
+
+
+def test_a_copy_that_converts_dtype_keeps_every_byte_of_both_sides(fake):
+    gpu = fake.device(16, dtype=torch.float32)
+    pinned = fake.pinned(16, dtype=torch.float16)
+    with record(fake) as rec:
+        gpu.copy_(pinned, non_blocking=True)  # 32 host bytes to 64 device bytes
+    copy, rest = ops_of(rec, "copy", "kernel")
+    assert (copy["op"], copy["src"][2], copy["dst"][2]) == ("copy", 32, 32)
+    assert rest["op"] == "kernel" and rest["writes"][0][1:] == [32, 32]
+
+
+def test_a_pinned_staging_buffer_rewritten_while_its_h2d_is_pending_races(fake):
+    gpu = fake.device(BLOCK)
+    staging = fake.pinned(BLOCK)
+    load = fake.stream()
+    with record(fake) as rec:
+        staging.fill_(1)
+        with fake.use(load):
+            gpu.copy_(staging, non_blocking=True)
+            copied = here(-1)
+        staging.fill_(2)  # H3: the CPU runs ahead
+        rewritten = here(-1)
+    (race,) = rec.check().races
+    ops = rec.trace()["ops"]
+    assert (ops[race.first]["op"], ops[race.second]["op"], race.kind) == ("copy", "host_write", "WAR")
+    assert short_at(ops[race.first]["at"]) == copied and short_at(ops[race.second]["at"]) == rewritten
+
+
+def test_a_batched_swap_resolves_every_pointer_and_keeps_its_order(fake):
+    kvswap, _ = swap_ops()
+    gpu = fake.device(4, BLOCK)
+    cpu = fake.pinned(4, BLOCK)
+    with record(fake) as rec:
+        kvswap(ptrs(gpu[1].data_ptr(), gpu[3].data_ptr()), ptrs(cpu[0].data_ptr(), cpu[2].data_ptr()),
+               ptrs(BLOCK, BLOCK), 2)
+    (op,) = ops_of(rec)
+    assert (op["op"], op["order"], op["name"]) == ("copy_batch", "DURING_API_CALL", "kvtest.swap_blocks_batch.default")
+    assert [(c["src"][1], c["dst"][1]) for c in op["copies"]] == [(BLOCK, 0), (3 * BLOCK, 2 * BLOCK)]
+    buffers = rec.trace()["buffers"]
+    assert {buffers[c["src"][0]]["space"] for c in op["copies"]} == {"device"}  # from the allocator's blocks
+    assert {buffers[c["dst"][0]]["space"] for c in op["copies"]} == {"host_pinned"}  # from CUDA's host ranges
+    assert rec.summary().unresolved == []
+
+
+def test_an_engines_own_swap_op_is_recorded_when_named_with_its_order(fake):
+    _, engine = swap_ops()
+    gpu = fake.device(BLOCK)
+    cpu = fake.pinned(BLOCK)
+    args = (ptrs(gpu.data_ptr()), ptrs(cpu.data_ptr()), ptrs(BLOCK), True)
+    with record(fake) as rec:
+        engine(*args)
+    assert ops_of(rec, "copy_batch") == []  # an unknown op of that name is a kernel over its tensors
+    with record(fake, swap_ops=["engine::transfer"]) as rec:
+        engine(*args)
+        engine(*args[:3], is_src_access_order_any=False)
+    assert [op["order"] for op in ops_of(rec, "copy_batch")] == ["ANY", "STREAM"]
+
+
+def test_a_pointer_into_no_known_allocation_is_reported_by_name_and_never_dropped(fake):
+    kvswap, _ = swap_ops()
+    gpu = fake.device(BLOCK)
+    lost = fake.pageable(BLOCK)  # plain host memory nothing told the recorder of
+    with record(fake) as rec:
+        kvswap(ptrs(gpu.data_ptr()), ptrs(lost.data_ptr()), ptrs(BLOCK), 1)
+        at = here(-1)
+    (op,) = ops_of(rec)
+    name = op["copies"][0]["dst"][0]
+    assert name == f"unresolved {lost.data_ptr():#x}"
+    assert rec.trace()["buffers"][name]["space"] == "host_pageable"
+    (u,) = rec.summary().unresolved
+    assert u.reason == "dst_ptrs[0] lies in no allocation the recording knows" and short_at(u.at) == at
+
+
+def test_memory_learnt_later_takes_in_the_unresolved_range_so_both_accesses_name_one_buffer(fake):
+    kvswap, _ = swap_ops()
+    gpu = fake.device(BLOCK)
+    host = fake.pageable(BLOCK)
+    end = fake.event()
+    with record(fake) as rec:
+        kvswap(ptrs(gpu.data_ptr()), ptrs(host.data_ptr()), ptrs(BLOCK), 1)
+        end.record()
+        end.done = False
+        end.query()  # false: the store has not finished
+        host.sum()  # the host reads the (pageable) tensor: the recorder learns its storage
+    swap, _, _, read = ops_of(rec)
+    assert swap["copies"][0]["dst"][0] == read["ranges"][0][0]
+    assert rec.summary().unresolved == []
+    assert not rec.check().safe
+
+
+def test_freed_device_memory_is_not_a_buffer_any_more(fake):
+    kvswap, _ = swap_ops()
+    gpu = fake.device(BLOCK)
+    cpu = fake.pinned(BLOCK)
+    with record(fake) as rec:
+        gpu.fill_(1)
+        fake.free(gpu)  # the allocator's block went back
+        kvswap(ptrs(gpu.data_ptr()), ptrs(cpu.data_ptr()), ptrs(BLOCK), 1)
+    (u,) = rec.summary().unresolved
+    assert u.reason.startswith("src_ptrs[0]")
+
+
+def test_host_accesses_to_pinned_memory_are_kept_only_where_a_copy_touches_it(fake):
+    gpu = fake.device(BLOCK)
+    pinned = fake.pinned(BLOCK)
+    scratch = fake.pageable(BLOCK)
+    with record(fake) as rec:
+        scratch.fill_(3)  # host-only memory: summarized
+        pinned.copy_(scratch)  # host copy: a host read and a host write
+        gpu.copy_(pinned, non_blocking=True)
+    kinds = [op["op"] for op in ops_of(rec)]
+    assert kinds == ["host_write", "copy"]
+
+
+def test_stream_and_event_reports_from_other_threads_are_not_recorded(fake):
+    import threading
+
+    gpu = fake.device(BLOCK)
+    cpu = fake.pinned(BLOCK)
+    with record(fake) as rec:
+        cpu.copy_(gpu, non_blocking=True)
+        end = fake.event()
+        worker = threading.Thread(target=lambda: (end.record(), end.synchronize()))
+        worker.start()
+        worker.join()
+        cpu.sum()
+    assert not rec.check().safe  # the other thread's sync is no order of this thread's program
+    assert any("other threads" in note for note in rec.summary().notes)
+
+
+def test_pointer_tensors_on_the_device_are_known_from_the_copy_that_filled_them(fake):
+    from kvverify.device import extension
+
+    if extension.load_error() is not None:
+        pytest.skip(extension.load_error())
+    lib = torch.library.Library("kvverify", "IMPL")  # a host kernel for the stand-in's "device"
+    lib.impl("write_blocks", lambda *args: None, "CPU")
+    gpu = fake.device(4, BLOCK)
+    table = fake.device(2, dtype=torch.int64)
+    with record(fake, keep_all=True) as rec:
+        table.copy_(ptrs(gpu[1].data_ptr(), gpu[2].data_ptr()), non_blocking=True)
+        torch.ops.kvverify.write_blocks(table, BLOCK, table, 1, 0, 0)
+        table.add_(0)  # the table changed on the device: its values must be read back
+        torch.ops.kvverify.write_blocks(table, BLOCK, table, 1, 0, 0)
+    del lib
+    writes = [op["writes"] for op in ops_of(rec, "kernel") if op["name"].startswith("kvverify.write_blocks")]
+    assert [[w[1:] for w in ws] for ws in writes] == [[[BLOCK, BLOCK], [2 * BLOCK, BLOCK]]] * 2
+    assert rec.summary().notes == ["pointer tensors read back from the device (no host copy of them seen): 1"]
+
+
+def test_every_trace_is_valid_and_names_where_each_op_was_issued(fake):
+    kvswap, _ = swap_ops()
+    gpu = fake.device(4, BLOCK)
+    cpu = fake.pinned(4, BLOCK)
+    s = fake.stream()
+    with record(fake, keep_all=True) as rec:
+        with fake.use(s):
+            s.wait_stream(fake.default)
+            gpu.zero_()
+            kvswap(ptrs(gpu.data_ptr()), ptrs(cpu.data_ptr()), ptrs(BLOCK), 1)
+        s.synchronize()
+        fake.synchronize()
+    doc = rec.trace()
+    Trace.from_json(doc)
+    assert all(short_at(op["at"]).startswith("test_record_dispatch.py:") for op in doc["ops"])
+    assert check(doc).safe
+
+
+def test_a_recorder_error_never_stops_the_program_and_the_summary_says_what_is_missing(fake):
+    class Broken(FakeCuda):
+        def is_pinned(self, t):
+            raise RuntimeError("no answer")
+
+    broken = Broken()
+    gpu = broken.device(BLOCK)
+    pinned = broken.pinned(BLOCK)
+    with record(broken) as rec:
+        gpu.copy_(pinned, non_blocking=True)  # the recorder asks is_pinned of the host side, and fails
+        gpu.fill_(1)
+    assert torch.equal(gpu, torch.full_like(gpu, 1))  # both ops ran
+    assert not rec.complete()
+    (note,) = rec.summary().notes
+    assert note.startswith("NOT RECORDED") and "aten.copy_.default: RuntimeError: no answer" in note
+    with record(fake) as rec:
+        fake.device(8).fill_(1)
+    assert rec.complete()
+
+
+def test_memory_found_unknown_is_not_looked_up_again_at_every_swap(fake):
+    kvswap, _ = swap_ops()
+    looked = []
+    fake.allocator_blocks = lambda: looked.append(1) or list(fake.blocks)
+    gpu = fake.device(BLOCK)
+    lost = fake.pageable(BLOCK)
+    with record(fake) as rec:
+        for _ in range(5):
+            kvswap(ptrs(gpu.data_ptr()), ptrs(lost.data_ptr()), ptrs(BLOCK), 1)
+    assert len(looked) == 2  # the first swap: the device source, then the unknown destination
+    assert {c["dst"][0] for op in ops_of(rec, "copy_batch") for c in op["copies"]} == {f"unresolved {lost.data_ptr():#x}"}

@@ -1,0 +1,198 @@
+"""``recording()`` and the annotations, on the CUDA stand-in; the torch hooks' wiring on the CPU (the
+callbacks torch's C++ would call are fired from Python); where the user's frame is."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+from fake_cuda import FakeCuda, ptrs, swap_ops
+
+import kvverify.record as record
+from kvverify.check import check
+from kvverify.errors import RecordingError
+from kvverify.record.frames import Locator
+from kvverify.record.hooks import (
+    CudaPlatform,
+    observed_event_class,
+    refusal,
+    thread_guard,
+)
+from kvverify.record.recorder import Recorder
+
+BLOCK = 4096
+
+
+@pytest.fixture
+def fake():
+    return FakeCuda()
+
+
+def test_without_a_cuda_device_a_recording_refuses_to_start_in_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("this host has a CUDA device")
+    with pytest.raises(RecordingError, match=r"^no CUDA device is visible .*there is no device work to record"):
+        record.recording().start()
+    assert refusal().startswith("no CUDA device is visible")
+
+
+def test_recordings_do_not_nest_and_results_wait_for_the_end(fake):
+    rec = record.recording(platform=fake)
+    with rec:
+        with pytest.raises(RecordingError, match="already running"):
+            record.recording(platform=FakeCuda()).start()
+        with pytest.raises(RecordingError, match="still running"):
+            rec.trace()
+    assert rec.trace()["version"] == 1
+    with record.recording(platform=fake):  # the first one ended: a new one may start
+        pass
+    with pytest.raises(RecordingError, match="start"):
+        record.recording(platform=fake).trace()
+
+
+def test_annotations_do_nothing_outside_a_recording_and_on_other_threads(fake):
+    data = np.zeros(64, dtype=np.uint8)
+    record.host_write(data)  # no recording: nothing happens, nothing raises
+    with record.recording(platform=fake) as rec:
+        t = threading.Thread(target=record.host_write, args=(data,))
+        t.start()
+        t.join()
+    assert rec.recorder.ops == []
+
+
+def test_host_annotations_make_numpy_writes_visible_and_a_declared_buffer_keeps_its_name(fake):
+    kvswap, _ = swap_ops()
+    gpu = fake.device(BLOCK)
+    staging = np.zeros(BLOCK, dtype=np.uint8)  # memory only numpy touches
+    load = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        record.host_buffer(staging, "pinned", name="staging")
+        record.host_write(staging)
+        with fake.use(load):
+            kvswap(ptrs(staging.ctypes.data), ptrs(gpu.data_ptr()), ptrs(BLOCK), 3)
+        staging[:] = 1  # numpy: invisible to the dispatcher ...
+        record.host_write(staging, name="refill")  # ... unless annotated
+    doc = rec.trace()
+    assert doc["buffers"]["staging"] == {"space": "host_pinned", "bytes": BLOCK}
+    (race,) = rec.check().races
+    assert (doc["ops"][race.first]["op"], doc["ops"][race.second]["op"]) == ("copy_batch", "host_write")
+    assert doc["ops"][race.second]["name"] == "refill"
+
+
+def test_host_annotations_refuse_device_tensors_and_unknown_objects(fake):
+    with record.recording(platform=fake):
+        with pytest.raises(ValueError, match="host_write / host_read take host memory"):
+            record.host_write(fake.device(8))
+        with pytest.raises(TypeError, match="cannot tell the bytes of a str"):
+            record.host_read("not memory")
+        with pytest.raises(ValueError, match="unknown memory kind 'gpu'"):
+            record.host_buffer((0x1000, 8), "gpu")
+
+
+def test_the_recorders_own_work_is_not_recorded(fake):
+    with record.recording(platform=fake) as rec:
+        with rec.internal():
+            fake.synchronize()
+        fake.synchronize()
+    assert [op["op"] for op in rec.recorder.ops] == ["sync_device"]
+
+
+def test_a_written_trace_is_what_kvverify_check_reads(fake, tmp_path):
+    gpu = fake.device(BLOCK)
+    cpu = fake.pinned(BLOCK)
+    with record.recording(platform=fake) as rec:
+        cpu.copy_(gpu, non_blocking=True)
+        cpu.sum()
+    path = tmp_path / "t.json"
+    rec.write(path)
+    assert json.loads(path.read_text()) == rec.trace()
+    assert check(str(path)).verdict == "RACY" == rec.check().verdict
+    assert "RACY" in rec.report() and "recorded" in rec.report()
+
+
+# -- the torch hooks, wired on the CPU ---------------------------------------------------------
+
+
+def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(monkeypatch):
+    import torch.cuda._gpu_trace as gpu_trace
+
+    platform = CudaPlatform()
+    monkeypatch.setattr(platform, "_probe", lambda gpu_trace: None)  # records a CUDA event
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    rec = Recorder(lambda: "prog.py:1 in f")
+    before = {r: list(r.callback_list) for r in (gpu_trace.EventRecordCallbacks, gpu_trace.MemoryAllocationCallbacks)}
+    query, generic = torch.cuda.Event.query, torch.Event
+    platform.install(rec, thread_guard(threading.get_ident(), lambda: False, rec.notes))
+    try:
+        assert torch.cuda.Event.query is not query and torch.Event is not generic
+        gpu_trace.EventCreationCallbacks.fire_callbacks(0xE0)
+        gpu_trace.EventRecordCallbacks.fire_callbacks(0xE0, 0x5100)
+        gpu_trace.EventWaitCallbacks.fire_callbacks(0xE0, 0)  # the legacy default stream
+        gpu_trace.StreamSynchronizationCallbacks.fire_callbacks(0x5100)
+        gpu_trace.DeviceSynchronizationCallbacks.fire_callbacks()
+        gpu_trace.EventSynchronizationCallbacks.fire_callbacks(0xE0)
+        rec.memory.fresh(0x9000, 16, "device", "t")
+        gpu_trace.MemoryDeallocationCallbacks.fire_callbacks(0x9000)
+    finally:
+        platform.uninstall()
+    assert [op["op"] for op in rec.ops] == ["record", "wait_event", "sync_stream", "sync_device", "sync_event"]
+    assert rec.ops[1]["stream"] == "default" and rec.ops[0]["stream"].startswith("stream1")
+    assert rec.memory.find(0x9000) is None
+    assert {r: list(r.callback_list) for r in before} == before
+    assert torch.cuda.Event.query is query and torch.Event is generic
+
+
+def test_the_generic_event_class_reports_its_queries_and_passes_isinstance_checks():
+    seen = []
+    Event = observed_event_class(torch.Event, lambda e, result: seen.append(result))
+    e = Event(device="cpu")
+    assert e.query() is True and seen == [True]
+    assert isinstance(torch.Event(device="cpu"), Event) and isinstance(e, torch.Event)
+    assert issubclass(torch.cuda.Event, Event) == issubclass(torch.cuda.Event, torch.Event)
+
+
+def test_the_guard_drops_reports_from_other_threads_and_while_busy():
+    notes = Counter()
+    busy = [False]
+    calls = []
+    cb = thread_guard(threading.get_ident(), lambda: busy[0], notes)(calls.append)
+    cb(1)
+    busy[0] = True
+    cb(2)
+    busy[0] = False
+    t = threading.Thread(target=cb, args=(3,))
+    t.start()
+    t.join()
+    assert calls == [1] and sum(notes.values()) == 1
+
+
+def test_the_platform_tells_device_from_host_memory():
+    p = CudaPlatform()
+    assert p.where(torch.zeros(2)) == "host"
+    assert p.where(torch.zeros(2, device="meta")) is None
+
+
+# -- where ops were issued ------------------------------------------------------------------------
+
+
+def test_the_locator_skips_library_frames_and_shows_user_paths_relative(tmp_path, monkeypatch):
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "wrapper.py").write_text("def call(f):\n    return f()\n")
+    (tmp_path / "user.py").write_text("import wrapper\n\ndef step(loc):\n    return wrapper.call(loc)\n")
+    monkeypatch.syspath_prepend(str(lib))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    import user
+
+    loc = Locator([str(lib)])
+    assert user.step(loc.locate) == "user.py:4 in step"
+    assert Locator([str(lib), str(tmp_path / "user.py")]).locate() is not None  # this test's own frame
+    code = compile("f()", "<string>", "exec")
+    out = []
+    exec(code, {"f": lambda: out.append(Locator([]).locate(2))})
+    assert out == ["<string>:1 in <module>"]

@@ -1,0 +1,125 @@
+"""The CI helpers that judge GPU rounds: compute-sanitizer logs (ci/sanitize.py), report checks
+(ci/reports.py) and ci/gpu.sh's step list. They run where no GPU is, on logs and reports shaped
+like the real ones."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(f"ci_{name}", ROOT / "ci" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+sanitize = _load("sanitize")
+reports = _load("reports")
+
+NOISE = ('========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to "invalid argument" on CUDA API call to '
+         'cuGetProcAddress_v2.\n'
+         '=========     Saved host backtrace up to driver entry point at error\n'
+         '=========         Host Frame: [0x2f0f1] in libcuda.so.1\n'
+         '=========\n')
+WRAPPED = ('========= Program hit CUDA_ERROR_INVALID_VALUE (error 1) due to\n'
+           '=========     "invalid argument" on CUDA API call to cuGetProcAddress_v2.\n'
+           '=========\n')
+OOB = ('========= Invalid __global__ read of size 8 bytes\n'
+       '=========     at verify_blocks_kernel(const long *, long, ...)+0x1f0\n'
+       '=========     by thread (3,0,0) in block (0,0,0)\n'
+       '=========     Address 0x7f00001000 is out of bounds\n'
+       '=========\n')
+
+
+def log(*reports, summary):
+    return "========= COMPUTE-SANITIZER\n" + "".join(reports) + "pytest output between reports\n" + summary + "\n"
+
+
+def test_known_noise_alone_passes():
+    j = sanitize.judge(log(NOISE, WRAPPED, NOISE, summary="========= ERROR SUMMARY: 3 errors"))
+    assert j.passed and j.noise == {"cuGetProcAddress INVALID_VALUE": 3} and j.other == []
+
+
+def test_a_memory_error_fails_and_is_shown():
+    j = sanitize.judge(log(NOISE, OOB, summary="========= ERROR SUMMARY: 2 errors"))
+    assert not j.passed and j.unexplained == 1
+    assert j.other == [("Invalid __global__ read of size 8 bytes at verify_blocks_kernel(const long *, long, ...)+0x1f0 "
+                        "by thread (3,0,0) in block (0,0,0) Address 0x7f00001000 is out of bounds")]
+
+
+def test_errors_counted_but_not_printed_still_fail():
+    """Past the print limit the summary still counts: what it counts beyond the noise seen fails."""
+    j = sanitize.judge(log(*[NOISE] * 5, summary="========= ERROR SUMMARY: 6 errors"))
+    assert not j.passed and j.unexplained == 1
+
+
+def test_racecheck_hazards_fail_warnings_too():
+    assert sanitize.judge(log(summary="========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)")).passed
+    j = sanitize.judge(log(summary="========= RACECHECK SUMMARY: 2 hazards displayed (0 errors, 2 warnings)"))
+    assert not j.passed and j.counted == 2
+
+
+def test_a_log_without_a_summary_fails():
+    j = sanitize.judge("========= COMPUTE-SANITIZER\nSegmentation fault\n")
+    assert not j.passed and j.summaries == 0
+
+
+def test_judge_command_over_several_logs(tmp_path, capsys):
+    a, b = tmp_path / "sanitizer-memcheck.11.log", tmp_path / "sanitizer-memcheck.12.log"
+    a.write_text(log(NOISE, summary="========= ERROR SUMMARY: 1 error"))
+    b.write_text(log(summary="========= ERROR SUMMARY: 0 errors"))
+    assert sanitize.main(["--judge", str(a), str(b)]) == 0
+    assert "unexplained: 0" in capsys.readouterr().out
+    b.write_text(log(OOB, summary="========= ERROR SUMMARY: 1 error"))
+    assert sanitize.main(["--judge", str(a), str(b)]) == 1
+
+
+def test_missing_sanitizer_is_exit_2(monkeypatch, tmp_path):
+    monkeypatch.setattr(sanitize, "find_sanitizer", lambda: None)
+    assert sanitize.main(["--out", str(tmp_path)]) == 2
+
+
+def _stress_doc(verdicts):
+    return {"schema_version": 2, "cells": [{"label": k, "verdict": v} for k, v in verdicts.items()]}
+
+
+def test_same_verdicts(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_stress_doc({"x": "SAFE_CONFIRMED", "y": "CONFIRMED_RACE"})))
+    b.write_text(json.dumps(_stress_doc({"x": "SAFE_CONFIRMED", "y": "CONFIRMED_RACE"})))
+    assert reports.main(["same-verdicts", str(a), str(b)]) == 0
+    b.write_text(json.dumps(_stress_doc({"x": "SAFE_CONFIRMED", "y": "NO_RACE_OBSERVED"})))
+    assert reports.main(["same-verdicts", str(a), str(b)]) == 1
+    assert "y: " in capsys.readouterr().out
+
+
+def test_validate_reports_and_merged_documents(tmp_path):
+    pytest.importorskip("jsonschema")
+    smoke = ROOT / "docs" / "stress-smoke-h200.json"  # schema version 1
+    merged = tmp_path / "merged.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-m", "kvverify", "merge", str(smoke), str(ROOT / "docs" / "probe-h200.json"),
+                    "--json", str(merged)], capture_output=True, env=env, check=True)
+    assert reports.main(["validate", str(smoke), str(merged)]) == 0
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(json.loads(merged.read_text()) | {"exit_status": 7}))
+    assert reports.main(["validate", str(broken)]) == 1
+    assert reports.main(["validate", str(ROOT / "docs" / "probe-h200.json")]) == 1  # not a report it knows
+
+
+def test_gpu_sh_names_its_steps(tmp_path):
+    p = subprocess.run(["bash", str(ROOT / "ci" / "gpu.sh"), "no-such-step"], capture_output=True, text=True,
+                       env=dict(os.environ, OUT=str(tmp_path)), check=False)
+    assert p.returncode == 2
+    assert "on request: sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge" in p.stderr

@@ -1,0 +1,64 @@
+"""setup.py: the extension is built or the install fails saying why, unless KVVERIFY_CPU_ONLY=1;
+the default architectures are ones nvcc knows."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def setup_py(**env) -> subprocess.CompletedProcess:
+    """``python setup.py --name`` (runs the extension decision, builds nothing) with ``env`` set, and
+    KVVERIFY_CPU_ONLY only if ``env`` sets it (``KVVERIFY_CPU_ONLY=1 bash ci/cpu.sh`` exports it)."""
+    base = {k: v for k, v in os.environ.items() if k != "KVVERIFY_CPU_ONLY"}
+    return subprocess.run([sys.executable, "setup.py", "--name"], cwd=ROOT, capture_output=True, text=True,
+                          env=base | env, timeout=120, check=False)
+
+
+def test_a_host_without_nvcc_fails_the_install_with_the_reason_and_the_ways_out(tmp_path):
+    p = setup_py(CUDA_HOME=str(tmp_path / "no-cuda"))
+    assert p.returncode != 0
+    assert "cannot build the CUDA extension kvverify._C: nvcc was not found" in p.stderr
+    assert "pip install --no-build-isolation -e ." in p.stderr and "KVVERIFY_CPU_ONLY=1 pip install -e ." in p.stderr
+
+
+def test_without_torch_the_message_names_build_isolation(tmp_path):
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('no torch in this build environment')\n")
+    p = setup_py(PYTHONPATH=str(tmp_path))
+    assert p.returncode != 0 and "torch cannot be imported here" in p.stderr and "--no-build-isolation" in p.stderr
+
+
+def test_cpu_only_installs_without_the_extension_and_says_so(tmp_path):
+    p = setup_py(CUDA_HOME=str(tmp_path / "no-cuda"), KVVERIFY_CPU_ONLY="1")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "kvverify"
+    assert "KVVERIFY_CPU_ONLY=1: installing without the CUDA extension kvverify._C" in p.stderr
+
+
+def _default_archs() -> list[str]:
+    tree = ast.parse((ROOT / "setup.py").read_text())
+    value = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                 and any(getattr(t, "id", None) == "DEFAULT_ARCHS" for t in n.targets))
+    return value.split(";")
+
+
+def test_default_architectures_cover_ampere_to_blackwell_and_nvcc_knows_them():
+    archs = _default_archs()
+    assert {a.removesuffix("+PTX") for a in archs} >= {"8.0", "8.6", "8.9", "9.0", "10.0", "12.0"}
+    assert archs[-1].endswith("+PTX")  # later GPUs compile the PTX of the newest
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no nvcc on PATH to ask which architectures it supports")
+    known = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, check=True).stdout.split()
+    missing = [a for a in archs if f"compute_{a.removesuffix('+PTX').replace('.', '')}" not in known]
+    assert not missing, f"nvcc does not know {missing}; it knows {known}"
