@@ -64,6 +64,8 @@ EXECUTORS: tuple[str, ...] = (NATIVE, ADVERSARIAL, KERNEL)
 SAFE, RACY = "SAFE", "RACY"
 CONTRACTS: tuple[str, ...] = (SAFE, RACY)
 """The happens-before checker's verdict on a trace."""
+INVALID = "INVALID"
+"""What ``kvverify check --json`` says of an input that is not a valid trace (no verdict)."""
 
 
 class CellVerdict(str, enum.Enum):

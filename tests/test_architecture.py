@@ -31,7 +31,7 @@ ALLOWED = {
     "kvverify.stats": set(),
     "kvverify.annotate": set(),
     "kvverify.geometry": {"kvverify.errors"},
-    "kvverify.check": {"kvverify.terms", "kvverify.errors"},
+    "kvverify.check": {"kvverify.terms", "kvverify.errors", "kvverify.units"},
     "kvverify.device": LEAVES,
     "kvverify.scenarios": LEAVES | {"kvverify.check"},
     "kvverify.stress": LEAVES | {"kvverify.check", "kvverify.scenarios", "kvverify.device"},

@@ -118,3 +118,64 @@ def small_traces(draw, max_nodes: int = 7, max_ops: int = 10):
         if s is not None:
             ops.append(s)
     return Trace.from_json({"version": 1, "buffers": BUFFERS, "streams": list(streams), "ops": ops})
+
+
+BUSY_BUFFERS = {
+    "d0": {"space": "device", "bytes": 256},
+    "d1": {"space": "device", "bytes": 256},
+    "p": {"space": "host_pinned", "bytes": 256},
+    "g": {"space": "host_pageable", "bytes": 256},
+}
+
+
+@st.composite
+def busy_traces(draw, max_streams: int = 12, max_ops: int = 60):
+    """A valid trace too big for the oracle: up to ``max_streams`` streams and ``max_ops`` ops,
+    ops with up to 8 ranges at several granularities, every kind of synchronization, so that lanes
+    fill, get pruned by host synchronizations and need their segment maps."""
+    streams = [f"s{k}" for k in range(draw(st.integers(1, max_streams)))]
+    events = [f"e{k}" for k in range(4)]
+
+    def rng(host=False):
+        buf = draw(st.sampled_from(("p", "g") if host else tuple(BUSY_BUFFERS)))
+        size = draw(st.sampled_from((8, 16, 64, 256)))
+        return [buf, draw(st.integers(0, 256 // size - 1)) * size, size]
+
+    def ranges(host=False, low=0):
+        return [rng(host) for _ in range(draw(st.integers(low, 8)))]
+
+    ops: list[dict] = []
+    for _ in range(draw(st.integers(1, max_ops))):
+        kind = draw(st.sampled_from(("kernel", "kernel", "kernel", "copy", "copy_batch", "copy_batch",
+                                     "host_write", "host_read", "record", "record", "wait_event",
+                                     "wait_stream", "sync_event", "query_event", "sync_stream", "sync_device")))
+        stream = draw(st.sampled_from(streams))
+        if kind == "kernel":
+            ops.append({"op": kind, "stream": stream, "reads": ranges(), "writes": ranges(low=1)})
+        elif kind in ("host_write", "host_read"):
+            ops.append({"op": kind, "ranges": ranges(host=True, low=1)})
+        elif kind in ("copy", "copy_batch"):
+            copies = []
+            for _ in range(1 if kind == "copy" else draw(st.integers(1, 6))):
+                src, dst = rng(), rng()
+                n = min(src[2], dst[2])
+                copies.append({"src": [src[0], src[1], n], "dst": [dst[0], dst[1], n]})
+            if kind == "copy":
+                ops.append({"op": kind, "stream": stream, **copies[0]})
+            else:
+                ops.append({"op": kind, "stream": stream, "order": draw(st.sampled_from(ORDERS)), "copies": copies})
+        elif kind == "record":
+            ops.append({"op": kind, "event": draw(st.sampled_from(events)), "stream": stream})
+        elif kind == "wait_event":
+            ops.append({"op": kind, "stream": stream, "event": draw(st.sampled_from(events))})
+        elif kind == "wait_stream":
+            ops.append({"op": kind, "stream": stream, "on": draw(st.sampled_from(streams))})
+        elif kind == "sync_event":
+            ops.append({"op": kind, "event": draw(st.sampled_from(events))})
+        elif kind == "query_event":
+            ops.append({"op": kind, "event": draw(st.sampled_from(events)), "result": draw(st.booleans())})
+        elif kind == "sync_stream":
+            ops.append({"op": kind, "stream": stream})
+        else:
+            ops.append({"op": kind})
+    return Trace.from_json({"version": 1, "buffers": BUSY_BUFFERS, "streams": streams, "ops": ops})

@@ -1,11 +1,14 @@
 """Traces of stream work and the happens-before checker behind ``kvverify check``.
 
 - :mod:`~kvverify.check.model`: the trace format (``docs/trace-format.md``), parsing, validation,
-  :class:`TraceBuilder`;
+  :class:`TraceBuilder`, :class:`TraceText` (a trace read op by op);
+- :mod:`~kvverify.check.jsontext`: strict JSON (repeated keys, NaN) read a piece at a time;
 - :mod:`~kvverify.check.rules`: the ordering rules 1–7 as vector clocks (one definition);
 - :mod:`~kvverify.check.checker`: :func:`check`, the race finder;
+- :mod:`~kvverify.check.explain`: why a race is one, and a fix;
 - :mod:`~kvverify.check.oracle`: an independent enumerator of executions, the checker's oracle;
-- :mod:`~kvverify.check.verdict`: :class:`Verdict`, :class:`Race`.
+- :mod:`~kvverify.check.verdict`: :class:`Verdict`, :class:`Race`;
+- :mod:`~kvverify.check.cli`: ``kvverify check``.
 
 The package itself is callable: ``kvverify.check(trace)`` is :func:`check`. Standard library only.
 """
@@ -37,11 +40,12 @@ from kvverify.check.model import (
     Trace,
     TraceBuilder,
     TraceError,
+    TraceText,
     Transfer,
     WaitEvent,
     WaitStream,
 )
-from kvverify.check.rules import Access, Ordering, analyze, happens_before
+from kvverify.check.rules import Access, Ordering, Side, analyze, happens_before
 from kvverify.check.verdict import RACY, SAFE, Race, Verdict
 
 __all__ = [
@@ -62,14 +66,16 @@ __all__ = [
     "Race",
     "Range",
     "Record",
-    "Verdict",
+    "Side",
     "SyncDevice",
     "SyncEvent",
     "SyncStream",
     "Trace",
     "TraceBuilder",
     "TraceError",
+    "TraceText",
     "Transfer",
+    "Verdict",
     "WaitEvent",
     "WaitStream",
     "analyze",
@@ -82,7 +88,8 @@ def check(trace: Trace | Mapping | str | os.PathLike, *, max_races: int | None =
     """Decide whether ``trace`` races under the ordering rules of the trace format
     (``docs/trace-format.md``; each rule cites the CUDA API section it follows).
 
-    ``trace``: a :class:`Trace`, a decoded JSON document (a dict), or the path of a JSON file.
+    ``trace``: a :class:`Trace`, a decoded JSON document (a dict), or the path of a JSON file
+    (read as it is checked: ops are parsed one at a time, and the verdict's trace holds the text).
     ``max_races`` bounds how many races are listed (``None``: all); the verdict does not depend on it.
 
     Returns a :class:`Verdict`: ``.verdict`` is ``"SAFE"`` or ``"RACY"``, ``.races`` the witnesses
@@ -91,10 +98,11 @@ def check(trace: Trace | Mapping | str | os.PathLike, *, max_races: int | None =
     Raises :class:`TraceError` (a ``ValueError``) naming the op index and field of an invalid
     trace, and ``OSError`` when a path cannot be read.
     """
+    if isinstance(trace, (str, os.PathLike)):
+        with open(trace, "rb") as f:
+            text = TraceText(f.read())
+        return checker.check_ops(text.buffers, text.streams, text.ops(), text.trace, max_races=max_races)
     if not isinstance(trace, Trace):
-        if isinstance(trace, (str, os.PathLike)):
-            with open(trace, "rb") as f:
-                trace = f.read()
         trace = Trace.from_json(trace)
     return checker.check(trace, max_races=max_races)
 

@@ -1,26 +1,31 @@
 """``check(trace) -> Verdict``: every pair of ops whose accesses to the same bytes race.
 
-The ordering comes from :mod:`kvverify.check.rules` (one vector-clock pass). Finding the pairs:
+The ordering comes from :class:`kvverify.check.rules.Ordering`, stepped op by op; the accesses of
+each op are checked against what earlier ops left behind and then forgotten, so a trace can be
+checked while it is read (:func:`check_ops`). Finding the pairs:
 
 - Accesses are visited in program order, which is a linear extension of happens-before (nothing
   issued later is ordered before something issued earlier), so a race is found when its *later*
-  access is visited: the earlier access ``a`` races with ``b`` when ``b.after[t] < p`` for
-  ``a.until == (t, p)``.
+  access ``b`` is visited: an earlier access ``a`` placed at ``a.until == (t, p)`` races with
+  ``b`` when ``b.after`` does not cover it, i.e. ``p > b.after[t]``.
 - An access that completes before the host's next op (host accesses, DURING_API_CALL and pageable
-  source reads) is ordered before everything issued later, so only
-  accesses placed on a stream are remembered.
-- They are remembered per buffer and per stream, on the buffer's *cells*: the elementary byte
-  intervals between the range ends the trace uses on that buffer. A list per (buffer, stream,
-  read/write) holds the latest position that touched each cell, so "does anything on stream ``t``
-  unordered with ``b`` overlap ``b``" is one slice ``max`` (C speed) against ``b.after[t]``.
-  Only when that says yes are the per-cell chains of earlier accesses walked, newest first, and
-  only down to ``b.after[t]``: listing races costs per race found, never per overlapping pair
-  (ordered overlaps, which fill long-lived buffers, cost nothing).
-- The streams worth looking at are found once per run of an op's accesses (same buffer and
-  clock: the copies of a batch share them), and most are ruled out for the run's whole hull of
-  cells at once, against a per-256-cells maximum.
-- Touching ranges of one op that the rules treat alike are merged first (kernels and host ops by
-  the rules, copies here).
+  source reads) is ordered before everything issued later, so only accesses placed on a stream
+  are remembered: per buffer, per stream and per kind (read / write), in a :class:`_Lane`; one
+  *entry* per op, holding that op's ranges there, at the op's position ``k``.
+- An entry whose position the host has observed complete (the host clock covers it) is ordered
+  before everything issued later too, and is dropped: a lane holds only what is still in flight
+  as far as the host knows, which bounds memory on traces of millions of ops.
+- A lane whose latest position ``b.after`` covers, or whose bytes miss ``b``'s, is skipped at
+  once. Otherwise the entries not covered (a suffix: positions grow) are compared with ``b``'s
+  ranges one by one while there are few of both (``SCAN_LIMIT``), else looked up in the lane's
+  *segment map*, built on first need: the lane's byte ranges cut into segments, each with the
+  latest entry over it and its position, so one slice ``max`` (C speed) says whether anything there
+  is unordered with a range of ``b``; only then are the distinct entries on the slice (a ``set``,
+  C speed) and the entries they overwrote (a chain per entry, restricted to the range) walked, down
+  to ``b.after[t]``. Listing races costs per racing entry found, never per byte range of a racing
+  op, and ordered overlaps cost nothing.
+- An entry's ranges are merged (touching ones joined) and sorted only when something asks: most
+  entries are dropped first.
 - Races inside one copy / copy_batch (rule 7) are found by a sweep over that op's ranges.
 
 Each unordered pair of ops is reported once (``first`` < ``second``, or equal inside one op),
@@ -29,25 +34,30 @@ with the lowest overlapping range and its kind.
 
 from __future__ import annotations
 
-import bisect
-from itertools import groupby
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from itertools import chain
+from operator import itemgetter
 
+from kvverify.check import rules
+from kvverify.check.explain import explain
 from kvverify.check.model import (
+    Buffer,
+    Copy,
     CopyBatch,
-    QueryEvent,
+    Op,
     Range,
-    Record,
-    SyncEvent,
     Trace,
-    WaitEvent,
-    WaitStream,
     gc_paused,
     union,
 )
-from kvverify.check.rules import HOST, Access, Ordering, analyze, covers
+from kvverify.check.rules import HOST, Access, Ordering, Side
 from kvverify.check.verdict import Race, Verdict
 
 DEFAULT_MAX_RACES = 10_000
+SCAN_LIMIT = 64
+"""A side's ranges are compared one by one with a lane's entries that its clock does not cover
+while (entries x ranges) stays within this; beyond, they are looked up in the lane's segment map."""
 
 
 class _Stop(Exception):
@@ -59,272 +69,327 @@ def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Verdict
 
     ``max_races`` bounds the number of races listed (``None``: no bound); when it is reached
     the report has ``truncated=True``. The verdict does not depend on it."""
+    return check_ops(trace.buffers, trace.streams, trace.ops, lambda: trace, max_races=max_races)
+
+
+def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iterable[Op],
+              decided: Callable[[], Trace], *, max_races: int | None = DEFAULT_MAX_RACES) -> Verdict:
+    """:func:`check` on ops as they come (an iterator that parses them, for instance): each op is
+    checked and forgotten. ``decided()`` is called once ``ops`` is exhausted and gives the
+    :class:`Trace` the verdict keeps (to name the racing ops); ``ops`` is read to its end even when
+    ``max_races`` races were found first, so that an invalid op further on is still reported.
+
+    Raises what iterating ``ops`` raises (:class:`TraceError` for an invalid op)."""
     with gc_paused():
-        order = analyze(trace)
-        found, truncated = _find(order, max_races)
+        order = Ordering(buffers, streams)
+        finder = _Finder(order, buffers, max_races)
+        truncated = False
+        it = iter(enumerate(ops))
+        try:
+            for i, op in it:
+                sides = order.step(i, op)
+                if sides:
+                    finder.op(op, sides)
+        except _Stop:
+            truncated = True
+            for _ in it:   # validate the rest
+                pass
+        trace = decided()
         races = []
-        for (i, j), (a, b, overlap) in sorted(found.items()):
-            rule, reason, fix = _explain(order, a, b, overlap)
-            races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix))
+        for (i, j), (a, b, overlap) in sorted(finder.found.items()):
+            rule, reason, fix = explain(order, a, b, overlap)
+            races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix,
+                              first_at=trace.ops[i].at, second_at=trace.ops[j].at))
         return Verdict(tuple(races), truncated, trace)
+
+
+# ------------------------------------------------------------------------------------------
+# What is remembered
+
+
+_key = itemgetter(0)
+
+
+class _Lane:
+    """What one stream did to one buffer for one kind of access (reads or writes), as far as the
+    host has not observed it complete. ``entries``: ``[k, side, merged]`` per op, ``k`` its stream
+    position (increasing), ``side`` its :class:`Side` here, ``merged`` its ranges merged and
+    sorted with their ends (see :func:`_merged`), made when first needed: most entries are dropped
+    before anything asks. Entry ``e`` is ``entries[e - base]``; ``last`` is the latest ``k``;
+    ``lo``, ``hi``: bytes that hold every entry's ranges (so that the lanes of many streams, each
+    working on its own part of a buffer, are passed over at once)."""
+
+    __slots__ = ("base", "entries", "hi", "last", "lo", "segments", "t")
+
+    def __init__(self, t: int):
+        self.t = t
+        self.entries: list = []
+        self.base = 0
+        self.last = 0
+        self.lo = self.hi = 0
+        self.segments: _Segments | None = None
+
+    def add(self, k: int, side: Side, lo: int, hi: int, observed: int) -> None:
+        """Remember an op's side at position ``k`` (its ranges within bytes ``[lo, hi)``), first
+        dropping the entries at positions the host has observed complete (``observed``), which
+        nothing issued later can race with."""
+        entries = self.entries
+        if entries and entries[0][0] <= observed:
+            if entries[-1][0] <= observed:
+                dead = len(entries)
+            else:
+                dead = bisect_right(entries, observed, key=_key)
+            if dead == len(entries) or 2 * dead >= len(entries) >= 64:
+                del entries[:dead]
+                self.base += dead
+                self.segments = None    # rebuilt from the live entries when next needed
+        if entries:
+            self.lo = min(self.lo, lo)
+            self.hi = max(self.hi, hi)
+        else:
+            self.lo, self.hi = lo, hi
+        entries.append([k, side, None])
+        self.last = k
+
+    def unordered(self, ranges: Sequence[Range], th: int, nbytes: int) -> Iterator[tuple[Side, Range, Range]]:
+        """For each range ``r`` of ``ranges`` and each entry at a position after ``th`` that overlaps
+        it: ``(the entry's side, its lowest range overlapping r, r)``. ``nbytes``: the buffer's size."""
+        entries = self.entries
+        first = bisect_right(entries, th, key=_key)
+        if (len(entries) - first) * len(ranges) <= SCAN_LIMIT:
+            for entry in entries[first:]:
+                merged, ends = _merged(entry)
+                if ends is None:
+                    a = merged[0]
+                    lo, hi = a[1], a[1] + a[2]
+                    for r in ranges:
+                        if r[1] < hi and lo < r[1] + r[2]:
+                            yield entry[1], a, r
+                else:
+                    n_merged = len(merged)
+                    for r in ranges:
+                        n = bisect_right(ends, r[1])
+                        if n < n_merged and merged[n][1] < r[1] + r[2]:
+                            yield entry[1], merged[n], r
+            return
+        segments = self.segments
+        if segments is None:
+            segments = self.segments = _Segments(nbytes, self.base)
+        segments.catch_up(self)
+        for r in ranges:
+            for entry in segments.unordered(self, r[1], r[1] + r[2], th):
+                yield (*_lowest(entry, r[1], r[1] + r[2]), r)
+
+
+def _merged(entry) -> tuple[Sequence[Range], list[int] | None]:
+    """An entry's ranges merged and sorted, and their ends (None for one range)."""
+    m = entry[2]
+    if m is None:
+        ranges = entry[1].ranges
+        if len(ranges) == 1:
+            m = entry[2] = (ranges, None)
+        else:
+            ranges = union(ranges)
+            m = entry[2] = (ranges, [r[1] + r[2] for r in ranges])
+    return m
+
+
+def _lowest(entry, lo: int, hi: int) -> tuple[Side, Range] | None:
+    """The entry's side and its lowest (merged) range overlapping bytes ``[lo, hi)``, or None."""
+    ranges, ends = _merged(entry)
+    if ends is None:
+        r = ranges[0]
+        return (entry[1], r) if r[1] < hi and lo < r[1] + r[2] else None
+    n = bisect_right(ends, lo)
+    if n < len(ranges) and ranges[n][1] < hi:
+        return entry[1], ranges[n]
+    return None
+
+
+class _Segments:
+    """A lane's entries laid over the buffer: segment ``s`` is bytes ``[bounds[s], bounds[s + 1])``,
+    last written by entry ``owner[s]`` (-1: none) at position ``ks[s]``. ``prev[e]``: the runs of
+    segments entry ``e`` overwrote, as ``(starts, ends, owners)``, sorted: a chain per byte, newest
+    first, positions decreasing. ``upto``: entries up to this id are laid."""
+
+    __slots__ = ("bounds", "ks", "owner", "prev", "upto")
+
+    def __init__(self, nbytes: int, base: int):
+        self.bounds = [0, nbytes]
+        self.owner = [-1]
+        self.ks = [0]
+        self.prev: dict[int, tuple[list, list, list]] = {}
+        self.upto = base
+
+    def _split(self, x: int) -> int:
+        """Make ``x`` a segment boundary; return its segment index."""
+        bounds = self.bounds
+        s = bisect_right(bounds, x) - 1
+        if bounds[s] == x:
+            return s
+        bounds.insert(s + 1, x)
+        self.owner.insert(s + 1, self.owner[s])
+        self.ks.insert(s + 1, self.ks[s])
+        return s + 1
+
+    def catch_up(self, lane: _Lane) -> None:
+        base, entries = lane.base, lane.entries
+        bounds, owner, ks = self.bounds, self.owner, self.ks
+        for e in range(max(self.upto, base), base + len(entries)):
+            entry = entries[e - base]
+            k = entry[0]
+            starts, ends, ids = [], [], []
+            for r in _merged(entry)[0]:
+                s0, s1 = self._split(r[1]), self._split(r[1] + r[2])
+                for s in range(s0, s1):
+                    if owner[s] >= base:
+                        starts.append(bounds[s])
+                        ends.append(bounds[s + 1])
+                        ids.append(owner[s])
+                del bounds[s0 + 1:s1]
+                owner[s0:s1] = [e]
+                ks[s0:s1] = [k]
+            if ids:
+                self.prev[e] = (starts, ends, ids)
+        self.upto = base + len(entries)
+
+    def unordered(self, lane: _Lane, lo: int, hi: int, th: int) -> list:
+        bounds, owner, ks = self.bounds, self.owner, self.ks
+        s0 = bisect_right(bounds, lo) - 1
+        s1 = bisect_left(bounds, hi)
+        if s1 - s0 == 1:
+            if ks[s0] <= th:
+                return []
+            ids = (owner[s0],)
+        else:
+            if max(ks[s0:s1]) <= th:
+                return []
+            ids = set(owner[s0:s1])
+        base, entries, prev = lane.base, lane.entries, self.prev
+        stack = [e for e in ids if e >= base and entries[e - base][0] > th]
+        seen = set(stack)
+        out = []
+        while stack:
+            e = stack.pop()
+            out.append(entries[e - base])
+            p = prev.get(e)
+            if p is None:
+                continue
+            starts, ends, older = p
+            p0, p1 = bisect_right(ends, lo), bisect_left(starts, hi)
+            for x in set(older[p0:p1]) if p0 < p1 else ():
+                if x >= base and x not in seen and entries[x - base][0] > th:
+                    seen.add(x)
+                    stack.append(x)
+        return out
 
 
 # ------------------------------------------------------------------------------------------
 # Finding the racing pairs
 
 
-_CHUNK_BITS = 8     # 256 cells
+class _Finder:
+    """Checks each op's sides against the lanes, then adds them to the lanes."""
 
+    def __init__(self, order: Ordering, buffers: Mapping[str, Buffer], max_races: int | None):
+        self.order = order
+        self.nbytes = {name: b.nbytes for name, b in buffers.items()}
+        self.rank = {name: n for n, name in enumerate(buffers)}
+        self.cap = max_races if max_races is not None else float("inf")
+        self.found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
+        # per buffer: the lanes of the streams that wrote it, and of those that read it
+        self.writers: dict[str, list[_Lane]] = {name: [] for name in buffers}
+        self.readers: dict[str, list[_Lane]] = {name: [] for name in buffers}
+        self.lane_of: dict[tuple[str, int, bool], _Lane] = {}
 
-class _Shadow:
-    """What one stream did to one buffer, for one kind of access (reads or writes).
-
-    Per cell: ``k``, the latest stream position that touched it (one slice ``max`` answers "is
-    anything here not ordered before clock entry ``th``"), and ``eid``, the entry that did.
-    Each entry is ``(position, access, prev)``, where ``prev`` is the entry that was latest on its
-    cell before it (an int, for one-cell entries) or those entries as runs of cells (a tuple of
-    ``(start, end, entry)``): a chain per cell, newest first, positions decreasing, so
-    :meth:`unordered` walks only entries that race (and the runs that lead to them).
-    ``chunk`` holds the same maximum per 256 cells, to rule a whole run of an op out at once."""
-
-    __slots__ = ("chunk", "eid", "entries", "k", "last")
-
-    def __init__(self, ncells: int):
-        self.k = [0] * ncells
-        self.eid = [-1] * ncells
-        self.chunk = [0] * ((ncells >> _CHUNK_BITS) + 1)
-        self.entries: list = []
-        self.last = 0          # the latest position of all
-
-    def unordered(self, c0: int, c1: int, th: int) -> list[Access]:
-        """The accesses on cells [c0, c1) at positions after ``th``."""
-        out, seen = [], set()
-        stack = list(_runs(self.eid, c0, c1))
-        entries = self.entries
-        while stack:
-            s0, s1, e = stack.pop()
-            if e < 0:
-                continue
-            k, access, prev = entries[e]
-            if k <= th:            # and so is everything older on these cells
-                continue
-            if e not in seen:
-                seen.add(e)
-                out.append(access)
-            if type(prev) is int:
-                stack.append((s0, s1, prev))
-            else:
-                for p0, p1, pe in prev:
-                    lo, hi = max(p0, s0), min(p1, s1)
-                    if lo < hi and pe >= 0:
-                        stack.append((lo, hi, pe))
-        return out
-
-
-def _runs(ids: list[int], c0: int, c1: int) -> tuple:
-    """``ids[c0:c1]`` as runs ``(start, end, id)``."""
-    seg = ids[c0:c1]
-    if seg.count(seg[0]) == len(seg):      # one run, the usual case (C speed)
-        return ((c0, c1, seg[0]),)
-    out = []
-    x = c0
-    for e, g in groupby(seg):
-        n = len(list(g))
-        out.append((x, x + n, e))
-        x += n
-    return tuple(out)
-
-
-def _coalesce(raw: list[Access]) -> list[Access]:
-    """The accesses of one copy / copy_batch with touching ranges merged where the rules treat
-    them alike (sources apart from destinations, and by earliest and latest point): a batch of
-    neighbouring blocks is then checked as a few ranges (kernels and host ops come merged from
-    the rules). Races are per op pair, so nothing reported changes but the overlap, which may come
-    out longer (still one contiguous run of overlapping bytes)."""
-    groups: dict = {}
-    for a in raw:
-        groups.setdefault((a[6], a[8], id(a[7])), []).append(a)
-    if len(groups) == len(raw):
-        return raw
-    out = []
-    for items in groups.values():
-        first = items[0]
-        if len(items) == 1:
-            out.append(first)
-            continue
-        for r in union([Range(a[3], a[4], a[5]) for a in items]):
-            out.append(first._replace(buffer=r[0], offset=r[1], length=r[2]))
-    return out
-
-
-def _find(order: Ordering, max_races: int | None):
-    trace = order.trace
-    accesses = order.accesses
-    starts = order.starts
-    buf_rank = {name: n for n, name in enumerate(trace.buffers)}
-    # (Access fields by position in the hot loops: 0 op, 1 copy, 2 role, 3 buffer, 4 offset,
-    # 5 length, 6 write, 7 after, 8 until.)
-
-    # Per op: its accesses (rule 7 needs them one by one) and what is checked (merged), in runs
-    # that share buffer, kind, earliest and latest point. Meanwhile, per buffer, the range ends.
-    per_op = []
-    ends: dict[str, set] = {name: set() for name in trace.buffers}
-    for i in range(len(trace.ops)):
-        s, e = starts[i], starts[i + 1]
-        if s == e:
-            continue
-        raw = accesses[s:e]
-        runs: list = []
-        run = buf = after = until = write = None
-        for a in (_coalesce(raw) if e - s > 2 and raw[0][1] is not None else raw):
-            if a[3] is not buf or a[7] is not after or a[8] is not until or a[6] is not write:
-                buf, after, until, write, run = a[3], a[7], a[8], a[6], []
-                runs.append((buf, after, until, write, run))
-            run.append(a)
-        for buf, _, _, _, run in runs:
-            pts = ends[buf]
-            pts.update([a[4] for a in run])
-            pts.update([a[4] + a[5] for a in run])
-        per_op.append((raw, runs))
-
-    # Cells: the elementary intervals between those ends, and a map from byte to cell index.
-    cell_of: dict[str, dict[int, int]] = {}
-    ncells: dict[str, int] = {}
-    for name, pts in ends.items():
-        pts = sorted(pts)
-        cell_of[name] = {p: n for n, p in enumerate(pts)}
-        ncells[name] = max(len(pts) - 1, 0)
-    # per buffer: (timeline, writes, reads) of each stream that touched it
-    lanes: dict[str, list[tuple[int, _Shadow, _Shadow]]] = {name: [] for name in trace.buffers}
-    shadow_of: dict[tuple[str, int, bool], _Shadow] = {}
-
-    found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
-    cap = max_races if max_races is not None else float("inf")
-
-    def record(a: Access, b: Access) -> None:
+    def record(self, a: Access, b: Access) -> None:
+        """Note the race of ``a`` (earlier) with ``b`` (the op just stepped), keeping per op pair
+        the lowest overlap (in buffer declaration order)."""
         lo = max(a.offset, b.offset)
         hi = min(a.offset + a.length, b.offset + b.length)
-        overlap = Range(a.buffer, lo, hi - lo)
         key = (a.op, b.op)
-        old = found.get(key)
+        old = self.found.get(key)
         if old is None:
-            if len(found) >= cap:
+            if len(self.found) >= self.cap:
                 raise _Stop
-            found[key] = (a, b, overlap)
-        elif (buf_rank[overlap.buffer], lo) < (buf_rank[old[2].buffer], old[2].offset):
-            found[key] = (a, b, overlap)
+            self.order.keep(b.op)
+            self.found[key] = (a, b, Range(a.buffer, lo, hi - lo))
+        elif (self.rank[a.buffer], lo) < (self.rank[old[2].buffer], old[2].offset):
+            self.found[key] = (a, b, Range(a.buffer, lo, hi - lo))
 
-    def shadow(buf: str, t: int, write: bool) -> _Shadow:
-        sh = shadow_of.get((buf, t, write))
-        if sh is None:
-            lane = (t, _Shadow(ncells[buf]), _Shadow(ncells[buf]))
-            lanes[buf].append(lane)
-            shadow_of[buf, t, True] = lane[1]
-            shadow_of[buf, t, False] = lane[2]
-            sh = lane[1 if write else 2]
-        return sh
+    def op(self, op: Op, sides: list[Side]) -> None:
+        """Check the sides of one op (all of them, as the rules gave them), then remember them."""
+        writers, readers = self.writers, self.readers
+        bits, mask = rules.CHUNK_BITS, rules.MASK
+        hulls = []
+        for side in sides:
+            ranges = side.ranges
+            if len(ranges) == 1:       # the bytes the side touches, or (many ranges) all the buffer's
+                lo = ranges[0][1]
+                hi = lo + ranges[0][2]
+            else:
+                lo, hi = 0, self.nbytes[side.buffer]
+            hulls.append((lo, hi))
+            # against everything remembered from earlier ops, stream by stream: a read against
+            # the writes, a write against both
+            after = side.after.chunks
+            for lane in chain(writers[side.buffer], readers[side.buffer]) if side.write else writers[side.buffer]:
+                t = lane.t
+                th = after[t >> bits][t & mask]
+                if lane.last > th and lane.lo < hi and lo < lane.hi:
+                    self._against(lane, side, th)
+        if isinstance(op, (Copy, CopyBatch)):
+            _intra(op, sides, self.rank, self.record)       # rule 7, on the copies one by one
+        host = self.order.host.chunks
+        lane_of = self.lane_of
+        for side, (lo, hi) in zip(sides, hulls):
+            t, k = side.until
+            if t != HOST:
+                key = (side.buffer, t, side.write)
+                lane = lane_of.get(key)
+                if lane is None:
+                    lane = lane_of[key] = _Lane(t)
+                    (writers if side.write else readers)[side.buffer].append(lane)
+                lane.add(k, side, lo, hi, host[t >> bits][t & mask])
 
-    try:
-        for raw, runs in per_op:
-            placed = []
-            for buf, after, until, write, run in runs:
-                cells = cell_of[buf]
-                c0s = [cells[b[4]] for b in run]            # each run's first and end cells
-                c1s = [cells[b[4] + b[5]] for b in run]
-                if until[0] != HOST:
-                    placed.append((buf, until, write, run, c0s, c1s))
-                # The streams worth looking at depend only on the buffer and the clock (shadows
-                # change only between ops), and usually none is left once the run's hull of
-                # cells is compared with each stream's per-chunk maxima.
-                if write:
-                    todo = [(w, r, after[t]) for t, w, r in lanes[buf] if w.last > after[t] or r.last > after[t]]
-                else:
-                    todo = [(w, r, after[t]) for t, w, r in lanes[buf] if w.last > after[t]]
-                if not todo:
-                    continue
-                h0 = min(c0s) >> _CHUNK_BITS
-                h1 = ((max(c1s) - 1) >> _CHUNK_BITS) + 1
-                todo = [(w, r, th) for w, r, th in todo
-                        if max(w.chunk[h0:h1]) > th or (write and max(r.chunk[h0:h1]) > th)]
-                # against everything remembered from earlier ops, stream by stream: a read
-                # against the writes, a write against both
-                for b, c0, c1 in zip(run, c0s, c1s) if todo else ():
-                    for sw, sr, th in todo:
-                        if sw.last > th:
-                            m = sw.k[c0] if c1 - c0 == 1 else max(sw.k[c0:c1])
-                            if m > th:
-                                for a in sw.unordered(c0, c1, th):
-                                    record(a, b)
-                        if write and sr.last > th:
-                            m = sr.k[c0] if c1 - c0 == 1 else max(sr.k[c0:c1])
-                            if m > th:
-                                for a in sr.unordered(c0, c1, th):
-                                    record(a, b)
-            if raw[0][1] is not None and len(raw) > 1:
-                _intra(raw, buf_rank, record)       # rule 7, on the copies one by one
-            # remember what is placed on a stream (the per-access part of _Shadow, inlined)
-            for buf, (t, k), write, run, c0s, c1s in placed:
-                sh = shadow(buf, t, write)
-                sh.last = k
-                entries, ks, eids, chunk = sh.entries, sh.k, sh.eid, sh.chunk
-                for a, c0, c1 in zip(run, c0s, c1s):
-                    e = len(entries)
-                    if c1 - c0 == 1:
-                        entries.append((k, a, eids[c0]))
-                        eids[c0] = e
-                        ks[c0] = k
-                        chunk[c0 >> _CHUNK_BITS] = k
-                    else:
-                        n = c1 - c0
-                        seg = eids[c0:c1]
-                        first = seg[0]
-                        # prev: one run where the cells had one latest entry (the usual case)
-                        entries.append((k, a, ((c0, c1, first),) if seg.count(first) == n else _runs(eids, c0, c1)))
-                        eids[c0:c1] = [e] * n
-                        ks[c0:c1] = [k] * n
-                        h0, h1 = c0 >> _CHUNK_BITS, (c1 - 1) >> _CHUNK_BITS
-                        if h0 == h1:
-                            chunk[h0] = k
-                        else:
-                            chunk[h0:h1 + 1] = [k] * (h1 + 1 - h0)
-    except _Stop:
-        return found, True
-    return found, False
+    def _against(self, lane: _Lane, side: Side, th: int) -> None:
+        for earlier, a, b in lane.unordered(side.ranges, th, self.nbytes[side.buffer]):
+            self.record(earlier.access(a), side.access(b))
 
 
-def _intra(group: list[Access], buf_rank: dict, record) -> None:
-    """Rule 7: the accesses of one copy / copy_batch are unordered among themselves. Report the
-    lowest conflicting overlap: a sweep by offset, per buffer, remembering the read and the write
-    that reach furthest; the first access that starts before one of them ends (a write, or a
-    read under a write) conflicts, and no conflict starts lower."""
-    by_buf: dict[str, list[Access]] = {}
-    for a in group:
-        by_buf.setdefault(a[3], []).append(a)
+def _intra(op: Copy | CopyBatch, sides: list[Side], buf_rank: dict, record) -> None:
+    """Rule 7: the copies of one copy / copy_batch, and each copy's source and destination, are
+    unordered among themselves. Report the lowest conflicting overlap: a sweep by offset, per
+    buffer, remembering the read and the write that reach furthest; the first range that starts
+    before one of them ends (a write, or a read under a write) conflicts, and no conflict starts
+    lower. ``sides``: the op's, which place each copy's source and destination (one side per role
+    and buffer: a buffer's space, and so rule 6, is the same for all its ranges)."""
+    by_buf: dict[str, list] = {}
+    for c, (src, dst) in enumerate(op.copies):
+        # (offset, writes first, issue order inside the op: copy, source before destination, range)
+        by_buf.setdefault(src[0], []).append((src[1], True, (c, False), src))
+        by_buf.setdefault(dst[0], []).append((dst[1], False, (c, True), dst))
     for name in sorted(by_buf, key=buf_rank.__getitem__):
         items = by_buf[name]
-        if len(items) < 2 or not any(a[6] for a in items):
+        if len(items) < 2 or all(x[1] for x in items):
             continue
-        items.sort(key=lambda a: (a[4], not a[6]))
+        items.sort(key=lambda x: x[:2])
         far_w = far_r = None          # the write / read with the furthest end so far
         end_w = end_r = -1
         for x in items:
-            start = x[4]
-            partner = far_w if start < end_w else (far_r if x[6] and start < end_r else None)
+            start, write = x[0], not x[1]
+            partner = far_w if start < end_w else (far_r if write and start < end_r else None)
             if partner is not None:
-                a, b = (partner, x) if _before_in_op(partner, x) else (x, partner)
-                record(a, b)
+                place = {(s.role, s.buffer): s for s in sides}
+                a, b = sorted((partner, x), key=lambda y: y[2])    # by issue order inside the op
+                record(*(place["dst" if y[2][1] else "src", name].access(y[3], y[2][0]) for y in (a, b)))
                 return
-            end = start + x[5]
-            if x[6]:
+            end = start + x[3][2]
+            if write:
                 if end > end_w:
                     far_w, end_w = x, end
             elif end > end_r:
                 far_r, end_r = x, end
-
-
-def _before_in_op(a: Access, b: Access) -> bool:
-    """Issue order inside one op: by copy index, the source before the destination."""
-    return (a.copy, a.role != "src") < (b.copy, b.role != "src")
 
 
 def _kind(a: Access, b: Access) -> str:
@@ -333,199 +398,4 @@ def _kind(a: Access, b: Access) -> str:
     return "RAW" if a.write else "WAR"
 
 
-# ------------------------------------------------------------------------------------------
-# Explaining a race: which rule leaves it unordered, and a change that orders it
-
-
-def _explain(order: Ordering, a: Access, b: Access, overlap: Range) -> tuple[str, str, str]:
-    trace = order.trace
-    i, j = a.op, b.op
-    if i == j:
-        return _explain_intra(trace, a, b, overlap)
-
-    ta, ka = a.until
-    sa = order.name(ta)
-    what_a = f"op {i} {_does(a)} on '{sa}'"
-    if a.floating:   # an ANY source read, on the stream until its copy completes
-        what_a = (f"op {i} may read its source {_rng(a)} until the copy completes on '{sa}' "
-                  f"({a.rule[2:]} order, rule 5)")
-    info_b = order.ops[j]
-
-    if b.rule == "1":
-        # The host touches the bytes: only a host synchronization orders stream work before it.
-        notes = _host_notes(order, i, j, ta, ka)
-        reason = (f"{what_a}; the host {_does(b)} at op {j} without having observed op {i} "
-                  f"complete: no sync_stream, sync_device, sync_event or query_event (true) in between "
-                  f"covers it (rule 4){notes}")
-        fix = f"add `sync_stream('{sa}')` before op {j}"
-        ev = _event_after(trace, order, i, j, ta, ka)
-        if ev:
-            fix += f" (or `sync_event('{ev[0]}')`: its record at op {ev[1]} covers op {i})"
-        if a.floating and b.write:   # an ANY read the host overwrites
-            fix += f", or give op {i} DURING_API_CALL order so it reads during the call"
-        return "4", reason, fix
-
-    tb = info_b.timeline
-    sb = order.name(tb)
-    if b.floating:
-        stream_clock = info_b.stream
-        pageable = b.rule == "6:src"
-        src_space = trace.buffers[b.buffer].space
-        src_kind = "device" if src_space == "device" else "host"
-        if pageable:
-            how = (f"op {j}'s source {_rng(b)} is pageable host memory, which the call reads during the "
-                   f"call whatever its order (rule 6, CUDA \"API synchronization behavior\")")
-            rule = "6"
-        else:
-            when = ("during the call" if b.rule == "5:DURING_API_CALL"
-                    else "at any time from the call until the copy completes")
-            how = (f"op {j} reads its {src_kind} source {_rng(b)} with {b.rule[2:]} order (rule 5): {when}, "
-                   f"after only what the host has observed complete")
-            rule = "5"
-        if covers(stream_clock, ta, ka):
-            if tb == ta:
-                cause = f"so not after the work already queued on its own stream '{sb}' ({what_a})"
-            else:
-                w = _first_wait_covering(order, tb, i, j, ta, ka)
-                reach = f"op {w}'s wait on {_waited(trace, w)}" if w is not None else f"its wait for '{sa}'"
-                cause = f"so it may happen before stream '{sb}' reaches {reach} ({what_a})"
-            reason = f"{how}, {cause}"
-            if pageable:
-                fix = f"add `sync_stream('{sa}')` before op {j} (or copy from pinned memory in STREAM order)"
-            elif src_kind == "device":
-                fix = f"use STREAM order for op {j}: a device source must be read in stream order, behind its barrier"
-            else:
-                fix = f"use STREAM order for op {j} (or add `sync_stream('{sa}')` before it)"
-        else:
-            reason = (f"{how}, which does not include {what_a}; stream '{sb}' does not wait for '{sa}' "
-                      f"after op {i} either (rule 2){_wait_notes(order, tb, i, j, ta, ka)}")
-            if pageable:
-                fix = f"add `sync_stream('{sa}')` before op {j}"
-            else:
-                fix = (f"use STREAM order for op {j} and add `{sb}.wait_stream({sa})` before it "
-                       f"(or add `sync_stream('{sa}')` before op {j})")
-        return rule, reason, fix
-
-    # b runs in stream order on another stream that never waited for a.
-    reason = (f"{what_a}; op {j} {_does(b)} on '{sb}', which does not wait for '{sa}' after op {i} "
-              f"(rule 2: no wait_event / wait_stream orders them) and the host did not synchronize "
-              f"with '{sa}' before issuing op {j} (rule 4){_wait_notes(order, tb, i, j, ta, ka)}")
-    fix = f"add `{sb}.wait_stream({sa})` before op {j}"
-    return "2", reason, fix
-
-
-def _explain_intra(trace: Trace, a: Access, b: Access, overlap: Range) -> tuple[str, str, str]:
-    j = a.op
-    op = trace.ops[j]
-    if a.copy == b.copy:
-        which = f"copy {a.copy} of op {j}" if isinstance(op, CopyBatch) else f"op {j}"
-        reason = (f"the source {_rng(a if a.role == 'src' else b)} and destination "
-                  f"{_rng(b if a.role == 'src' else a)} of {which} overlap: a copy's own source read "
-                  f"and destination write are unordered (rule 7)")
-        fix = "copy through a separate staging range so that source and destination do not overlap"
-    else:
-        reason = (f"copies {a.copy} and {b.copy} of op {j} overlap on {overlap}: copy {a.copy} "
-                  f"{_does(a)}, copy {b.copy} {_does(b)}; the copies of one copy_batch are unordered "
-                  f"among themselves (rule 7, cuMemcpyBatchAsync)")
-        fix = (f"make the copies of op {j} disjoint, or move copy {b.copy} into a later copy_batch "
-               f"on '{op.stream}'")
-    return "7", reason, fix
-
-
-def _rng(a: Access) -> str:
-    return str(Range(a.buffer, a.offset, a.length))
-
-
-def _does(a: Access) -> str:
-    if a.role == "src":
-        return f"reads its source {_rng(a)}"
-    if a.role == "dst":
-        return f"writes its destination {_rng(a)}"
-    return f"{'writes' if a.write else 'reads'} {_rng(a)}"
-
-
-def _waited(trace: Trace, w: int) -> str:
-    op = trace.ops[w]
-    if isinstance(op, WaitStream):
-        return f"'{op.on}'"
-    return f"event '{op.event}'"
-
-
-def _between(indices: list[int], i: int, j: int) -> list[int]:
-    lo, hi = bisect.bisect_right(indices, i), bisect.bisect_left(indices, j)
-    return indices[lo:hi]
-
-
-def _first_wait_covering(order: Ordering, tb: int, i: int, j: int, ta: int, ka: int) -> int | None:
-    """The wait on stream ``tb`` (between ops i and j) after which the stream follows op i.
-    A stream's clock only grows, so "covers" is monotone along its waits: bisect."""
-    ws = _between(order.waits.get(tb, []), i, j)
-    lo, hi = 0, len(ws)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if covers(order.ops[ws[mid]].stream, ta, ka):
-            hi = mid
-        else:
-            lo = mid + 1
-    return ws[lo] if lo < len(ws) else None
-
-
-def _capture_note(order: Ordering, x: int, event: str, verb: str, i: int, ta: int) -> str | None:
-    """Rule 3: a wait / sync on an event that was never recorded, or whose latest record on op
-    i's stream came before op i, orders nothing useful; say so. Other events are not mentioned."""
-    r = order.ops[x].capture
-    if r is None:
-        return f"op {x} {verb} event '{event}', which was never recorded before it and so orders nothing (rule 3)"
-    if r < i and order.ops[r].timeline == ta:
-        return (f"op {x} {verb} event '{event}' as recorded at op {r}, before op {i} was issued "
-                f"(a record captures only earlier work, rule 3)")
-    return None
-
-
-def _wait_notes(order: Ordering, tb: int, i: int, j: int, ta: int, ka: int) -> str:
-    """Rule 3 notes on the waits of stream ``tb`` between ops i and j."""
-    trace = order.trace
-    notes = []
-    for w in _between(order.waits.get(tb, []), i, j)[-64:]:
-        op = trace.ops[w]
-        if isinstance(op, WaitEvent):
-            note = _capture_note(order, w, op.event, "waits on", i, ta)
-            if note:
-                notes.append(note)
-    return "".join("; " + n for n in notes[-2:])
-
-
-def _host_notes(order: Ordering, i: int, j: int, ta: int, ka: int) -> str:
-    """Rule 3 / 4 notes on the host synchronizations between ops i and j."""
-    trace = order.trace
-    notes = []
-    for x in _between(order.syncs, i, j)[-64:]:
-        op = trace.ops[x]
-        if isinstance(op, (SyncEvent, QueryEvent)):
-            verb = "syncs" if isinstance(op, SyncEvent) else "queries"
-            note = _capture_note(order, x, op.event, verb, i, ta)
-            r = order.ops[x].capture
-            if (note is None and isinstance(op, QueryEvent) and not op.result and r is not None
-                    and covers(order.ops[r].stream, ta, ka)):
-                note = f"op {x} queried event '{op.event}', which covers op {i}, and saw it not complete"
-            if note:
-                notes.append(note)
-    return "".join("; " + n for n in notes[-2:])
-
-
-def _event_after(trace: Trace, order: Ordering, i: int, j: int, ta: int, ka: int):
-    """An event whose latest record before op j captures op i (a finer fix than sync_stream)."""
-    if j - i > 4096:   # a hint, not worth a long scan
-        return None
-    latest: dict[str, int] = {}
-    for r in range(i + 1, j):
-        op = trace.ops[r]
-        if isinstance(op, Record):
-            latest[op.event] = r
-    for ev, r in sorted(latest.items(), key=lambda kv: kv[1]):
-        if covers(order.ops[r].stream, ta, ka):
-            return ev, r
-    return None
-
-
-__all__ = ["DEFAULT_MAX_RACES", "check"]
+__all__ = ["DEFAULT_MAX_RACES", "SCAN_LIMIT", "check", "check_ops"]

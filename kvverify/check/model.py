@@ -1,13 +1,15 @@
-"""The trace model of ``docs/trace-format.md`` (version 1): parsing, validation, building.
+"""The trace model of ``docs/trace-format.md`` (version 1.1): parsing, validation, building.
 
 A :class:`Trace` is what a program asked a CUDA device to do, in the order the host thread
 issued it. Every op is a small frozen dataclass; a byte range is a :class:`Range` named tuple
 ``(buffer, offset, length)``, which is also how :class:`TraceBuilder` takes ranges, and each copy
 of a batch a :class:`Transfer` named tuple ``(src, dst)``.
 
-All validation lives in :meth:`Trace.from_json`; :meth:`TraceBuilder.build` goes through it too,
-so a trace built in code and one read from a file are checked by the same lines. Invalid input
-raises :class:`TraceError`, which names the op index and the field.
+All validation lives in one parser, behind :meth:`Trace.from_json` (a decoded document or JSON
+text) and :class:`TraceText` (JSON text, its ops validated one at a time as a checker consumes
+them); :meth:`TraceBuilder.build` goes through it too, so a trace built in code and one read from a
+file are checked by the same lines. Invalid input raises :class:`TraceError`, which names the op
+index and the field in one printable line of bounded length, whatever the input holds.
 """
 
 from __future__ import annotations
@@ -16,15 +18,20 @@ import contextlib
 import gc
 import json
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, NamedTuple
+from itertools import repeat
+from operator import itemgetter
+from typing import Any, NamedTuple
 
+from kvverify.check.jsontext import JSONTextError, ObjectReader, decode
 from kvverify.errors import TraceError
-from kvverify.terms import HOST_SPACE, ORDERS, SPACES
+from kvverify.terms import DEVICE_SPACE, HOST_SPACE, ORDERS, SPACES
 
 VERSION = 1
-HOST_SPACES = frozenset(HOST_SPACE.values())
+PAGEABLE = HOST_SPACE["pageable"]
 
 
 @contextlib.contextmanager
@@ -70,38 +77,45 @@ class Range(NamedTuple):
         return f"{self.buffer}[{self.offset}:{self.end}]"
 
 
+_buffer, _offset = itemgetter(0), itemgetter(1)
+
+
 def union(ranges: Sequence[Range]) -> Sequence[Range]:
     """The same bytes as ``ranges``, with touching or overlapping ranges of one buffer merged,
     sorted by buffer and offset (a kernel listing a request's blocks one by one reads a few runs)."""
     if len(ranges) < 2:
         return ranges
-    rs = sorted(ranges)
+    buffers = set(map(_buffer, ranges))
+    if len(buffers) == 1:
+        return _merge(sorted(ranges, key=_offset))
+    if len(buffers) == len(ranges):    # nothing to merge
+        return sorted(ranges)
+    return [r for b in sorted(buffers) for r in _merge(sorted((x for x in ranges if x[0] == b), key=_offset))]
+
+
+def _merge(rs: list[Range]) -> list[Range]:
+    """Ranges of one buffer sorted by offset, touching or overlapping ones merged."""
     out = []
-    buf, lo, n = rs[0]
+    buf, lo, n = first = rs[0]
     hi = lo + n
-    for b, o, n in rs[1:]:
-        if o <= hi and b == buf:
-            hi = max(hi, o + n)
+    for r in rs[1:]:
+        o = r[1]
+        if o <= hi:
+            e = o + r[2]
+            hi = max(hi, e)
+            first = None
         else:
-            out.append(tuple.__new__(Range, (buf, lo, hi - lo)))
-            buf, lo, hi = b, o, o + n
-    out.append(tuple.__new__(Range, (buf, lo, hi - lo)))
+            out.append(first or tuple.__new__(Range, (buf, lo, hi - lo)))
+            first, lo, hi = r, o, o + r[2]
+    out.append(first or tuple.__new__(Range, (buf, lo, hi - lo)))
     return out
 
 
 @dataclass(frozen=True, slots=True)
 class Buffer:
     name: str
-    space: str
+    space: str    # one of SPACES
     nbytes: int
-
-    @property
-    def is_host(self) -> bool:
-        return self.space in HOST_SPACES
-
-    @property
-    def is_pageable(self) -> bool:
-        return self.space == "host_pageable"
 
     def to_json(self) -> dict:
         return {"space": self.space, "bytes": self.nbytes}
@@ -118,12 +132,13 @@ class Transfer(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------
-# Ops (one class per op of the table in TRACE_FORMAT.md; ``kind`` is its JSON "op")
+# Ops (one class per op of the table in TRACE_FORMAT.md; ``kind`` is its JSON "op"). Named tuples:
+# immutable, and made in a fraction of a frozen dataclass's time (a trace has millions); an op
+# equals only an op of its own kind (see _same_op below).
 
 
-@dataclass(frozen=True, slots=True)
-class Kernel:
-    kind: ClassVar[str] = "kernel"
+class Kernel(NamedTuple):
+    kind = "kernel"   # the JSON "op" (a class attribute, no field)
     stream: str
     reads: tuple[Range, ...] = ()
     writes: tuple[Range, ...] = ()
@@ -131,11 +146,10 @@ class Kernel:
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Copy:
+class Copy(NamedTuple):
     """cudaMemcpyAsync: stream-ordered on both sides, except where pageable memory (rule 6)."""
 
-    kind: ClassVar[str] = "copy"
+    kind = "copy"   # the JSON "op" (a class attribute, no field)
     stream: str
     src: Range
     dst: Range
@@ -151,11 +165,10 @@ class Copy:
         return "STREAM"
 
 
-@dataclass(frozen=True, slots=True)
-class CopyBatch:
+class CopyBatch(NamedTuple):
     """cuMemcpyBatchAsync with one CUmemcpyAttributes (one ``order``) for all copies."""
 
-    kind: ClassVar[str] = "copy_batch"
+    kind = "copy_batch"   # the JSON "op" (a class attribute, no field)
     stream: str
     order: str
     copies: tuple[Transfer, ...]
@@ -163,76 +176,67 @@ class CopyBatch:
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    kind: ClassVar[str] = "record"
+class Record(NamedTuple):
+    kind = "record"   # the JSON "op" (a class attribute, no field)
     event: str
     stream: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WaitEvent:
-    kind: ClassVar[str] = "wait_event"
+class WaitEvent(NamedTuple):
+    kind = "wait_event"   # the JSON "op" (a class attribute, no field)
     stream: str
     event: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class WaitStream:
-    kind: ClassVar[str] = "wait_stream"
+class WaitStream(NamedTuple):
+    kind = "wait_stream"   # the JSON "op" (a class attribute, no field)
     stream: str
     on: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SyncEvent:
-    kind: ClassVar[str] = "sync_event"
+class SyncEvent(NamedTuple):
+    kind = "sync_event"   # the JSON "op" (a class attribute, no field)
     event: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class QueryEvent:
-    kind: ClassVar[str] = "query_event"
+class QueryEvent(NamedTuple):
+    kind = "query_event"   # the JSON "op" (a class attribute, no field)
     event: str
     result: bool
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SyncStream:
-    kind: ClassVar[str] = "sync_stream"
+class SyncStream(NamedTuple):
+    kind = "sync_stream"   # the JSON "op" (a class attribute, no field)
     stream: str
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class SyncDevice:
-    kind: ClassVar[str] = "sync_device"
+class SyncDevice(NamedTuple):
+    kind = "sync_device"   # the JSON "op" (a class attribute, no field)
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HostWrite:
-    kind: ClassVar[str] = "host_write"
+class HostWrite(NamedTuple):
+    kind = "host_write"   # the JSON "op" (a class attribute, no field)
     ranges: tuple[Range, ...]
     name: str | None = None
     at: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class HostRead:
-    kind: ClassVar[str] = "host_read"
+class HostRead(NamedTuple):
+    kind = "host_read"   # the JSON "op" (a class attribute, no field)
     ranges: tuple[Range, ...]
     name: str | None = None
     at: str | None = None
@@ -240,12 +244,19 @@ class HostRead:
 
 Op = (Kernel | Copy | CopyBatch | Record | WaitEvent | WaitStream | SyncEvent | QueryEvent
       | SyncStream | SyncDevice | HostWrite | HostRead)
-OP_TYPES: dict[str, type] = {
-    cls.kind: cls
-    for cls in (Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent,
-                SyncStream, SyncDevice, HostWrite, HostRead)
-}
-STREAM_WORK = (Kernel, Copy, CopyBatch)
+
+
+def _same_op(self, other) -> bool:
+    return type(self) is type(other) and tuple.__eq__(self, other)
+
+
+def _other_op(self, other) -> bool:
+    return not _same_op(self, other)
+
+
+for _op in (Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent, SyncStream, SyncDevice,
+            HostWrite, HostRead):
+    _op.__eq__, _op.__ne__, _op.__hash__ = _same_op, _other_op, tuple.__hash__
 
 
 def op_to_json(op: Op) -> dict:
@@ -295,42 +306,106 @@ def describe_op(op: Op, index: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------
+# Text that is safe to print
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
+
+
+def _escape(m: re.Match) -> str:
+    c = m.group()
+    n = ord(c)
+    return _ESCAPES.get(c) or (f"\\x{n:02x}" if n < 0x100 else f"\\u{n:04x}")
+
+
+def printable(text: str) -> str:
+    """``text`` with what a terminal would act on escaped, as Python does (``\\x1b``, ``\\u202e``):
+    control characters, line and paragraph separators, bidirectional overrides and isolates, and
+    lone surrogates (which cannot be encoded). Letters of every script pass unchanged."""
+    return _UNPRINTABLE.sub(_escape, text)
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters (>= 40), saying how many were cut."""
+    if len(text) <= limit:
+        return text
+    keep = limit - 40
+    return f"{text[:keep]}… (cut: {len(text) - keep} more characters)"
+
+
+def show(x: Any, limit: int = 100) -> str:
+    """A decoded JSON value as a message shows it: JSON, at most about ``limit`` characters, with
+    nested or long parts cut and counted (a value with millions of items or nested a thousand deep
+    is shown in constant time and stack). Not escaped: see :func:`printable`."""
+    if isinstance(x, str):
+        more = len(x) - limit
+        return json.dumps(x[:limit], ensure_ascii=False) + (f"… (cut: {more} more characters)" if more > 0 else "")
+    if isinstance(x, bool) or x is None or isinstance(x, float):
+        return json.dumps(x)
+    if isinstance(x, int):
+        if x.bit_length() > 3 * limit:   # str() of a huge int is slow, or refused
+            return f"<an integer of about {int(x.bit_length() * 0.30103)} digits>"
+        return cut(str(x), limit)
+    if isinstance(x, (list, dict)):
+        if limit < 8:
+            return "[…]" if isinstance(x, list) else "{…}"
+        items = list(x.items() if isinstance(x, dict) else x) if len(x) <= 8 else None
+        if items is None:
+            items = list(x.items())[:8] if isinstance(x, dict) else x[:8]
+        parts, used = [], 2
+        for item in items:
+            part = (f"{show(item[0], limit // 3)}: {show(item[1], limit // 3)}" if isinstance(x, dict)
+                    else show(item, limit // 3))
+            if used + len(part) > limit and parts:
+                break
+            parts.append(part)
+            used += len(part) + 2
+        more = len(x) - len(parts)
+        if more:
+            parts.append(f"… ({more} more {'members' if isinstance(x, dict) else 'items'})")
+        return ("{" if isinstance(x, dict) else "[") + ", ".join(parts) + ("}" if isinstance(x, dict) else "]")
+    return type(x).__name__
+
+
+def _quote(name: str, limit: int = 60) -> str:
+    """A name in single quotes for a message: cut and escaped."""
+    return "'" + printable(cut(name, limit)) + "'"
+
+
+# --------------------------------------------------------------------------------------------
 # The trace
 
 
 @dataclass(frozen=True)
 class Trace:
-    """A validated trace. ``ops`` is the host thread's program order."""
+    """A validated trace. ``ops`` is the host thread's program order: a tuple, or (for a trace
+    read by :class:`TraceText`) a sequence that parses an op again from the text when asked."""
 
     buffers: Mapping[str, Buffer]
     streams: tuple[str, ...]
-    ops: tuple[Op, ...]
+    ops: Sequence[Op]
     version: int = VERSION
 
     @classmethod
     def from_json(cls, doc: Any) -> Trace:
-        """Parse and validate a trace from JSON text (str / bytes) or an already-decoded object.
+        """Parse and validate a trace from JSON text (str / bytes) or an already-decoded object
+        (where a repeated key can no longer be seen).
 
         Raises :class:`TraceError` (a ValueError) naming the op index and field of the first
         problem found."""
         with gc_paused():
-            return cls._from_json(doc)
-
-    @classmethod
-    def _from_json(cls, doc: Any) -> Trace:
-        if isinstance(doc, (bytes, bytearray)):
-            try:
-                doc = doc.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise TraceError(f"not UTF-8 text: {e}") from None
-        if isinstance(doc, str):
-            try:
-                doc = json.loads(doc)
-            except json.JSONDecodeError as e:
-                raise TraceError(f"not valid JSON: {e.msg} (line {e.lineno}, column {e.colno})") from None
-            except RecursionError:
-                raise TraceError("not valid JSON: nested too deeply") from None
-        return _Parser(doc).parse()
+            if isinstance(doc, (str, bytes, bytearray)):
+                text = TraceText(doc)
+                ops = tuple(text.ops())
+                return cls(text.buffers, text.streams, ops)
+            parser = _Parser(doc)
+            ops = doc["ops"]
+            if not isinstance(ops, list):
+                parser.fail("ops", f"expected an array of ops, got {_type_name(ops)}")
+            return cls(parser.buffers, parser.streams, tuple(parser.op(raw, i) for i, raw in enumerate(ops)))
 
     def to_json(self) -> dict:
         """The trace as a JSON-ready object (``json.dumps(trace.to_json())`` round-trips)."""
@@ -352,12 +427,140 @@ class Trace:
 
 
 # --------------------------------------------------------------------------------------------
+# Reading JSON text
+
+
+_TOP_LEVEL = ("version", "buffers", "streams", "ops")
+
+
+class TraceText:
+    """A trace's JSON text, read as it is checked: the header (version, buffers, streams) at
+    once, then the ops one at a time, each validated as :meth:`ops` yields it and forgotten.
+    :meth:`trace` then gives the :class:`Trace`, whose ops are parsed again from the text when
+    asked (a report asks for a few), so a trace of millions of ops is held once, as its text.
+
+    Ops stream when ``"ops"`` follows the other three keys (as the format's example and every
+    writer put them); otherwise the ops array is decoded whole first.
+
+    ``text``: str, or UTF-8 bytes (a byte order mark is allowed). Raises :class:`TraceError`,
+    from the constructor for the header and from :meth:`ops` for an op or what follows the ops."""
+
+    def __init__(self, text: str | bytes | bytearray):
+        if not isinstance(text, str):
+            try:
+                text = bytes(text).decode("utf-8-sig")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"not UTF-8 text: byte {e.start} ({bytes(e.object[e.start:e.start + 1])!r}) "
+                                 f"{e.reason}") from None
+        self.text = text
+        header: dict[str, Any] = {}
+        self._streaming = False
+        try:
+            self._reader = ObjectReader(text)
+            self._keys = self._reader.members()
+            for key in self._keys:
+                if key not in _TOP_LEVEL:
+                    raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
+                if key == "ops" and len(header) == 3 and self._reader.at_array():
+                    self._streaming = True
+                    header["ops"] = []    # read one by one, by ops()
+                    break
+                header[key] = self._member(key)
+        except JSONTextError as e:
+            raise TraceError(f"not valid JSON: {e}", field=e.key) from None
+        self._parser = _Parser(header)
+        self._ops_doc = header["ops"]      # the ops array, when it had to be decoded whole
+        self.buffers: Mapping[str, Buffer] = self._parser.buffers
+        self.streams: tuple[str, ...] = self._parser.streams
+        self._offsets = array("q")     # where each op starts in the text, when streaming
+        self._parsed: list[Op] = []    # the ops, when not
+        self._read = False
+
+    def _member(self, key: str) -> Any:
+        try:
+            return self._reader.value()
+        except JSONTextError as e:
+            raise TraceError(f"not valid JSON: {e}", field=key) from None
+
+    def ops(self) -> Iterator[Op]:
+        """The ops in program order, each validated (once: a second call raises RuntimeError)."""
+        if self._read:
+            raise RuntimeError("TraceText.ops() reads the text once")
+        self._read = True
+        parser = self._parser
+        if not self._streaming:
+            raw_ops = self._ops_doc
+            if not isinstance(raw_ops, list):
+                parser.fail("ops", f"expected an array of ops, got {_type_name(raw_ops)}")
+            for i, raw in enumerate(raw_ops):
+                op = parser.op(raw, i)
+                self._parsed.append(op)
+                yield op
+            return
+        i = 0
+        offsets = self._offsets
+        try:
+            for start, raw in self._reader.items():
+                offsets.append(start)
+                yield parser.op(raw, i)
+                i += 1
+            for key in self._keys:   # nothing may follow the ops but the end of the trace
+                raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
+        except JSONTextError as e:
+            raise TraceError(f"not valid JSON: {e}", op_index=e.item, field=e.key) from None
+
+    def trace(self) -> Trace:
+        """The trace, once :meth:`ops` has been read to its end."""
+        if self._streaming:
+            return Trace(self.buffers, self.streams, _TextOps(self.text, self._offsets, self._parser))
+        return Trace(self.buffers, self.streams, tuple(self._parsed))
+
+
+class _TextOps(Sequence):
+    """The ops of a trace held as its JSON text: op ``i`` is parsed from ``text[offsets[i]:]``
+    (the last ``CACHED`` ops asked for are kept: a report names some ops many times)."""
+
+    CACHED = 256
+
+    def __init__(self, text: str, offsets: array, parser: _Parser):
+        self._text, self._offsets, self._parser = text, offsets, parser
+        self._cache: dict[int, Op] = {}
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self)
+        op = self._cache.pop(i, None)
+        if op is None:
+            raw, _ = decode(self._text, self._offsets[i])
+            op = self._parser.op(raw, i)
+            if len(self._cache) >= self.CACHED:
+                del self._cache[next(iter(self._cache))]     # the least recently asked for
+        self._cache[i] = op
+        return op
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None
+
+
+def _field(key: str) -> str:
+    """A key, as a field name in a message: cut and escaped."""
+    return printable(cut(key, 60))
+
+
+# --------------------------------------------------------------------------------------------
 # Validation
 
 
 _COMMON = frozenset(("op", "name", "at"))
 _FIELDS: dict[str, tuple[frozenset, frozenset]] = {
-    # kind: (required, optional) besides "op" and "name"
+    # kind: (required, optional) besides "op", "name" and "at"
     "kernel": (frozenset(("stream",)), frozenset(("reads", "writes"))),
     "copy": (frozenset(("stream", "src", "dst")), frozenset()),
     "copy_batch": (frozenset(("stream", "order", "copies")), frozenset()),
@@ -371,17 +574,11 @@ _FIELDS: dict[str, tuple[frozenset, frozenset]] = {
     "host_write": (frozenset(("ranges",)), frozenset()),
     "host_read": (frozenset(("ranges",)), frozenset()),
 }
+_ALLOWED = {kind: required | optional | _COMMON for kind, (required, optional) in _FIELDS.items()}
 
 
 def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _show(x: Any) -> str:
-    try:
-        return json.dumps(x)
-    except (TypeError, ValueError):
-        return repr(x)
 
 
 def _type_name(x: Any) -> str:
@@ -389,66 +586,55 @@ def _type_name(x: Any) -> str:
             float: "number", type(None): "null"}.get(type(x), type(x).__name__)
 
 
-_new_range = tuple.__new__   # Range((buffer, offset, length)) without the keyword-argument machinery
+_new = tuple.__new__   # a named tuple from a tuple of all its fields, without the argument machinery
 
 
-def _fast_range(buffers: dict[str, Buffer], r: Any, host: bool) -> Range | None:
-    """The range ``r`` when it is plainly valid, else None (the parser's slow path then names the
-    problem). The common case of parsing, kept to a few type checks and comparisons."""
-    if type(r) is list and len(r) == 3:
-        name, offset, length = r
-        buf = buffers.get(name) if type(name) is str else None
-        if (buf is not None and type(offset) is int and type(length) is int and offset >= 0 and length > 0
-                and offset + length <= buf.nbytes and not (host and buf.space == "device")):
-            return _new_range(Range, (buf.name, offset, length))
-    return None
+class _NotPlain(Exception):
+    """A range the fast path of parsing does not take."""
+
+
+
 
 
 class _Parser:
+    """Validates a trace: the header (version, buffers, streams) when made, each op by :meth:`op`."""
+
     def __init__(self, doc: Any):
-        self.doc = doc
         self.buffers: dict[str, Buffer] = {}
-        self.streams: set[str] = set()
+        self.stream_set: set[str] = set()
         self.i: int | None = None
         self.kind: str | None = None
-
-    def fail(self, field: str | None, message: str):
-        raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
-
-    def parse(self) -> Trace:
-        doc = self.doc
         if not isinstance(doc, dict):
             self.fail(None, f"a trace is a JSON object, got {_type_name(doc)}")
-        for key in ("version", "buffers", "streams", "ops"):
+        for key in doc:
+            if key not in _TOP_LEVEL:
+                self.fail(_field(key), f"unknown field (a trace has {', '.join(_TOP_LEVEL)})")
+        for key in _TOP_LEVEL:
             if key not in doc:
                 self.fail(key, "missing")
         version = doc["version"]
         if not _is_int(version) or version != VERSION:
-            self.fail("version", f"unknown version {_show(version)} (this checker reads version {VERSION})")
+            self.fail("version", f"unknown version {show(version)} (this checker reads version {VERSION})")
         self._buffers(doc["buffers"])
-        streams = doc["streams"]
-        if not isinstance(streams, list):
-            self.fail("streams", f"expected an array of stream names, got {_type_name(streams)}")
-        for k, s in enumerate(streams):
-            if not isinstance(s, str) or not s:
-                self.fail(f"streams[{k}]", f"a stream name is a non-empty string, got {_show(s)}")
-            if s in self.streams:
-                self.fail(f"streams[{k}]", f"stream '{s}' is declared twice")
-            self.streams.add(s)
-        ops = doc["ops"]
-        if not isinstance(ops, list):
-            self.fail("ops", f"expected an array of ops, got {_type_name(ops)}")
-        parsed = []
-        for i, raw in enumerate(ops):
-            self.i, self.kind = i, None
-            parsed.append(self._op(raw))
-        return Trace(buffers=self.buffers, streams=tuple(streams), ops=tuple(parsed), version=version)
+        self.streams = self._streams(doc["streams"])
+        # for the fast path of range parsing, per buffer: the one str object of its name, its size
+        # (host accesses look up only host buffers)
+        self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
+        self.plain_host = {name: v for name, v in self.plain.items() if self.buffers[name].space != DEVICE_SPACE}
+        self._kinds = {"kernel": self._kernel, "copy": self._copy, "copy_batch": self._copy_batch,
+                       "record": self._record, "wait_event": self._wait_event, "wait_stream": self._wait_stream,
+                       "sync_event": self._sync_event, "query_event": self._query_event,
+                       "sync_stream": self._sync_stream, "sync_device": self._sync_device,
+                       "host_write": self._host_write, "host_read": self._host_read}
+
+    def fail(self, field: str | None, message: str):
+        raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
 
     def _buffers(self, raw: Any) -> None:
         if not isinstance(raw, dict):
             self.fail("buffers", f"expected an object of buffers, got {_type_name(raw)}")
         for name, b in raw.items():
-            where = f"buffers.{name}"
+            where = f"buffers.{_field(name)}"
             if not name:
                 self.fail("buffers", "a buffer name is a non-empty string")
             if not isinstance(b, dict):
@@ -458,155 +644,202 @@ class _Parser:
                     self.fail(f"{where}.{key}", "missing")
             extra = sorted(set(b) - {"space", "bytes"})
             if extra:
-                self.fail(f"{where}.{extra[0]}", "unknown field")
+                self.fail(f"{where}.{_field(extra[0])}", "unknown field")
             space, nbytes = b["space"], b["bytes"]
             if space not in SPACES:
-                self.fail(f"{where}.space", f"unknown space {_show(space)} (expected one of {', '.join(SPACES)})")
+                self.fail(f"{where}.space", f"unknown space {show(space)} (expected one of {', '.join(SPACES)})")
             if not _is_int(nbytes) or nbytes <= 0:
-                self.fail(f"{where}.bytes", f"expected a positive integer, got {_show(nbytes)}")
+                self.fail(f"{where}.bytes", f"expected a positive integer, got {show(nbytes)}")
             self.buffers[name] = Buffer(name, space, nbytes)
+
+    def _streams(self, streams: Any) -> tuple[str, ...]:
+        if not isinstance(streams, list):
+            self.fail("streams", f"expected an array of stream names, got {_type_name(streams)}")
+        for k, s in enumerate(streams):
+            if not isinstance(s, str) or not s:
+                self.fail(f"streams[{k}]", f"a stream name is a non-empty string, got {show(s)}")
+            if s in self.stream_set:
+                self.fail(f"streams[{k}]", f"stream {_quote(s)} is declared twice")
+            self.stream_set.add(s)
+        return tuple(streams)
 
     # -- op fields ------------------------------------------------------------------------
 
-    def _op(self, raw: Any) -> Op:
+    def op(self, raw: Any, i: int) -> Op:
+        """Op ``i`` of the trace, validated. Raises :class:`TraceError`."""
+        self.i, self.kind = i, None
         if not isinstance(raw, dict):
             self.fail(None, f"an op is a JSON object, got {_type_name(raw)}")
         if "op" not in raw:
             self.fail("op", "missing")
         kind = raw["op"]
         if not isinstance(kind, str) or kind not in _FIELDS:
-            self.fail("op", f"unknown op {_show(kind)} (expected one of {', '.join(_FIELDS)})")
+            self.fail("op", f"unknown op {show(kind)} (expected one of {', '.join(_FIELDS)})")
         self.kind = kind
-        required, optional = _FIELDS[kind]
-        for key in sorted(required - raw.keys()):
-            self.fail(key, "missing")
-        for key in sorted(raw.keys() - required - optional - _COMMON):
-            self.fail(key, f"unknown field for a {kind} op")
+        required = _FIELDS[kind][0]
+        if not (required <= raw.keys() <= _ALLOWED[kind]):
+            for key in sorted(required - raw.keys()):
+                self.fail(key, "missing")
+            self.fail(_field(min(raw.keys() - _ALLOWED[kind])), f"unknown field for a {kind} op")
         name = raw.get("name")
-        if name is not None and not isinstance(name, str):
+        if name is not None and type(name) is not str:
             self.fail("name", f"expected a string, got {_type_name(name)}")
         at = raw.get("at")
-        if at is not None and not isinstance(at, str):
+        if at is not None and type(at) is not str:
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
+        return self._kinds[kind](raw, name, at)
 
-        if kind == "kernel":
-            return Kernel(self._stream(raw, "stream"), self._ranges(raw, "reads", optional=True),
-                          self._ranges(raw, "writes", optional=True), name, at=at)
-        if kind == "copy":
-            src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
-            self._same_length(src, dst, "dst")
-            return Copy(self._stream(raw, "stream"), src, dst, name, at=at)
-        if kind == "copy_batch":
-            stream = self._stream(raw, "stream")
-            order = raw["order"]
-            if order not in ORDERS:
-                self.fail("order", f"unknown order {_show(order)} (expected one of {', '.join(ORDERS)})")
-            return CopyBatch(stream, order, self._copies(raw["copies"]), name, at=at)
-        if kind == "record":
-            return Record(self._event(raw), self._stream(raw, "stream"), name, at=at)
-        if kind == "wait_event":
-            return WaitEvent(self._stream(raw, "stream"), self._event(raw), name, at=at)
-        if kind == "wait_stream":
-            return WaitStream(self._stream(raw, "stream"), self._stream(raw, "on"), name, at=at)
-        if kind == "sync_event":
-            return SyncEvent(self._event(raw), name, at=at)
-        if kind == "query_event":
-            result = raw["result"]
-            if not isinstance(result, bool):
-                self.fail("result", f"expected true or false, got {_show(result)}")
-            return QueryEvent(self._event(raw), result, name, at=at)
-        if kind == "sync_stream":
-            return SyncStream(self._stream(raw, "stream"), name, at=at)
-        if kind == "sync_device":
-            return SyncDevice(name, at=at)
-        ranges = self._ranges(raw, "ranges", host=True)
-        return HostWrite(ranges, name, at=at) if kind == "host_write" else HostRead(ranges, name, at=at)
+    def _kernel(self, raw: dict, name: str | None, at: str | None) -> Kernel:
+        return _new(Kernel, (self._stream(raw, "stream"), self._ranges(raw, "reads", True, False),
+                             self._ranges(raw, "writes", True, False), name, at))
+
+    def _copy(self, raw: dict, name: str | None, at: str | None) -> Copy:
+        src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
+        self._same_length(src, dst, "dst")
+        return _new(Copy, (self._stream(raw, "stream"), src, dst, name, at))
+
+    def _copy_batch(self, raw: dict, name: str | None, at: str | None) -> CopyBatch:
+        stream = self._stream(raw, "stream")
+        order = raw["order"]
+        if order not in ORDERS:
+            self.fail("order", f"unknown order {show(order)} (expected one of {', '.join(ORDERS)})")
+        return _new(CopyBatch, (stream, order, self._copies(raw["copies"]), name, at))
+
+    def _record(self, raw: dict, name: str | None, at: str | None) -> Record:
+        return _new(Record, (self._event(raw), self._stream(raw, "stream"), name, at))
+
+    def _wait_event(self, raw: dict, name: str | None, at: str | None) -> WaitEvent:
+        return _new(WaitEvent, (self._stream(raw, "stream"), self._event(raw), name, at))
+
+    def _wait_stream(self, raw: dict, name: str | None, at: str | None) -> WaitStream:
+        return _new(WaitStream, (self._stream(raw, "stream"), self._stream(raw, "on"), name, at))
+
+    def _sync_event(self, raw: dict, name: str | None, at: str | None) -> SyncEvent:
+        return _new(SyncEvent, (self._event(raw), name, at))
+
+    def _query_event(self, raw: dict, name: str | None, at: str | None) -> QueryEvent:
+        result = raw["result"]
+        if not isinstance(result, bool):
+            self.fail("result", f"expected true or false, got {show(result)}")
+        return _new(QueryEvent, (self._event(raw), result, name, at))
+
+    def _sync_stream(self, raw: dict, name: str | None, at: str | None) -> SyncStream:
+        return _new(SyncStream, (self._stream(raw, "stream"), name, at))
+
+    def _sync_device(self, raw: dict, name: str | None, at: str | None) -> SyncDevice:
+        return _new(SyncDevice, (name, at))
+
+    def _host_write(self, raw: dict, name: str | None, at: str | None) -> HostWrite:
+        return _new(HostWrite, (self._ranges(raw, "ranges", False, True), name, at))
+
+    def _host_read(self, raw: dict, name: str | None, at: str | None) -> HostRead:
+        return _new(HostRead, (self._ranges(raw, "ranges", False, True), name, at))
 
     def _stream(self, raw: dict, field: str) -> str:
         s = raw[field]
         if not isinstance(s, str):
             self.fail(field, f"expected a stream name, got {_type_name(s)}")
-        if s not in self.streams:
-            self.fail(field, f"unknown stream '{s}' (declared: {', '.join(sorted(self.streams)) or 'none'})")
+        if s not in self.stream_set:
+            declared = ", ".join(_quote(x) for x in sorted(self.stream_set)[:8]) or "none"
+            more = len(self.stream_set) - 8
+            self.fail(field, f"unknown stream {_quote(s)} (declared: {declared}"
+                             + (f" and {more} more)" if more > 0 else ")"))
         return s
 
     def _event(self, raw: dict) -> str:
         e = raw["event"]
         if not isinstance(e, str) or not e:
-            self.fail("event", f"an event name is a non-empty string, got {_show(e)}")
+            self.fail("event", f"an event name is a non-empty string, got {show(e)}")
         return e
 
-    def _ranges(self, raw: dict, field: str, *, optional: bool = False, host: bool = False) -> tuple[Range, ...]:
+    def _ranges(self, raw: dict, field: str, optional: bool, host: bool) -> tuple[Range, ...]:
+        """``raw[field]`` as ranges (``optional``: the field may be missing; ``host``: host buffers only)."""
         if optional and field not in raw:
             return ()
         items = raw[field]
         if not isinstance(items, list):
             self.fail(field, f"expected an array of [buffer, offset, length], got {_type_name(items)}")
-        bufs = self.buffers
+        try:
+            return tuple(self._plain_ranges(self.plain_host if host else self.plain, items))
+        except (_NotPlain, ValueError, TypeError, KeyError):
+            # the slow path says what is wrong (or accepts an int subclass)
+            return tuple(self._range(r, f"{field}[{k}]", host=host) for k, r in enumerate(items))
+
+    def _plain_ranges(self, plain: dict[str, tuple[str, int]], items: list) -> list[Range]:
+        """``items`` as Ranges when each is plainly valid (``plain``: the buffers allowed); else
+        raises _NotPlain, ValueError, TypeError or KeyError. The common case of parsing, a few
+        operations per range: anything else fails one of them (a string of three letters unpacks,
+        but its "offset" is no int)."""
         out = []
-        for r in items:
-            rng = _fast_range(bufs, r, host)
-            # the slow path names what is wrong (or accepts an int subclass)
-            out.append(rng if rng is not None else self._range(r, f"{field}[{len(out)}]", host=host))
-        return tuple(out)
+        append = out.append
+        new = _new
+        for name, offset, length in items:
+            b = plain[name]
+            if type(offset) is not int or type(length) is not int or offset < 0 or length <= 0 \
+                    or offset + length > b[1]:
+                raise _NotPlain
+            append(new(Range, (b[0], offset, length)))
+        return out
 
     def _copies(self, items: Any) -> tuple[Transfer, ...]:
         if not isinstance(items, list):
             self.fail("copies", f"expected an array of {{\"src\", \"dst\"}} objects, got {_type_name(items)}")
         if not items:
             self.fail("copies", "a copy_batch needs at least one copy")
-        out = []
-        bufs = self.buffers
-        for k, c in enumerate(items):
-            if type(c) is dict and len(c) == 2:
-                src, dst = _fast_range(bufs, c.get("src"), False), _fast_range(bufs, c.get("dst"), False)
-                if src is not None and dst is not None and src[2] == dst[2]:
-                    out.append(_new_range(Transfer, (src, dst)))
-                    continue
-            where = f"copies[{k}]"
-            if not isinstance(c, dict):
-                self.fail(where, f"expected {{\"src\": range, \"dst\": range}}, got {_type_name(c)}")
-            for key in ("src", "dst"):
-                if key not in c:
-                    self.fail(f"{where}.{key}", "missing")
-            extra = sorted(set(c) - {"src", "dst"})
-            if extra:
-                self.fail(f"{where}.{extra[0]}", "unknown field")
-            src, dst = self._range(c["src"], f"{where}.src"), self._range(c["dst"], f"{where}.dst")
-            self._same_length(src, dst, f"{where}.dst")
-            out.append(Transfer(src, dst))
-        return tuple(out)
+        try:
+            if all(type(c) is dict and len(c) == 2 for c in items):
+                srcs = self._plain_ranges(self.plain, [c["src"] for c in items])
+                dsts = self._plain_ranges(self.plain, [c["dst"] for c in items])
+                if all(s[2] == d[2] for s, d in zip(srcs, dsts)):
+                    return tuple(map(_new, repeat(Transfer), zip(srcs, dsts)))
+        except (_NotPlain, ValueError, TypeError, KeyError):
+            pass
+        return tuple(self._copy_slowly(k, c) for k, c in enumerate(items))
+
+    def _copy_slowly(self, k: int, c: Any) -> Transfer:
+        """Copy ``k`` of a batch, validated field by field (the message names what is wrong)."""
+        where = f"copies[{k}]"
+        if not isinstance(c, dict):
+            self.fail(where, f"expected {{\"src\": range, \"dst\": range}}, got {_type_name(c)}")
+        for key in ("src", "dst"):
+            if key not in c:
+                self.fail(f"{where}.{key}", "missing")
+        extra = sorted(set(c) - {"src", "dst"})
+        if extra:
+            self.fail(f"{where}.{_field(extra[0])}", "unknown field")
+        src, dst = self._range(c["src"], f"{where}.src"), self._range(c["dst"], f"{where}.dst")
+        self._same_length(src, dst, f"{where}.dst")
+        return Transfer(src, dst)
 
     def _same_length(self, src: Range, dst: Range, field: str) -> None:
         if src.length != dst.length:
             self.fail(field, f"a copy moves one size: dst has {dst.length} bytes, src {src.length}")
 
     def _range(self, r: Any, field: str, *, host: bool = False) -> Range:
-        # the hot path of parsing: one call per range of the trace
         if type(r) is not list or len(r) != 3:
-            self.fail(field, f"expected a range [buffer, offset, length], got {_show(r)}")
+            self.fail(field, f"expected a range [buffer, offset, length], got {show(r)}")
         name, offset, length = r
         buf = self.buffers.get(name) if type(name) is str else None
         if buf is None:
             if not isinstance(name, str):
-                self.fail(field, f"a range starts with a buffer name, got {_show(name)}")
-            self.fail(field, f"unknown buffer '{name}'")
+                self.fail(field, f"a range starts with a buffer name, got {show(name)}")
+            self.fail(field, f"unknown buffer {_quote(name)}")
         # type() and not isinstance(): True is no offset
         if type(offset) is not int or offset < 0:
             if not (_is_int(offset) and offset >= 0):
-                self.fail(field, f"offset must be an integer >= 0, got {_show(offset)}")
+                self.fail(field, f"offset must be an integer >= 0, got {show(offset)}")
             offset = int(offset)
         if type(length) is not int or length <= 0:
             if not (_is_int(length) and length > 0):
-                self.fail(field, f"length must be an integer > 0, got {_show(length)}")
+                self.fail(field, f"length must be an integer > 0, got {show(length)}")
             length = int(length)
         if offset + length > buf.nbytes:
-            self.fail(field, f"range {_show(r)} ends at byte {offset + length}, past the end of "
-                             f"buffer '{name}' ({buf.nbytes} bytes)")
-        if host and buf.space == "device":
-            self.fail(field, f"host access to device memory: buffer '{name}' is {buf.space}; "
+            self.fail(field, f"range {show(r)} ends at byte {show(offset + length)}, past the end of "
+                             f"buffer {_quote(name)} ({buf.nbytes} bytes)")
+        if host and buf.space == DEVICE_SPACE:
+            self.fail(field, f"host access to device memory: buffer {_quote(name)} is {buf.space}; "
                              "the host may touch only host buffers")
-        return _new_range(Range, (buf.name, offset, length))   # one str object per buffer name
+        return _new(Range, (buf.name, offset, length))   # one str object per buffer name
 
 
 # --------------------------------------------------------------------------------------------

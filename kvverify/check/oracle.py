@@ -78,106 +78,120 @@ class Graph:
 
 def build_graph(trace: Trace) -> Graph:
     """The graph of moments of ``trace`` (see the module docstring)."""
-    names: list[str] = []
-    succ: list[list[int]] = []
-    accesses: list[AccessNode] = []
-    space = {name: b.space for name, b in trace.buffers.items()}
+    builder = _GraphBuilder(trace)
+    for i, op in enumerate(trace.ops):
+        builder.op(i, op)
+    return Graph(builder.names, builder.succ, builder.accesses)
 
-    def node(name: str) -> int:
-        names.append(name)
-        succ.append([])
-        return len(names) - 1
 
-    def edge(u: int | None, v: int) -> None:
+class _GraphBuilder:
+    """Adds each op's moments and edges, in program order (node ids are a topological order)."""
+
+    def __init__(self, trace: Trace):
+        self.names: list[str] = []
+        self.succ: list[list[int]] = []
+        self.accesses: list[AccessNode] = []
+        self.space = {name: b.space for name, b in trace.buffers.items()}
+        self.last: dict[str, int | None] = {s: None for s in trace.streams}   # last item end per stream
+        self.capture: dict[str, int] = {}                                      # event -> its latest record node
+        self.prev_ret: int | None = None
+
+    def node(self, name: str) -> int:
+        self.names.append(name)
+        self.succ.append([])
+        return len(self.names) - 1
+
+    def edge(self, u: int | None, v: int) -> None:
         if u is not None:
             assert u < v, "edges go forward in creation order"
-            succ[u].append(v)
+            self.succ[u].append(v)
 
-    last: dict[str, int | None] = {s: None for s in trace.streams}   # last item end per stream
-    capture: dict[str, int] = {}                                      # event -> its latest record node
-    prev_ret = None
-
-    def access(i: int, label: str, rank: tuple, reads, writes) -> int:
-        n = node(label)
-        accesses.append(AccessNode(n, i, label, rank,
-                                   tuple((r.buffer, r.offset, r.offset + r.length) for r in reads),
-                                   tuple((r.buffer, r.offset, r.offset + r.length) for r in writes)))
+    def access(self, i: int, label: str, rank: tuple, reads, writes) -> int:
+        n = self.node(label)
+        self.accesses.append(AccessNode(n, i, label, rank,
+                                        tuple((r.buffer, r.offset, r.offset + r.length) for r in reads),
+                                        tuple((r.buffer, r.offset, r.offset + r.length) for r in writes)))
         return n
 
-    for i, op in enumerate(trace.ops):
-        call = node(f"call {i}")
-        edge(prev_ret, call)
-        later_ret: list[int] = []          # nodes that must come before this op's ret
+    def item(self, stream: str, call: int, begin: int, end: int) -> None:
+        self.edge(call, begin)              # nothing starts before it is issued
+        self.edge(self.last[stream], begin)      # stream order
+        self.last[stream] = end
 
-        def item(stream: str, begin: int, end: int, call: int = call) -> None:
-            edge(call, begin)              # nothing starts before it is issued
-            edge(last[stream], begin)      # stream order
-            last[stream] = end
+    def op(self, i: int, op) -> None:
+        call = self.node(f"call {i}")
+        self.edge(self.prev_ret, call)
+        later_ret = self._moments(i, op, call)      # nodes that must come before this op's ret
+        ret = self.node(f"ret {i}")
+        self.edge(call, ret)
+        for u in later_ret:
+            self.edge(u, ret)
+        self.prev_ret = ret
 
+    def _moments(self, i: int, op, call: int) -> list[int]:
         if isinstance(op, Kernel):
-            begin = node(f"begin {i}")
-            k = access(i, f"op {i} kernel", (i, 0, 0), op.reads, op.writes)
-            end = node(f"end {i}")
-            item(op.stream, begin, end)
-            edge(begin, k)
-            edge(k, end)
-        elif isinstance(op, (Copy, CopyBatch)):
-            order = op.order if isinstance(op, CopyBatch) else "STREAM"
-            begin = node(f"begin {i}")
-            sides = []
-            for c, tr in enumerate(op.copies):
-                s = access(i, f"op {i} copy {c} src", (i, c, 0), (tr.src,), ())
-                d = access(i, f"op {i} copy {c} dst", (i, c, 1), (), (tr.dst,))
-                sides.append((tr, s, d))
-            end = node(f"end {i}")
-            item(op.stream, begin, end)
-            for tr, s, d in sides:
-                edge(begin, d)             # the destination is written in stream order
-                edge(d, end)
-                if space[tr.src.buffer] == "host_pageable" or order == "DURING_API_CALL":
-                    edge(call, s)          # read during the call (rule 6 / rule 5)
-                    later_ret.append(s)
-                elif order == "STREAM":
-                    edge(begin, s)
-                else:                      # ANY: from the call until the copy completes
-                    edge(call, s)
-                edge(s, end)
-                # A pageable destination is written in stream order like any other (rule 6 as
-                # amended: no completion at return; docs/checker.md).
-        elif isinstance(op, Record):
-            r = node(f"record {i}")
-            item(op.stream, r, r)
-            capture[op.event] = r
+            begin = self.node(f"begin {i}")
+            k = self.access(i, f"op {i} kernel", (i, 0, 0), op.reads, op.writes)
+            end = self.node(f"end {i}")
+            self.item(op.stream, call, begin, end)
+            self.edge(begin, k)
+            self.edge(k, end)
+            return []
+        if isinstance(op, (Copy, CopyBatch)):
+            return self._copies(i, op, call)
+        if isinstance(op, Record):
+            r = self.node(f"record {i}")
+            self.item(op.stream, call, r, r)
+            self.capture[op.event] = r
         elif isinstance(op, WaitEvent):
-            w = node(f"wait {i}")
-            item(op.stream, w, w)
-            edge(capture.get(op.event), w)   # never recorded: nothing to wait for
+            w = self.node(f"wait {i}")
+            self.item(op.stream, call, w, w)
+            self.edge(self.capture.get(op.event), w)   # never recorded: nothing to wait for
         elif isinstance(op, WaitStream):
-            r = node(f"record {i} (wait_stream)")
-            item(op.on, r, r)
-            w = node(f"wait {i}")
-            item(op.stream, w, w)
-            edge(r, w)
+            r = self.node(f"record {i} (wait_stream)")
+            self.item(op.on, call, r, r)
+            w = self.node(f"wait {i}")
+            self.item(op.stream, call, w, w)
+            self.edge(r, w)
         elif isinstance(op, SyncEvent) or (isinstance(op, QueryEvent) and op.result):
-            if op.event in capture:
-                later_ret.append(capture[op.event])
+            return [self.capture[op.event]] if op.event in self.capture else []
         elif isinstance(op, SyncStream):
-            if last[op.stream] is not None:
-                later_ret.append(last[op.stream])
+            return [self.last[op.stream]] if self.last[op.stream] is not None else []
         elif isinstance(op, SyncDevice):
-            later_ret += [e for e in last.values() if e is not None]
+            return [e for e in self.last.values() if e is not None]
         elif isinstance(op, (HostWrite, HostRead)):
             ranges = op.ranges
-            h = access(i, f"op {i} host", (i, 0, 0), () if isinstance(op, HostWrite) else ranges,
-                       ranges if isinstance(op, HostWrite) else ())
-            edge(call, h)
-            later_ret.append(h)
-        ret = node(f"ret {i}")
-        edge(call, ret)
-        for u in later_ret:
-            edge(u, ret)
-        prev_ret = ret
-    return Graph(names, succ, accesses)
+            h = self.access(i, f"op {i} host", (i, 0, 0), () if isinstance(op, HostWrite) else ranges,
+                            ranges if isinstance(op, HostWrite) else ())
+            self.edge(call, h)
+            return [h]
+        return []
+
+    def _copies(self, i: int, op, call: int) -> list[int]:
+        order = op.order if isinstance(op, CopyBatch) else "STREAM"
+        begin = self.node(f"begin {i}")
+        sides = []
+        for c, tr in enumerate(op.copies):
+            s = self.access(i, f"op {i} copy {c} src", (i, c, 0), (tr.src,), ())
+            d = self.access(i, f"op {i} copy {c} dst", (i, c, 1), (), (tr.dst,))
+            sides.append((tr, s, d))
+        end = self.node(f"end {i}")
+        self.item(op.stream, call, begin, end)
+        later_ret = []
+        for tr, s, d in sides:
+            self.edge(begin, d)             # the destination is written in stream order
+            self.edge(d, end)
+            if self.space[tr.src.buffer] == "host_pageable" or order == "DURING_API_CALL":
+                self.edge(call, s)          # read during the call (rule 6 / rule 5)
+                later_ret.append(s)
+            elif order == "STREAM":
+                self.edge(begin, s)
+            else:                           # ANY: from the call until the copy completes
+                self.edge(call, s)
+            self.edge(s, end)
+            # A pageable destination is written in stream order like any other (rule 6 as
+            # amended: no completion at return; docs/checker.md).
+        return later_ret
 
 
 # ------------------------------------------------------------------------------------------
@@ -235,8 +249,27 @@ def explore(trace: Trace, max_accesses: int = 10) -> OracleResult:
     if n > max_accesses:
         raise ValueError(f"the oracle enumerates at most {max_accesses} accesses; this trace has {n}")
     reach = g.reach()
+    preds = [0] * n
+    for x in range(n):
+        for y in range(n):
+            if reach[nodes[x].id] >> nodes[y].id & 1:
+                preds[y] |= 1 << x
+    search = _Search(nodes, preds)
+    unordered = unordered_conflicts(trace, g)
+    try:
+        search.dfs(0, search.initial, [])
+    except _Disagree:
+        w = {
+            "observed_at": search.witness["at"],
+            "execution_1": [nodes[x].label for x in search.ref_path],
+            "execution_2": [nodes[x].label for x in search.witness["path"]],
+        }
+        return OracleResult(True, len(search.seen), w, unordered)
+    return OracleResult(False, len(search.seen), None, unordered)
 
-    # cells: elementary intervals between the range ends used on each buffer
+
+def _cells(nodes: list[AccessNode]) -> list[tuple[str, int, int]]:
+    """The elementary intervals between the range ends used on each buffer."""
     pts: dict[str, set] = {}
     for a in nodes:
         for b, lo, hi in a.reads + a.writes:
@@ -245,68 +278,61 @@ def explore(trace: Trace, max_accesses: int = 10) -> OracleResult:
     for b in sorted(pts):
         p = sorted(pts[b])
         cells += [(b, p[k], p[k + 1]) for k in range(len(p) - 1)]
+    return cells
 
-    def cover(ranges) -> tuple[int, ...]:
-        return tuple(sorted({c for c, (b, lo, hi) in enumerate(cells)
-                             for b2, lo2, hi2 in ranges if b == b2 and lo2 <= lo and hi <= hi2}))
 
-    reads = [cover(a.reads) for a in nodes]
-    writes = [cover(a.writes) for a in nodes]
-    preds = [0] * n
-    for x in range(n):
-        for y in range(n):
-            if reach[nodes[x].id] >> nodes[y].id & 1:
-                preds[y] |= 1 << x
-    full = (1 << n) - 1
-    initial = tuple(-1 - c for c in range(len(cells)))   # a distinct value per cell before any write
+class _Search:
+    """A depth-first walk over (placed accesses, memory) states, memoised, that simulates the bytes
+    of every execution and stops at the first access (or final memory) two executions disagree on."""
 
-    ref: dict[int, tuple] = {}
-    ref_path: list[int] = []
-    seen: set = set()
-    witness: dict = {}
+    def __init__(self, nodes: list[AccessNode], preds: list[int]):
+        self.nodes, self.preds = nodes, preds
+        cells = _cells(nodes)
 
-    def step(x: int, mem: tuple) -> tuple[tuple, tuple]:
-        obs = (tuple(mem[c] for c in reads[x]), tuple(mem[c] for c in writes[x]))
-        if writes[x]:
+        def cover(ranges) -> tuple[int, ...]:
+            return tuple(sorted({c for c, (b, lo, hi) in enumerate(cells)
+                                 for b2, lo2, hi2 in ranges if b == b2 and lo2 <= lo and hi <= hi2}))
+
+        self.reads = [cover(a.reads) for a in nodes]
+        self.writes = [cover(a.writes) for a in nodes]
+        self.full = (1 << len(nodes)) - 1
+        self.initial = tuple(-1 - c for c in range(len(cells)))   # a distinct value per cell before any write
+        self.ref: dict = {}            # what each access observed in the first execution; "final": its memory
+        self.ref_path: list[int] = []
+        self.seen: set = set()
+        self.witness: dict = {}
+
+    def step(self, x: int, mem: tuple) -> tuple[tuple, tuple]:
+        obs = (tuple(mem[c] for c in self.reads[x]), tuple(mem[c] for c in self.writes[x]))
+        if self.writes[x]:
             m = list(mem)
-            for c in writes[x]:
+            for c in self.writes[x]:
                 m[c] = x            # the value this write stores: its own
             mem = tuple(m)
         return obs, mem
 
-    def dfs(placed: int, mem: tuple, path: list[int]) -> None:
-        if placed == full:
+    def dfs(self, placed: int, mem: tuple, path: list[int]) -> None:
+        ref = self.ref
+        if placed == self.full:
             if "final" not in ref:
                 ref["final"] = mem
-                ref_path[:] = path
+                self.ref_path[:] = path
             elif ref["final"] != mem:
-                witness.update(at="final bytes", path=list(path))
+                self.witness.update(at="final bytes", path=list(path))
                 raise _Disagree
             return
         key = (placed, mem)
-        if key in seen:
+        if key in self.seen:
             return
-        for x in range(n):
-            if placed >> x & 1 or preds[x] & ~placed:
+        for x in range(len(self.nodes)):
+            if placed >> x & 1 or self.preds[x] & ~placed:
                 continue
-            obs, mem2 = step(x, mem)
+            obs, mem2 = self.step(x, mem)
             if x in ref and ref[x] != obs:
-                witness.update(at=nodes[x].label, path=path + [x])
+                self.witness.update(at=self.nodes[x].label, path=path + [x])
                 raise _Disagree
             ref.setdefault(x, obs)
             path.append(x)
-            dfs(placed | 1 << x, mem2, path)
+            self.dfs(placed | 1 << x, mem2, path)
             path.pop()
-        seen.add(key)
-
-    unordered = unordered_conflicts(trace, g)
-    try:
-        dfs(0, initial, [])
-    except _Disagree:
-        w = {
-            "observed_at": witness["at"],
-            "execution_1": [nodes[x].label for x in ref_path],
-            "execution_2": [nodes[x].label for x in witness["path"]],
-        }
-        return OracleResult(True, len(seen), w, unordered)
-    return OracleResult(False, len(seen), None, unordered)
+        self.seen.add(key)

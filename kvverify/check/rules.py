@@ -1,22 +1,32 @@
 """The ordering rules of ``docs/trace-format.md``: the one place they are written down.
 
-:func:`analyze` walks a trace once, in program order, with vector clocks over the *timelines*:
-timeline 0 is the host thread, timeline ``1 + n`` is ``trace.streams[n]``. A clock entry ``c[t] = p``
-says "everything at positions ``1..p`` of timeline ``t`` has completed". Positions:
+:class:`Ordering` walks a trace op by op, in program order, with vector clocks over the
+*timelines*: timeline 0 is the host thread, timeline ``1 + n`` is ``trace.streams[n]``. A clock
+entry ``c[t] = p`` says "everything at positions ``1..p`` of timeline ``t`` has completed".
+Positions:
 
 - host: op ``i`` sits at host position ``i + 1`` (each op is one host API call);
 - stream: every kernel / copy / copy_batch gets the next position of its stream.
 
-Every range an op touches becomes an :class:`Access` with the interval its rules allow (a
-kernel's or host op's touching ranges of one kind become one access: only their union matters):
+What an op does to one buffer in one role, placed by one rule, is a :class:`Side` (a kernel's
+reads, a batch's sources...: only the union of its ranges matters to other ops); each of its
+ranges, as an :class:`Access`, has the interval its rules allow:
 
-- ``after`` (earliest): the access starts only after every position this clock covers;
+- ``after`` (earliest): the access starts only after every position this clock covers, and
+  after the host calls before its own op: its host entry is always the op's index, so clocks
+  leave the host entry out (it is 0 in them) and :func:`happens_before` reads it from ``op``;
 - ``until`` (latest): ``(timeline, position)``; the access has completed before anything whose
   ``after`` clock covers that position.
 
-So access ``a`` happens before access ``b`` exactly when ``b.after[a.until[0]] >= a.until[1]``
+So access ``a`` happens before access ``b`` exactly when ``b.after`` covers ``a.until``
 (:func:`happens_before`). Two accesses of one op are never ordered by this test, which is rule 7 for
 copies (a kernel's own reads and writes are one piece of work: the checker does not compare them).
+
+Clocks are persistent (:class:`Clock`): a tuple of chunks of ``CHUNK`` entries, sharing every chunk
+it can with the clock it came from, and knowing the host clock it was based on and which of its
+chunks may exceed that base. The host's clock only grows, so a host synchronization or a wait
+compares (and keeps) only the chunks that moved, not one entry per stream, and ``sync_device`` takes
+the streams' latest positions instead of joining every stream's clock.
 
 Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronization behavior" and
 "API synchronization behavior"; Driver API ``cuMemcpyBatchAsync``; ``cudaEventRecord``,
@@ -26,16 +36,21 @@ Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronizat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from operator import itemgetter
 from typing import NamedTuple
 
 from kvverify.check.model import (
+    PAGEABLE,
+    Buffer,
     Copy,
     CopyBatch,
     HostRead,
     HostWrite,
     Kernel,
+    Op,
     QueryEvent,
+    Range,
     Record,
     SyncDevice,
     SyncEvent,
@@ -49,26 +64,103 @@ from kvverify.check.model import (
 HOST = 0
 """Timeline index of the host thread; stream ``trace.streams[n]`` is timeline ``n + 1``."""
 
-Clock = tuple  # tuple[int, ...], one entry per timeline
+_new = tuple.__new__   # a named tuple from a tuple of all its fields, without the argument machinery
+
+CHUNK_BITS = 3
+CHUNK = 1 << CHUNK_BITS          # entries per chunk of a clock
+MASK = CHUNK - 1
+
+
+class Clock(NamedTuple):
+    """A vector clock. Entry ``t`` is ``chunks[t >> CHUNK_BITS][t & MASK]`` (:func:`entry`).
+
+    ``base`` is the host's clock as it was at ``version`` (the host's clock only grows, and a later
+    version covers an earlier one) and every chunk not listed in ``dirty`` is that chunk of
+    ``base`` (the same object): joining a clock with a later host clock, or with a clock of another
+    base, compares only the dirty chunks. Chunks are shared between clocks wherever they are equal."""
+
+    chunks: tuple[tuple[int, ...], ...]
+    base: tuple[tuple[int, ...], ...]
+    version: int
+    dirty: tuple[int, ...]
+
+
+def entry(clock: Clock, timeline: int) -> int:
+    """The position of ``timeline`` that ``clock`` covers (0 for the host: see the module docstring)."""
+    return clock.chunks[timeline >> CHUNK_BITS][timeline & MASK]
+
+
+def covers(clock: Clock, timeline: int, position: int) -> bool:
+    """True when ``clock`` says position ``position`` of stream timeline ``timeline`` has completed."""
+    return clock.chunks[timeline >> CHUNK_BITS][timeline & MASK] >= position
+
+
+def join(a: Clock, b: Clock) -> Clock:
+    """The entrywise maximum of two clocks, on the later of their bases."""
+    if a is b:
+        return a
+    if a.version < b.version:
+        a, b = b, a
+    # b's clean chunks are its base's, which the later base (a's) covers: only b's dirty chunks
+    # can raise a
+    chunks = None
+    dirty = a.dirty
+    for n in b.dirty:
+        x, y = a.chunks[n], b.chunks[n]
+        if x is y:
+            continue
+        z = tuple(map(max, x, y))
+        if z == x:
+            continue
+        if chunks is None:
+            chunks = list(a.chunks)
+        chunks[n] = y if z == y else z
+        if n not in dirty:
+            dirty += (n,)
+    return a if chunks is None else _new(Clock, (tuple(chunks), a.base, a.version, dirty))
+
+
+def _rebase(clock: Clock, host: Clock) -> Clock:
+    """``clock`` joined with the host's clock ``host`` (of a later version), on ``host``'s base."""
+    chunks = None
+    dirty = ()
+    for n in clock.dirty:
+        x, y = clock.chunks[n], host.chunks[n]
+        if x is y:
+            continue
+        z = tuple(map(max, x, y))
+        if z == y:
+            continue
+        if chunks is None:
+            chunks = list(host.chunks)
+        chunks[n] = x if z == x else z
+        dirty += (n,)
+    if chunks is None:
+        return host
+    return _new(Clock, (tuple(chunks), host.chunks, host.version, dirty))
+
+
+def _with(clock: Clock, timeline: int, position: int) -> Clock:
+    """``clock`` with one entry raised (a new chunk, the others shared)."""
+    n, k = timeline >> CHUNK_BITS, timeline & MASK
+    chunk = clock.chunks[n]
+    chunks = clock.chunks[:n] + (chunk[:k] + (position,) + chunk[k + 1:],) + clock.chunks[n + 1:]
+    return _new(Clock, (chunks, clock.base, clock.version, clock.dirty if n in clock.dirty else clock.dirty + (n,)))
 
 
 class Access(NamedTuple):
     """One byte range one op touches, with the interval the rules allow for it."""
 
     op: int                  # index of the op in trace.ops
-    copy: int | None         # index of the copy inside a copy / copy_batch, else None
+    copy: int | None         # index of the copy inside a copy / copy_batch (rule 7), else None
     role: str                # "read" / "write" (kernel, host), "src" / "dst" (copies)
     buffer: str
     offset: int
     length: int
     write: bool
-    after: Clock             # earliest: starts after every position this clock covers
+    after: Clock             # earliest: starts after every position this clock covers (and op's issue)
     until: tuple[int, int]   # latest: completes before whatever covers (timeline, position)
     rule: str                # what placed it: "1" host, "2" stream order, "5:ANY", "5:DURING_API_CALL", "6:src"
-
-    @property
-    def end(self) -> int:
-        return self.offset + self.length
 
     @property
     def floating(self) -> bool:
@@ -76,194 +168,243 @@ class Access(NamedTuple):
         return self.rule.startswith(("5:ANY", "5:DURING", "6:src"))
 
 
+class Side(NamedTuple):
+    """What one op does to one buffer in one role, placed by one rule: the accesses of a kernel's
+    reads (or writes), a host op, a copy_batch's sources (or destinations) there. ``ranges`` are
+    as the op lists them (in any order, overlapping or not): only their union matters to races
+    with other ops (a batch's copies among themselves are rule 7's business, see the checker)."""
+
+    op: int
+    role: str
+    write: bool
+    after: Clock
+    until: tuple[int, int]
+    rule: str
+    buffer: str
+    ranges: Sequence[Range]
+
+    def access(self, r: Range, copy: int | None = None) -> Access:
+        """Range ``r`` of this side as an :class:`Access`."""
+        return Access(self.op, copy, self.role, r[0], r[1], r[2], self.write, self.after, self.until, self.rule)
+
+
+_buffer = itemgetter(0)
+
+
+def _sides(i: int, role: str, write: bool, after: Clock, until: tuple[int, int], rule: str,
+           ranges: Sequence[Range]) -> list[Side]:
+    """``ranges`` as sides, one per buffer."""
+    new = tuple.__new__
+    if len(ranges) == 1 or len(set(map(_buffer, ranges))) == 1:
+        return [new(Side, (i, role, write, after, until, rule, ranges[0][0], ranges))]
+    by_buffer: dict[str, list[Range]] = {}
+    for r in ranges:
+        by_buffer.setdefault(r[0], []).append(r)
+    return [new(Side, (i, role, write, after, until, rule, buf, rs)) for buf, rs in sorted(by_buffer.items())]
+
+
 class OpOrder(NamedTuple):
     """What the rules computed for one op (used to explain races)."""
 
-    host: Clock                      # the host's clock when the call starts (what it has observed)
     timeline: int | None = None      # stream-ordered work, waits and records: the stream's timeline
-    position: int = 0                # stream-ordered work: its position on that timeline
     stream: Clock | None = None      # clock of stream-ordered work (its "after") / the stream after a wait
+                                     # / a record's capture
     capture: int | None = None       # wait_event / sync_event / query_event: op index of the record used
 
 
 def happens_before(a: Access, b: Access) -> bool:
     """True when the rules order access ``a`` before access ``b``."""
     t, p = a.until
-    return b.after[t] >= p
+    if t == HOST:
+        return b.op >= p
+    return covers(b.after, t, p)
 
 
-def covers(clock: Clock, timeline: int, position: int) -> bool:
-    return clock[timeline] >= position
-
-
-def _join(a: Clock, b: Clock) -> Clock:
-    return tuple(map(max, a, b))
-
-
-@dataclass
 class Ordering:
-    """The result of :func:`analyze`: every access of the trace, in program order, and per op
-    the clocks that placed them."""
+    """Rules 1–7 applied op by op: :meth:`step` takes the ops in program order and returns each
+    one's accesses. What explains races later is kept: the control ops (records, waits, host
+    synchronizations) with their clocks, and the ops the checker asks for (:meth:`keep`).
 
-    trace: Trace
-    timelines: tuple[str, ...]           # "host", then the stream names
-    accesses: list[Access]
-    ops: list[OpOrder]
-    waits: dict[int, list[int]]          # timeline -> op indices of the waits on it, in order
-    syncs: list[int]                     # op indices of host synchronizations (sync_*, query_event)
-    starts: list[int]                    # accesses of op i: accesses[starts[i]:starts[i + 1]]
+    ``buffers`` and ``streams`` are the trace's declarations (``Trace.buffers``, ``Trace.streams``).
+    Memory grows with the control ops and the streams, not with ops x streams: clocks share chunks.
+    """
 
-    def accesses_of(self, i: int) -> list[Access]:
-        return self.accesses[self.starts[i]:self.starts[i + 1]]
-
-    def timeline_of(self, stream: str) -> int:
-        return self.timelines.index(stream)
+    def __init__(self, buffers: Mapping[str, Buffer], streams: Sequence[str]):
+        self.buffers = buffers
+        self.timelines: tuple[str, ...] = ("host", *streams)
+        self.timeline_of: dict[str, int] = {s: n + 1 for n, s in enumerate(streams)}
+        width = len(self.timelines)
+        nchunks = (width + MASK) >> CHUNK_BITS
+        zero = ((0,) * CHUNK,) * nchunks
+        self.host = Clock(zero, zero, 0, ())          # what the host has observed complete (rules 4, 6)
+        self._stream: list[Clock] = [self.host] * width   # per timeline: what its next work starts after
+        self._position = [0] * (nchunks * CHUNK)     # per timeline: last position handed out
+        self._events: dict[str, tuple[Clock, int]] = {}   # event -> (captured clock, op index of the record)
+        self.ops: dict[int, Op] = {}          # control ops and kept ops, by index
+        self.info: dict[int, OpOrder] = {}    # what the rules computed for them
+        self.waits: dict[int, list[int]] = {t: [] for t in range(1, width)}  # op indices of waits per timeline
+        self.syncs: list[int] = []            # op indices of sync_event and query_event
+        self.records: list[int] = []          # op indices of records
+        self._current: tuple[Op, int | None, Clock | None] | None = None
+        self._rules = {Kernel: self._kernel, Copy: self._copy, CopyBatch: self._copy, HostWrite: self._host,
+                       HostRead: self._host, Record: self._record, WaitEvent: self._wait_event,
+                       WaitStream: self._wait_stream, SyncEvent: self._sync_event, QueryEvent: self._sync_event,
+                       SyncStream: self._sync_stream, SyncDevice: self._sync_device}
 
     def name(self, timeline: int) -> str:
-        return "host" if timeline == HOST else self.timelines[timeline]
+        return self.timelines[timeline]
+
+    def keep(self, i: int) -> None:
+        """Keep the op just stepped (index ``i``) and its clocks, to explain a race it is in."""
+        op, timeline, stream = self._current
+        self.ops[i], self.info[i] = op, OpOrder(timeline, stream)
+
+    def _issue(self, t: int) -> tuple[Clock, tuple[int, int]]:
+        # Rule 2 (CUDA "Stream synchronization behavior"): work on one stream runs in issue order,
+        # after what the stream waits on; rule 1: and after its own issue (what the host observed).
+        sa = self._stream[t]
+        if sa.version != self.host.version:
+            sa = _rebase(sa, self.host)
+        k = self._position[t] = self._position[t] + 1
+        self._stream[t] = _with(sa, t, k)
+        return sa, (t, k)
+
+    def step(self, i: int, op: Op) -> list[Side]:
+        """Apply the rules to op ``i`` (ops must come in program order, each once); return its
+        sides (see :class:`Side`; none for records, waits and host synchronizations)."""
+        return self._rules[type(op)](i, op)
+
+    def _kernel(self, i: int, op: Kernel) -> list[Side]:
+        sa, pos = self._issue(self.timeline_of[op.stream])
+        self._current = (op, pos[0], sa)
+        # A kernel's reads (and its writes) all happen at its place in the stream: only their
+        # union matters.
+        out = _sides(i, "read", False, sa, pos, "2", op.reads) if op.reads else []
+        if op.writes:
+            out += _sides(i, "write", True, sa, pos, "2", op.writes)
+        return out
+
+    def _host(self, i: int, op: HostWrite | HostRead) -> list[Side]:
+        # Rule 1: the host touches the bytes during its call, which completes before its next op.
+        self._current = (op, None, None)
+        w = isinstance(op, HostWrite)
+        return _sides(i, "write" if w else "read", w, self.host, (HOST, i + 1), "1", op.ranges)
+
+    def _copy(self, i: int, op: Copy | CopyBatch) -> list[Side]:
+        sa, until = self._issue(self.timeline_of[op.stream])
+        self._current = (op, until[0], sa)
+        h = self.host
+        done = (HOST, i + 1)   # "completes before the host's next op": rule 5 DURING_API_CALL, rule 6
+        order = op.order   # a plain copy (cudaMemcpyAsync) reads its source in stream order
+        src_rule = "2" if isinstance(op, Copy) else f"5:{order}"
+        if order == "STREAM":
+            # Rule 5 STREAM (Driver API CUmemcpySrcAccessOrder, used by cuMemcpyBatchAsync:
+            # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, access to the source in stream order).
+            src_after, src_until = sa, until
+        elif order == "DURING_API_CALL":
+            # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: out of stream
+            # order, all accesses complete before the call returns): after what the host observed
+            # complete before the call, before the host's next op, not after the stream's pending
+            # work.
+            src_after, src_until = h, done
+        else:
+            # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY: out of stream order, and accesses may
+            # happen after the call returns): from the call until the copy completes in stream
+            # order; not after the stream's pending work.
+            src_after, src_until = h, until
+        buffers = self.buffers
+        srcs, pageable_srcs = [], []
+        for src, _ in op.copies:
+            # Rule 6, src (CUDA "API synchronization behavior": pageable memory is staged into
+            # pinned memory by the call, and the driver *may* synchronize with the stream to do
+            # so): read during the call, whatever the order. "May" is no promise, so the read is
+            # not placed after the stream's pending work, like DURING_API_CALL.
+            (pageable_srcs if buffers[src[0]].space == PAGEABLE else srcs).append(src)
+        out = _sides(i, "src", False, src_after, src_until, src_rule, srcs) if srcs else []
+        if pageable_srcs:
+            out += _sides(i, "src", False, h, done, "6:src", pageable_srcs)
+        # The destination is always accessed in stream order (CUmemcpySrcAccessOrder); rule 6,
+        # dst, as amended here (NOTES.md, docs/checker.md): a copy to pageable memory is NOT taken
+        # to have completed when the call returns. The format's rule follows the old text of
+        # CUDA's "API synchronization behavior"; the current text says transfers between device
+        # and pageable memory "might be synchronous", and on an H200 (driver 580) a D2H
+        # cuMemcpyBatchAsync into pageable memory returned before the copy ran. Rule 7
+        # (cuMemcpyBatchAsync: the batch as a whole executes in stream order, the copies within
+        # it in no specific order): nothing orders a destination against its own source or the
+        # other copies of the batch.
+        out += _sides(i, "dst", True, sa, until, "2", [dst for _, dst in op.copies])
+        return out
+
+    # Records, waits and host synchronizations move clocks and touch no memory; what explaining a
+    # race may need of them is kept.
+
+    def _keep(self, i: int, op: Op, info: OpOrder) -> list[Side]:
+        self.ops[i], self.info[i] = op, info
+        return []
+
+    def _record(self, i: int, op: Record) -> list[Side]:
+        # cudaEventRecord: the event captures all work issued to the stream so far (including
+        # what it waits on); a later record replaces the capture (rule 3).
+        t = self.timeline_of[op.stream]
+        self._events[op.event] = (self._stream[t], i)
+        self.records.append(i)
+        return self._keep(i, op, _new(OpOrder, (t, self._stream[t], None)))
+
+    def _wait_event(self, i: int, op: WaitEvent) -> list[Side]:
+        # cudaStreamWaitEvent: later work on the stream starts after the event's latest capture
+        # (rule 2); an event never recorded orders nothing (rule 3).
+        t = self.timeline_of[op.stream]
+        cap = self._events.get(op.event)
+        if cap is not None:
+            self._stream[t] = join(self._stream[t], cap[0])
+        self.waits[t].append(i)
+        return self._keep(i, op, _new(OpOrder, (t, self._stream[t], cap[1] if cap else None)))
+
+    def _wait_stream(self, i: int, op: WaitStream) -> list[Side]:
+        # torch's Stream.wait_stream: record a fresh event on `on`, wait on it in `stream`.
+        t = self.timeline_of[op.stream]
+        self._stream[t] = join(self._stream[t], self._stream[self.timeline_of[op.on]])
+        self.waits[t].append(i)
+        return self._keep(i, op, _new(OpOrder, (t, self._stream[t], i)))
+
+    def _sync_event(self, i: int, op: SyncEvent | QueryEvent) -> list[Side]:
+        # Rule 4 (cudaEventSynchronize; cudaEventQuery returning cudaSuccess): the host continues
+        # after the latest capture completed. Rule 3: never recorded → nothing; a query that saw
+        # "not ready" tells the host nothing.
+        cap = self._events.get(op.event)
+        if cap is not None and (isinstance(op, SyncEvent) or op.result):
+            self._observe(cap[0])
+        self.syncs.append(i)
+        return self._keep(i, op, _new(OpOrder, (None, None, cap[1] if cap else None)))
+
+    def _sync_stream(self, i: int, op: SyncStream) -> list[Side]:
+        # Rule 4 (cudaStreamSynchronize): everything issued to the stream has completed.
+        self._observe(self._stream[self.timeline_of[op.stream]])
+        return []
+
+    def _sync_device(self, i: int, op: SyncDevice) -> list[Side]:
+        # Rule 4 (cudaDeviceSynchronize): everything issued to every stream has completed. Each
+        # stream's clock covers no more than the positions handed out so far, and its own last
+        # one: their join is those positions.
+        pos, old = self._position, self.host.chunks
+        chunks = tuple(y if (x := tuple(pos[n * CHUNK:(n + 1) * CHUNK])) == y else x for n, y in enumerate(old))
+        if chunks != old:
+            self.host = Clock(chunks, chunks, self.host.version + 1, ())
+        return []
+
+    def _observe(self, clock: Clock) -> None:
+        """The host has observed ``clock``'s work complete (rule 4)."""
+        host = join(self.host, clock)
+        if host is not self.host:   # a new version, its own base
+            self.host = Clock(host.chunks, host.chunks, self.host.version + 1, ())
 
 
-def analyze(trace: Trace) -> Ordering:
-    """Apply rules 1–7 to ``trace``; see the module docstring for what the clocks mean."""
-    buffers = trace.buffers
-    tl = {s: n + 1 for n, s in enumerate(trace.streams)}
-    width = 1 + len(trace.streams)
-    zero = (0,) * width
-    stream_clock = [zero] * width      # per timeline: what the stream's next work starts after
-    position = [0] * width             # per timeline: last position handed out
-    events: dict[str, tuple[Clock, int]] = {}   # event -> (captured clock, op index of the record)
-    host = zero                        # what the host has observed complete (rules 1, 4, 6)
-    accesses: list[Access] = []
-    ops: list[OpOrder] = []
-    waits: dict[int, list[int]] = {t: [] for t in range(1, width)}
-    syncs: list[int] = []
-    append = accesses.append
-    new = tuple.__new__   # Access(op, copy, role) + Range(buffer, offset, length) + (write, after, until, rule)
-
-    starts: list[int] = []
-    for i, op in enumerate(trace.ops):
-        starts.append(len(accesses))
-        # Rule 1, program order: the call at host position i + 1 starts after the host's
-        # previous calls returned (host[0] == i); h is what anything this call starts follows.
-        h = host
-        done = (0, i + 1)      # "completes before the host's next op": rule 5 DURING_API_CALL, rule 6
-        info = OpOrder(h)
-
-        if isinstance(op, Kernel):
-            # Rule 2 (CUDA "Stream synchronization behavior"): work on one stream runs in issue
-            # order, after what the stream waits on; rule 1: and after its own issue.
-            t = tl[op.stream]
-            k = position[t] = position[t] + 1
-            sa = _join(stream_clock[t], h)
-            pos = (t, k)
-            # A kernel's reads (and its writes) all happen at its place in the stream: only their
-            # union matters, so touching ranges become one access.
-            for r in union(op.reads):
-                append(new(Access, (i, None, "read") + r + (False, sa, pos, "2")))
-            for r in union(op.writes):
-                append(new(Access, (i, None, "write") + r + (True, sa, pos, "2")))
-            stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
-            info = OpOrder(h, t, k, sa)
-
-        elif isinstance(op, (Copy, CopyBatch)):
-            t = tl[op.stream]
-            k = position[t] = position[t] + 1
-            sa = _join(stream_clock[t], h)
-            pos = (t, k)
-            order = op.order   # a plain copy (cudaMemcpyAsync) reads its source in stream order
-            src_rule = "2" if isinstance(op, Copy) else f"5:{order}"
-            for c, tr in enumerate(op.copies):
-                src, dst = tr.src, tr.dst
-                # Rule 6, dst, as amended here (NOTES.md, docs/checker.md): a copy to pageable
-                # memory is NOT taken to have completed when the call returns. The format's rule
-                # follows the old text of CUDA's "API synchronization behavior"; the current text
-                # says transfers between device and pageable memory "might be synchronous", and on
-                # an H200 (driver 580) a D2H cuMemcpyBatchAsync into pageable memory returned before
-                # the copy ran. The destination is written in stream order like any other.
-                until = pos
-                if buffers[src.buffer].space == "host_pageable":
-                    # Rule 6, src (same section: pageable memory is staged into pinned memory by
-                    # the call, and the driver *may* synchronize with the stream to do so): read
-                    # during the call, whatever the order. "May" is no promise, so the read is
-                    # not placed after the stream's pending work, like DURING_API_CALL.
-                    append(new(Access, (i, c, "src") + src + (False, h, done, "6:src")))
-                elif order == "STREAM":
-                    # Rule 5 STREAM (Driver API CUmemcpySrcAccessOrder, used by cuMemcpyBatchAsync:
-                    # CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, access to the source in stream order).
-                    append(new(Access, (i, c, "src") + src + (False, sa, until, src_rule)))
-                elif order == "DURING_API_CALL":
-                    # Rule 5 DURING_API_CALL (CU_MEMCPY_SRC_ACCESS_ORDER_DURING_API_CALL: out of
-                    # stream order, all accesses complete before the call returns): after what
-                    # the host observed complete before the call, before the host's next op, not
-                    # after the stream's pending work.
-                    append(new(Access, (i, c, "src") + src + (False, h, done, src_rule)))
-                else:
-                    # Rule 5 ANY (CU_MEMCPY_SRC_ACCESS_ORDER_ANY: out of stream order, and accesses
-                    # may happen after the call returns): from the call until the copy completes
-                    # in stream order; not after the stream's pending work.
-                    append(new(Access, (i, c, "src") + src + (False, h, until, src_rule)))
-                # The destination is always accessed in stream order (CUmemcpySrcAccessOrder).
-                # Rule 7 (cuMemcpyBatchAsync: the batch as a whole executes in stream order, the
-                # copies within it in no specific order): nothing orders it against its own
-                # source or the other copies of the batch.
-                append(new(Access, (i, c, "dst") + dst + (True, sa, until, "2")))
-            stream_clock[t] = sa[:t] + (k,) + sa[t + 1:]
-            info = OpOrder(h, t, k, sa)
-
-        elif isinstance(op, (HostWrite, HostRead)):
-            w = isinstance(op, HostWrite)
-            role = "write" if w else "read"
-            for r in union(op.ranges):
-                append(new(Access, (i, None, role) + r + (w, h, done, "1")))
-
-        elif isinstance(op, Record):
-            # cudaEventRecord: the event captures all work issued to the stream so far (including
-            # what the stream waits on); a later record replaces the capture (rule 3).
-            t = tl[op.stream]
-            events[op.event] = (stream_clock[t], i)
-            info = OpOrder(h, t, 0, stream_clock[t])
-
-        elif isinstance(op, WaitEvent):
-            # cudaStreamWaitEvent: later work on the stream starts after the event's latest
-            # capture (rule 2); an event never recorded orders nothing (rule 3).
-            t = tl[op.stream]
-            cap = events.get(op.event)
-            if cap is not None:
-                stream_clock[t] = _join(stream_clock[t], cap[0])
-            waits[t].append(i)
-            info = OpOrder(h, t, 0, stream_clock[t], cap[1] if cap else None)
-
-        elif isinstance(op, WaitStream):
-            # torch's Stream.wait_stream: record a fresh event on `on`, wait on it in `stream`.
-            t, on = tl[op.stream], tl[op.on]
-            stream_clock[t] = _join(stream_clock[t], stream_clock[on])
-            waits[t].append(i)
-            info = OpOrder(h, t, 0, stream_clock[t], i)
-
-        elif isinstance(op, (SyncEvent, QueryEvent)):
-            # Rule 4 (cudaEventSynchronize; cudaEventQuery returning cudaSuccess): the host
-            # continues after the latest capture completed. Rule 3: never recorded → nothing;
-            # a query that saw "not ready" tells the host nothing.
-            cap = events.get(op.event)
-            if cap is not None and (isinstance(op, SyncEvent) or op.result):
-                host = _join(host, cap[0])
-            syncs.append(i)
-            info = OpOrder(h, None, 0, None, cap[1] if cap else None)
-
-        elif isinstance(op, SyncStream):
-            # Rule 4 (cudaStreamSynchronize): everything issued to the stream has completed.
-            host = _join(host, stream_clock[tl[op.stream]])
-            syncs.append(i)
-
-        elif isinstance(op, SyncDevice):
-            # Rule 4 (cudaDeviceSynchronize): everything issued to every stream has completed.
-            for c in stream_clock[1:]:
-                host = _join(host, c)
-            syncs.append(i)
-
-        # Program order: the next call starts after this one returned.
-        host = (i + 1,) + host[1:]
-        ops.append(info)
-
-    starts.append(len(accesses))
-    return Ordering(trace, ("host",) + tuple(trace.streams), accesses, ops, waits, syncs, starts)
+def analyze(trace: Trace) -> tuple[Ordering, list[Access]]:
+    """Apply rules 1–7 to every op of ``trace``; return the :class:`Ordering` (its clocks after the
+    last op, the control ops) and every access, in program order, as the checker sees them: per
+    op, side by side (:class:`Side`), a side's touching ranges merged. The checker steps the
+    ordering itself and keeps no list of accesses; this is for looking at the rules' intervals."""
+    order = Ordering(trace.buffers, trace.streams)
+    accesses = [side.access(r) for i, op in enumerate(trace.ops) for side in order.step(i, op)
+                for r in union(side.ranges)]
+    return order, accesses

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvverify.check.model import Range
+from kvverify.check.model import Range, printable
 from kvverify.terms import RACY, SAFE
 
 if TYPE_CHECKING:
@@ -22,7 +22,9 @@ class Race:
     ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer declaration order;
     ranges one op lists back to back count as one);
     ``rule`` the number of the rule that leaves them unordered ("2", "4", "5", "6" or "7");
-    ``reason`` says why in words and ``fix`` gives one concrete change that orders them."""
+    ``reason`` says why in words and ``fix`` gives one concrete change that orders them.
+    ``first_at`` / ``second_at``: where the program issued the two ops (their ``at``), if the trace
+    says."""
 
     first: int
     second: int
@@ -31,9 +33,12 @@ class Race:
     rule: str
     reason: str
     fix: str
+    first_at: str | None = None
+    second_at: str | None = None
 
     def to_json(self) -> dict:
-        return {
+        """The race as ``kvverify check --json`` lists it; ``first_at`` / ``second_at`` only where known."""
+        out = {
             "first": self.first,
             "second": self.second,
             "kind": self.kind,
@@ -42,6 +47,11 @@ class Race:
             "reason": self.reason,
             "fix": self.fix,
         }
+        if self.first_at is not None:
+            out["first_at"] = self.first_at
+        if self.second_at is not None:
+            out["second_at"] = self.second_at
+        return out
 
 
 @dataclass(frozen=True)
@@ -74,14 +84,16 @@ class Verdict:
 
     def render(self, trace: Trace | None = None, source: str | None = None) -> str:
         """A human report: the verdict, then each race with both ops (and where the program issued
-        them), bytes, kind, why and fix. ``trace`` defaults to the trace the verdict decided."""
+        them), bytes, kind, why and fix. ``trace`` defaults to the trace the verdict decided.
+        Names from the trace are escaped where a terminal would act on them (:func:`printable`):
+        a buffer named ``"\\r\\x1b[32mSAFE"`` cannot repaint the verdict."""
         trace = trace if trace is not None else self.trace
         where = f" in {source}" if source else ""
         if trace is not None:
             where += f" ({len(trace.ops)} ops, {len(trace.streams)} streams)"
         n = len(self.races)
         if not n:
-            return f"SAFE{where}: no two accesses to the same bytes can run in either order.\n"
+            return printable(f"SAFE{where}: no two accesses to the same bytes can run in either order.") + "\n"
         more = " (stopped there: --max-races)" if self.truncated else ""
         lines = [f"RACY{where}: {n} race{'s' if n != 1 else ''}{more}", ""]
 
@@ -98,4 +110,4 @@ class Verdict:
             lines.append(f"  why:    {r.reason}")
             lines.append(f"  fix:    {r.fix}")
             lines.append("")
-        return "\n".join(lines)
+        return "\n".join(map(printable, lines))

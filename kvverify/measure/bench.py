@@ -450,6 +450,8 @@ def run_bench(args: argparse.Namespace, backend, platform: dict[str, Any], annot
         "ceiling_gbps": _ceilings(results),
         "points": results,
         "points_planned": len(points),
+        "points_not_reached": [{"direction": p.direction, "page_bytes": p.page_bytes, "pages_per_call": p.pages_per_call}
+                               for p in points[len(measured):]],
         "skipped_points": skipped,
         "truncated": truncated,
         "elapsed_s": elapsed(),

@@ -62,7 +62,8 @@ def build(bench: dict[str, Any]) -> dict[str, Any]:
     Per point (direction, page size, pages per call): ``best`` and ``runner_up`` among the measured
     ``SAFE_PATHS`` by ``RANKED_BY``; ``candidates`` (every measured safe path); for H2D points
     ``if_host_source_untouched``, ``ANY`` where it beats ``best``; ``ceiling_gbps``. Points with no
-    measured safe path are listed under ``unmeasured``.
+    measured safe path, and points the run did not reach before ``--max-seconds``, are listed under
+    ``unmeasured``.
 
     Raises:
         ValueError: ``bench`` is not a bench document.
@@ -76,7 +77,7 @@ def build(bench: dict[str, Any]) -> dict[str, Any]:
                         key=lambda f: f["gbps"], reverse=True)
         where = f"{point['direction']} {point['page_bytes']} B x {point['pages_per_call']}"
         if not ranked:
-            unmeasured.append(where)
+            unmeasured.append(f"{where}: every path raised")
             continue
         faster = None
         any_method = methods.get(IF_HOST_SOURCE_UNTOUCHED)
@@ -94,6 +95,8 @@ def build(bench: dict[str, Any]) -> dict[str, Any]:
             "if_host_source_untouched": faster,
             "ceiling_gbps": ceiling["gbps"]["median"] if _measured(ceiling) else None,
         })
+    unmeasured += [f"{p['direction']} {p['page_bytes']} B x {p['pages_per_call']}: not reached (--max-seconds)"
+                   for p in bench.get("points_not_reached", ())]
     return {
         "kind": KIND,
         "version": VERSION,

@@ -6,6 +6,7 @@ import pytest
 from trace_helpers import CPU, CPU2, GPU, GPU2, PAGE, builder, only, races, run
 
 from kvverify.check import Range, analyze, check, happens_before
+from kvverify.check.rules import entry
 
 ORDERS = ("STREAM", "DURING_API_CALL", "ANY")
 
@@ -529,12 +530,13 @@ def test_rules_api_intervals():
     b.wait_stream("offload", on="compute")               # 1
     b.copy_batch("offload", "ANY", [(GPU, CPU)])         # 2
     b.copy_batch("offload", "DURING_API_CALL", [(GPU2, CPU2)])   # 3
-    order = analyze(b.build())
-    w, any_src, any_dst, during_src, _during_dst = order.accesses
+    order, accesses = analyze(b.build())
+    w, any_src, any_dst, during_src, _during_dst = accesses
+    compute, offload = order.timeline_of["compute"], order.timeline_of["offload"]
     assert any_src.rule == "5:ANY" and any_src.floating
-    assert any_src.until == any_dst.until == (order.timeline_of("offload"), 1)   # latest: the copy's completion
-    assert any_src.after[order.timeline_of("compute")] == 0                      # earliest: not behind the barrier
-    assert any_dst.after[order.timeline_of("compute")] == 1                      # the destination is
-    assert during_src.until == (0, 4)                                            # before the host's next op
+    assert any_src.until == any_dst.until == (offload, 1)          # latest: the copy's completion
+    assert entry(any_src.after, compute) == 0                      # earliest: not behind the barrier
+    assert entry(any_dst.after, compute) == 1                      # the destination is
+    assert during_src.until == (0, 4)                              # before the host's next op
     assert happens_before(w, any_dst) and not happens_before(w, any_src)
     assert not happens_before(any_src, any_dst) and not happens_before(any_dst, any_src)   # rule 7

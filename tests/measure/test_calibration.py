@@ -119,7 +119,28 @@ def test_points_without_a_safe_path_are_listed(annotate_off):
                          "--orders", "ANY", "--no-loop", "--no-kernel"])
     doc = bench.run_bench(args, SizedBench(), {"batch_api_available": True}, annotate_off)
     paths = calibration.build(doc)
-    assert paths["entries"] == [] and paths["unmeasured"] == ["h2d 65536 B x 16"]
+    assert paths["entries"] == [] and paths["unmeasured"] == ["h2d 65536 B x 16: every path raised"]
+
+
+def test_a_capped_calibration_names_the_shapes_it_did_not_reach(annotate_off):
+    """--max-seconds stops a calibration between points: the paths document lists what it left out
+    (an engine must not take a missing shape for a measured one)."""
+    args = parse(bench, ["--calibrate", "--page-sizes", "16KiB,64KiB", "--pages-per-call", "16", "--directions", "h2d",
+                         "--max-seconds", "1e-9"])  # past before the first point
+    doc = bench.run_bench(args, SizedBench(), {"batch_api_available": True}, annotate_off)
+    assert doc["truncated"] and doc["points"] == [] and len(doc["points_not_reached"]) == 2
+    paths = calibration.build(doc)
+    assert paths["entries"] == []
+    assert paths["unmeasured"] == ["h2d 16384 B x 16: not reached (--max-seconds)",
+                                   "h2d 65536 B x 16: not reached (--max-seconds)"]
+    # a document of measured points plus the ones the cap left out: both kinds are listed
+    full = bench.run_bench(parse(bench, ["--calibrate", "--page-sizes", "16KiB", "--pages-per-call", "16",
+                                         "--directions", "h2d"]), SizedBench(), {"batch_api_available": True},
+                           annotate_off)
+    full["points_not_reached"] = doc["points_not_reached"][1:]
+    paths = calibration.build(full)
+    assert [e["page_bytes"] for e in paths["entries"]] == [16 * KiB]
+    assert paths["unmeasured"] == ["h2d 65536 B x 16: not reached (--max-seconds)"]
 
 
 def test_load_and_build_refuse_other_documents(tmp_path):
@@ -175,8 +196,10 @@ class SlowKernelBench(SizedBench):
 
 
 @pytest.mark.parametrize("backend, kernel_line", [
-    (SizedBench, "kernel 52.0 GB/s (>= 45: met); STREAM 3.7 GB/s; kernel/STREAM 14.1x (>= 10x: met)"),
-    (SlowKernelBench, "kernel 40.0 GB/s (>= 45: NOT MET); STREAM 3.7 GB/s; kernel/STREAM 10.8x (>= 10x: met)"),
+    (SizedBench, "kernel 52.0 GB/s (>= 45: met); STREAM 3.7 GB/s; kernel/STREAM 14.1x event-timed, "
+                 "end to end 51.9/3.7 = 14.0x (>= 10x: met)"),
+    (SlowKernelBench, "kernel 40.0 GB/s (>= 45: NOT MET); STREAM 3.7 GB/s; kernel/STREAM 10.8x event-timed, "
+                      "end to end 39.9/3.7 = 10.8x (>= 10x: met)"),
 ])
 def test_the_targets_benchmark_prints_each_figure_against_its_target(backend, kernel_line, paths, annotate_off,
                                                                        tmp_path):
