@@ -82,19 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-bytes", type=int, default=65536)
     parser.add_argument("--hidden", type=int, default=8192)
     parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--forms", nargs="+", default=None, metavar="FORM",
+                        help="only these forms (safe, or a mistake of kvverify.record.demo.MISTAKES); default: all")
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args(argv)
 
     from kvverify.device import extension
     from kvverify.record import demo
 
+    forms = {"safe": None, **{m: m for m in demo.MISTAKES}}
+    unknown = sorted(set(args.forms or ()) - set(forms))
+    if unknown:
+        parser.error(f"unknown form(s) {', '.join(unknown)}; forms: {', '.join(forms)}")
     reason = extension.gpu_refusal()
     if reason:
         print(f"compare_csan: {reason}", file=sys.stderr)
         return 2
     shape = shape_args(args)
     rows = []
-    for mistake in (None, *demo.MISTAKES):
+    for mistake in (forms[f] for f in (args.forms or forms)):
         row = {"form": mistake or "safe", "hazard": HAZARD[mistake], **recorded(shape, mistake)}
         row["csan"] = under_csan(shape, mistake)
         rows.append(row)
