@@ -54,16 +54,18 @@ def require_cuda_device():
     return torch
 
 
-def gpu_refusal() -> str | None:
-    """Return None when torch sees a CUDA device and kvverify's GPU modules load, else one line saying why not.
+NEEDS_CUDA = "work on the device needs a CUDA build of torch on a host with an NVIDIA GPU (README: Install)"
 
-    The checks run cheapest-first and in the order a user fixes them: torch installed, a CUDA
-    device visible, the compiled extension, the op and kernel wrappers.
-    """
+
+def cuda_refusal() -> str | None:
+    """Return None when torch sees a CUDA device, else one line saying why not, in the order a user
+    fixes it: torch missing, a CPU-only build of torch, CUDA failing to initialise, no device visible."""
     try:
         import torch
     except ImportError:
-        return "torch is not installed (pip install torch)"
+        return f"torch is not installed; {NEEDS_CUDA}"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build; {NEEDS_CUDA}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -75,6 +77,18 @@ def gpu_refusal() -> str | None:
             "no CUDA device is visible (torch.cuda.is_available() is False); "
             "run it on a GPU host, or check CUDA_VISIBLE_DEVICES and the driver"
         )
+    return None
+
+
+def gpu_refusal() -> str | None:
+    """Return None when torch sees a CUDA device and kvverify's GPU modules load, else one line saying why not.
+
+    The checks run cheapest-first and in the order a user fixes them: those of ``cuda_refusal``,
+    then the compiled extension, the op and kernel wrappers.
+    """
+    reason = cuda_refusal()
+    if reason is not None:
+        return reason
     reason = load_error()
     if reason is not None:
         return reason

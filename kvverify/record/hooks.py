@@ -36,22 +36,6 @@ from kvverify.record.recorder import DEFAULT_STREAMS, Recorder
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 
-def refusal() -> str | None:
-    """None when torch sees a CUDA device, else one line saying why recording cannot run."""
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed (pip install torch)"
-    try:
-        available = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    except Exception as exc:  # a broken driver install raises here on some builds
-        return f"CUDA could not be initialised ({' '.join(str(exc).split())})"
-    if not available:
-        return ("no CUDA device is visible (torch.cuda.is_available() is False): there is no device work to "
-                "record; run it on a GPU host, or check CUDA_VISIBLE_DEVICES and the driver")
-    return None
-
-
 class CudaPlatform(Platform):
     """The platform of a live CUDA device through torch (``kvverify.record.dispatch.Platform``)."""
 

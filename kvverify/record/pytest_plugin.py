@@ -57,10 +57,13 @@ def kvverify_record(request, kvverify_platform):
     from kvverify.record.session import recording
 
     rec = recording(swap_ops=request.config.getoption("kvverify_swap_op"), platform=kvverify_platform)
+    refused = None
     try:
         rec.start()
     except RecordingError as exc:
-        pytest.fail(f"kvverify record: {exc}", pytrace=False)
+        refused = str(exc)
+    if refused is not None:  # failed outside the handler: the report shows the reason alone, unchained
+        pytest.fail(f"kvverify record: {refused}", pytrace=False)
     request.node.stash[_RECORDING] = rec
     try:
         yield rec

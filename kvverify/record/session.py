@@ -57,17 +57,20 @@ class Recording:
         """Start recording this thread. Raises RecordingError when there is no CUDA device, this
         torch lacks the hooks, or another recording is running."""
         global _active
-        from kvverify.record import hooks
-
         with _lock:
             if _active is not None:
                 raise RecordingError("a recording is already running in this process; stop it first "
                                      "(recordings do not nest)")
             platform = self._platform
             if platform is None:
-                reason = hooks.refusal()
+                from kvverify.device.extension import cuda_refusal
+
+                reason = cuda_refusal()  # before the hooks' import, which needs torch
                 if reason is not None:
-                    raise RecordingError(reason)
+                    raise RecordingError(f"nothing to record: {reason}")
+            from kvverify.record import hooks
+
+            if platform is None:
                 platform = hooks.CudaPlatform()
             from kvverify.record.dispatch import RecordingMode
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -134,8 +135,21 @@ def test_without_a_cuda_device_it_says_so_in_one_line_and_exits_2(program, capsy
     assert main(["record", "--", "python", str(program)]) == 2
     out = capsys.readouterr()
     assert out.out == ""
-    assert out.err.startswith("kvverify record: no CUDA device is visible") and out.err.count("\n") == 1
+    assert out.err.startswith("kvverify record: nothing to record: no CUDA device is visible")
+    assert out.err.count("\n") == 1
     assert not (Path(program).parent / "kvverify-trace.json").exists()
+
+
+def test_without_torch_it_says_so_in_one_line_and_exits_2(program, tmp_path):
+    # a None in sys.modules makes `import torch` raise ImportError, as on a host without torch
+    code = ("import sys; sys.modules['torch'] = None; from kvverify.cli import main; "
+            f"sys.exit(main(['record', '--', 'python', {str(program)!r}]))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 2, p.stderr
+    assert p.stdout == ""
+    assert p.stderr == ("kvverify record: nothing to record: torch is not installed; work on the device needs a CUDA "
+                        "build of torch on a host with an NVIDIA GPU (README: Install)\n")
 
 
 def test_record_help_the_package_and_the_pytest_plugin_import_without_torch():

@@ -3,6 +3,8 @@ callbacks torch's C++ would call are fired from Python); where the user's frame 
 
 from __future__ import annotations
 
+import re
+
 import json
 import threading
 import types
@@ -17,10 +19,10 @@ import kvverify.record as record
 from kvverify.check import check
 from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
+from kvverify.device.extension import cuda_refusal
 from kvverify.record.hooks import (
     CudaPlatform,
     observed_event_class,
-    refusal,
     thread_guard,
 )
 from kvverify.record.recorder import Recorder
@@ -36,9 +38,16 @@ def fake():
 def test_without_a_cuda_device_a_recording_refuses_to_start_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("this host has a CUDA device")
-    with pytest.raises(RecordingError, match=r"^no CUDA device is visible .*there is no device work to record"):
+    with pytest.raises(RecordingError, match=r"^nothing to record: no CUDA device is visible .*CUDA_VISIBLE_DEVICES"):
         record.recording().start()
-    assert refusal().startswith("no CUDA device is visible")
+    assert cuda_refusal().startswith("no CUDA device is visible")
+
+
+def test_a_cpu_only_torch_is_named_as_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(RecordingError, match=rf"^nothing to record: torch {re.escape(torch.__version__)} is a "
+                                             "CPU-only build; work on the device needs a CUDA build of torch"):
+        record.recording().start()
 
 
 def test_recordings_do_not_nest_and_results_wait_for_the_end(fake):
