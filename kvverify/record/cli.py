@@ -24,7 +24,7 @@ exit status:
 The program runs in this process (runpy for scripts and modules, pytest.main for pytest),
 on the thread that records: work issued from other threads is not recorded (docs/record.md).
 
-examples:
+Examples:
   kvverify record -- python offload_test.py --layers 32
   kvverify record -o trace.json -- pytest -x tests/offload
   kvverify record --swap-op myengine::swap_blocks -- python -m myengine.bench
@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Run a PyTorch program under the recorder and find its races: what it asks the CUDA device to\n"
         "do (streams, events and their query results, synchronization, kernels, host/device copies,\n"
         "batched swaps with their source access order and every raw pointer resolved to its\n"
-        "allocation, host accesses to pinned memory) becomes a trace, which `kvverify check` decides.")
+        "allocation, host accesses to pinned memory) becomes a trace, which kvverify check decides.")
     parser.epilog = EPILOG
     parser.add_argument("-o", "--output", default="kvverify-trace.json", metavar="TRACE.json",
                         help="where to write the trace (default: %(default)s)")

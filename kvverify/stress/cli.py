@@ -47,9 +47,10 @@ that need a reader's eye, and a headline. Without a CUDA device: the contract ve
 EPILOG = """\
 Exit status: 0 when every cell agrees with its contract (or nothing ran: no device); 1 when a
 cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE (on any GPU), could not run, or
---max-seconds left cells unrun; 2 when the run cannot start (the reason on stderr); 3 when
-nothing failed but host or device memory grew (a leak). Several GPUs: --gpus, or torchrun
---nproc-per-node N -m kvverify stress. More in docs/stress.md.
+--max-seconds left cells unrun; 2 when the run cannot start or a report file cannot be
+written (the reason on stderr); 3 when nothing failed but host or device memory grew (a
+leak). Several GPUs: --gpus, or torchrun --nproc-per-node N -m kvverify stress. More in
+docs/stress.md.
 
 Example:
   kvverify stress --scenarios H1,H3 --orders STREAM,ANY --json report.json --plot matrix.png"""
@@ -439,18 +440,29 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
                   "planned trials")
     if args.json == "-":
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
-    elif args.json:
-        report.write_json(_output_path(args.json, layout.geometry.name, several))
-    if args.junit:
-        render.write_junit(report, _output_path(args.junit, layout.geometry.name, several))
-    if args.plot:
-        from kvverify.stress import plot
-
-        plot.plot_matrix(report, _output_path(args.plot, layout.geometry.name, several))
+    outputs = [("--json", args.json if args.json != "-" else None, report.write_json),
+               ("--junit", args.junit, lambda path: render.write_junit(report, path)),
+               ("--plot", args.plot, lambda path: _plot(report, path))]
+    for option, path, write in outputs:
+        if not path:
+            continue
+        path = _output_path(path, layout.geometry.name, several)
+        try:
+            write(path)
+        except OSError as exc:  # checked before the run; a full disk or a vanished folder since
+            _say(err, f"kvverify stress: {option} {path}: cannot be written ({exc.strerror or exc}); the run's "
+                      "verdicts are above")
+            return EXIT_CANNOT_START
     status = report.exit_status()
     if status == EXIT_MEMORY_GREW:
         _say(err, "kvverify stress: memory grew over the run (exit status 3); see the GPU memory lines above")
     return status
+
+
+def _plot(report, path: str) -> None:
+    from kvverify.stress import plot
+
+    plot.plot_matrix(report, path)
 
 
 def _device_index() -> int | None:

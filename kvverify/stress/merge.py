@@ -75,13 +75,26 @@ def _kind(doc: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _field(doc: Mapping[str, Any], path: str, where: str):
+def _field(doc: Mapping[str, Any], path: str, where: str, kind: type = str):
+    """``doc``'s field at the dotted ``path``, which must be a ``kind``; raises MergeError naming
+    ``where`` and the field when it is missing or of another type."""
     value: Any = doc
     for key in path.split("."):
         if not isinstance(value, Mapping) or key not in value:
             raise MergeError(f"{where}: missing field {path!r}")
         value = value[key]
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise MergeError(f"{where}: field {path!r} is {json.dumps(value)[:40]}, not {_JSON_KINDS[kind]}")
     return value
+
+
+_JSON_KINDS = {str: "a string", int: "an integer", list: "an array", Mapping: "an object"}
+
+
+def _cell(c: Any, name: str) -> Mapping[str, Any]:
+    if not isinstance(c, Mapping):
+        raise MergeError(f"{name}: a cell is {json.dumps(c)[:40]}, not an object")
+    return c
 
 
 def _stress_platform(p: Mapping[str, Any]) -> PlatformKey:
@@ -112,15 +125,18 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
     sources = []
     cells: dict[str, dict[str, Any]] = {}
     for i, (doc, name) in enumerate(zip(docs, names)):
+        same = next((names[k] for k in range(i) if docs[k] == doc), None)
+        if same is not None:
+            raise MergeError(f"{name}: the same report as {same} (given twice?): its GPUs and verdicts would count twice")
         kind = _kind(doc)
         if kind is None:
             raise MergeError(f"{name}: neither a stress report nor a probe report")
         if kind == "probe":
-            row = platform_of(_probe_platform(_field(doc, "platform", name)), i)
+            row = platform_of(_probe_platform(_field(doc, "platform", name, Mapping)), i)
             early = row["reads_early"] if row["reads_early"] is not None else []
             undecided = row["probe_undecided"] if row["probe_undecided"] is not None else []
-            for c in _field(doc, "cells", name):
-                entry = {k: _field(c, k, f"{name}: a probe cell") for k in ("direction", "order", "host_memory")}
+            for c in _field(doc, "cells", name, list):
+                entry = {k: _field(_cell(c, name), k, f"{name}: a probe cell") for k in ("direction", "order", "host_memory")}
                 read_at = _field(c, "source_read.value", f"{name}: probe cell {entry}")
                 target = early if read_at == EARLY else undecided if read_at != "stream" else None
                 if target is not None and entry not in target:
@@ -130,9 +146,11 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
                             "kvverify": None, "created": None, "campaign": None})
             continue
         kvverify_version = _field(doc, "platform.kvverify", name)
-        gpu_rows = doc.get("gpus") or []
-        gpu_platform = {g["rank"]: _stress_platform(_field(g, "platform", f"{name}: gpus")) for g in gpu_rows}
-        top = _stress_platform(_field(doc, "platform", name))
+        gpu_rows = _field(doc, "gpus", name, list) if doc.get("gpus") is not None else []
+        gpu_platform = {_field(g, "rank", f"{name}: gpus", int): _stress_platform(_field(g, "platform", f"{name}: gpus",
+                                                                                             Mapping))
+                        for g in gpu_rows}
+        top = _stress_platform(_field(doc, "platform", name, Mapping))
         for g in gpu_rows:
             row = platform_of(gpu_platform[g["rank"]], i)
             row["gpus"] += 1
@@ -142,8 +160,8 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
             platform_of(top, i)["gpus"] += 1
         sources.append({"path": name, "kind": "stress", "version": doc["schema_version"], "kvverify": kvverify_version,
                         "created": doc.get("created"), "campaign": doc.get("campaign")})
-        for c in _field(doc, "cells", name):
-            label = _field(c, "label", f"{name}: a cell")
+        for c in _field(doc, "cells", name, list):
+            label = _field(_cell(c, name), "label", f"{name}: a cell")
             cell = cells.setdefault(label, {
                 "label": label, **{k: _field(c, k, f"{name}: {label}") for k in
                                    ("scenario", "direction", "order", "host_memory", "executor")},
@@ -154,7 +172,8 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
             cell["contracts"][i] = contract
             per_gpu = c.get("per_gpu") or []
             if per_gpu:
-                pairs = [(gpu_platform.get(p["gpu"], top), p["verdict"]) for p in per_gpu]
+                pairs = [(gpu_platform.get(_field(p, "gpu", f"{name}: {label}: per_gpu", int), top),
+                          _field(p, "verdict", f"{name}: {label}: per_gpu")) for p in per_gpu]
             else:
                 pairs = [(top, _field(c, "verdict", f"{name}: {label}"))]
             for platform, verdict in pairs:
@@ -209,8 +228,28 @@ def load_schema() -> dict[str, Any]:
 # -- the command --------------------------------------------------------------------------------
 
 
+DESCRIPTION = """\
+Merge stress and probe reports from several hosts into one table per platform (GPU, driver,
+CUDA): per platform, the orders its probe reports saw read their source early, and each cell's
+verdict over every GPU of that platform, side by side with the other platforms'. A cell whose
+contract verdict differs between reports (made by different kvverify versions) is flagged.
+
+Inputs: stress reports (kvverify stress --json, schema 1 or 2) and probe reports (kvverify
+probe --json). The merged JSON follows kvverify/schemas/merged-report-v1.json
+(docs/report-schema.md)."""
+
+EPILOG = """\
+Exit status: 0; 1 when contract verdicts conflict or a cell fails on some platform
+(UNEXPECTED_CORRUPTION, SENSITIVITY_FAILURE); 2 when a report cannot be read or merged (the
+file and field on stderr).
+
+Example:
+  kvverify merge host-a/stress.json host-b/stress.json host-a/probe.json --json fleet.json"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = (parser.description or "") + ".\n\n" + __doc__.split("\n\n", 1)[1]
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("reports", nargs="+", metavar="REPORT.json",
                         help="stress reports (kvverify stress --json) and probe reports (kvverify probe --json)")

@@ -70,7 +70,7 @@ CONFIDENCE = 0.95  # of the upper bound on the corruption rate, as the issue ask
 # Exit statuses of `kvverify stress`, which the report's `exit_status` repeats.
 EXIT_OK = 0
 EXIT_FAILED = 1  # a failing cell verdict, a cell not run by error, or cells the --max-seconds cap left unrun
-EXIT_CANNOT_START = 2  # bad options, campaign, model config, memory that does not fit (no report)
+EXIT_CANNOT_START = 2  # bad options, campaign, model config, memory that does not fit (no report); a report file not written
 EXIT_MEMORY_GREW = 3  # nothing failed, but host or device memory grew over the run (a leak)
 _EXIT_PRECEDENCE = (EXIT_OK, EXIT_MEMORY_GREW, EXIT_FAILED, EXIT_CANNOT_START)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from fake_cuda import shared
+from help_screen import check_screen, help_lines
 
 from kvverify.record import cli
 
@@ -176,3 +177,8 @@ def test_a_safe_verdict_over_an_incomplete_recording_exits_2(program, capsys):
     out = capsys.readouterr()
     assert status == 2
     assert "NOT RECORDED" in out.out and "SAFE covers only what was recorded" in out.err
+
+
+def test_help_fits_a_screen_in_plain_text_and_ends_with_examples():
+    examples = check_screen(help_lines("record"))
+    assert all(e.split()[1] in ("record", "check") for e in examples)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import copy
 import json
 import os
+from pathlib import Path
 
 import fake_device as stand_in
 import pytest
+from help_screen import check_screen, help_lines
 
 from kvverify import cli
 from kvverify.stress import merge
@@ -141,3 +143,34 @@ def test_unreadable_reports_exit_2_naming_the_file(tmp_path, capsys, content, me
     assert cli.main(["merge", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"kvverify merge: {path}: ") and message in err
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d["cells"][0].update(label=123), "a cell: field 'label' is 123, not a string"),
+    (lambda d: d.update(cells={}), "field 'cells' is {}, not an array"),
+    (lambda d: d["cells"].__setitem__(0, "H1"), 'a cell is "H1", not an object'),
+    (lambda d: d["cells"][0]["per_gpu"][0].update(gpu=True), "per_gpu: field 'gpu' is true, not an integer"),
+    (lambda d: d["gpus"][0].update(platform=None), "gpus: field 'platform' is null, not an object"),
+])
+def test_a_badly_typed_field_exits_2_naming_the_file_and_field(stand_in_reports, tmp_path, capsys, change, message):
+    doc = merge.read(stand_in_reports[0])
+    change(doc)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    assert cli.main(["merge", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvverify merge: {path}: ") and message in err and "Traceback" not in err
+
+
+def test_the_same_report_given_twice_is_refused(stand_in_reports, tmp_path, capsys):
+    twin = tmp_path / "copy.json"
+    twin.write_text(Path(stand_in_reports[0]).read_text())
+    assert cli.main(["merge", stand_in_reports[0], str(twin)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"kvverify merge: {twin}: the same report as {stand_in_reports[0]} (given twice?): its GPUs "
+                           "and verdicts would count twice")
+
+
+def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example():
+    (example,) = check_screen(help_lines("merge"))
+    assert example.startswith("kvverify merge ")

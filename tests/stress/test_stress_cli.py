@@ -204,6 +204,17 @@ def test_unwritable_report_paths_refuse_before_the_run(tmp_path, option, where):
     assert "Traceback" not in result.stderr and "Contract" not in result.stdout  # nothing ran
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+@pytest.mark.parametrize("option", ["--json", "--junit"])
+def test_a_report_that_cannot_be_written_after_the_run_is_exit_2_in_one_line(option):
+    result = stress("--no-gpu", option, "/dev/full")  # writable when checked, full when written
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr and "Contract" in result.stdout  # the run ran, its verdicts shown
+    said = " ".join(result.stderr.split())
+    assert said == (f"kvverify stress: {option} /dev/full: cannot be written (No space left on device); "
+                    "the run's verdicts are above"), result.stderr
+
+
 def test_json_dash_writes_the_report_to_stdout(tmp_path):
     result = stress("--no-gpu", "--json", "-", cwd=tmp_path)
     assert result.returncode == 0
