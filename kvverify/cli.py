@@ -57,9 +57,10 @@ Examples:
   kvverify check trace.json        the happens-before verdict on a trace of stream work"""
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """Return the top-level parser with one sub-parser per entry of ``SUBCOMMANDS``; only the
-    subcommand that ``argv`` names (its first word that is one) gets its arguments declared."""
+def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """Return the top-level parser with one sub-parser per entry of ``SUBCOMMANDS``, and the
+    sub-parsers by name; only the subcommand that ``argv`` names (its first word that is one) gets
+    its arguments declared."""
     from kvverify import __version__
 
     parser = argparse.ArgumentParser(
@@ -71,23 +72,29 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvverify {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     chosen = next((a for a in (argv or []) if a in SUBCOMMANDS), None)
+    parsers = {}
     for name, (module, summary) in SUBCOMMANDS.items():
-        p = sub.add_parser(name, help=summary, description=summary)
+        p = parsers[name] = sub.add_parser(name, help=summary, description=summary)
         p.set_defaults(_module=module)
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
-    return parser
+    return parser, parsers
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand, return its exit status."""
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
-    args.command_argv = argv  # for a subcommand that starts copies of itself (stress --gpus)
+    parser, parsers = build_parser(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None and extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
-        parser.print_help()
+        parser.print_usage(sys.stderr)
+        print("kvverify: name a command (kvverify --help lists them)", file=sys.stderr)
         return 2
+    if extra:  # argparse would blame the top-level parser; the subcommand's usage is the useful one
+        parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    args.command_argv = argv  # for a subcommand that starts copies of itself (stress --gpus)
     # Subcommands that call kvverify.annotate.add_cli_option get --no-nvtx; apply it once here.
     from kvverify import annotate
 
