@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CI job for hosts without a GPU. Into the active Python it installs torch 2.14.1 (a CUDA 13.0
-# build: ~3 GB with the CUDA libraries it pulls in), the build tools, and this package with its test
+# build: 5.6 GB in a virtual environment, 3.2 GB of it CUDA libraries), the build tools, and this package with its test
 # and plot extras; it builds the extension (it must compile and link: nvcc 13.0 here) and runs the
 # CPU suite. GPU tests are collected and skipped; pytest's "no tests ran" (exit 5) fails the job.
 #
