@@ -276,7 +276,10 @@ def render_table(report: StressReport, console: Console) -> None:
     the RACY contracts ([1], [2], ...) and the race windows (w1, w2, ...), each once, the not-run
     line, where each order was safe among the cells that ran, and the headline."""
     table = Table(title=_title(report))
-    for name in COLUMNS:
+    observed = any(r.observation for r in report.cells)
+    # nothing ran: the observed columns would be dashes from top to bottom
+    columns = COLUMNS if observed else (COLUMNS[0], COLUMNS[1], COLUMNS[-1])
+    for name in columns:
         # Where the console is too narrow a number or verdict is cut visibly (…), never
         # split over lines; the label and the window fold (a label has no spaces to wrap
         # at after the scenario).
@@ -291,7 +294,8 @@ def render_table(report: StressReport, console: Console) -> None:
     for r in report.cells:
         note = witnesses.setdefault(r.witness, len(witnesses) + 1) if r.witness else None
         window = f"w{windows.setdefault(_window(r.observation.window), len(windows) + 1)}" if r.observation else "-"
-        table.add_row(*_row(r, note, window))
+        row = _row(r, note, window)
+        table.add_row(*(row if observed else (row[0], row[1], row[-1])))
     console.print(table)
     for witness, n in witnesses.items():
         console.print(f"[{n}] {witness}", markup=False, highlight=False)

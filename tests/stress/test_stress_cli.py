@@ -247,6 +247,8 @@ def test_details_prints_one_row_per_cell_with_its_witness():
     assert "H3-broken load/H2D/ANY/pinned/adversarial" in p.stdout and "Verdict" in p.stdout
     assert "[1] ops " in p.stdout  # the witness of the RACY contract, numbered
     assert "Observed columns not run: --no-gpu was given; contract verdicts only." in p.stdout
+    header = next(line for line in p.stdout.splitlines() if "Cell" in line)
+    assert header.split("┃")[1:-1] and [c.strip() for c in header.split("┃")[1:-1]] == ["Cell", "Contract", "Verdict"]
 
 
 def test_plot_writes_the_matrix_as_a_png(tmp_path):
