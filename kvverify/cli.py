@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line summary). The summary is repeated here, not taken from the
@@ -99,11 +100,62 @@ def main(argv: list[str] | None = None) -> int:
     from kvverify import annotate
 
     annotate.configure_from_args(args)
+    if sys.stdout is None and args.command not in ("check", "record"):  # check says it itself
+        print(f"kvverify {args.command}: standard output is closed: nowhere to write the report", file=sys.stderr)
+        return 2
+    out = _WatchedOutput(sys.stdout)
+    if args.command != "record" and sys.stdout is not None:  # record's program keeps the real stdout
+        sys.stdout = out
     try:
-        return int(importlib.import_module(args._module).run(args))
+        status = int(importlib.import_module(args._module).run(args))
+        if sys.stdout is out:
+            out.flush()
+        return status
     except KeyboardInterrupt:
         print("kvverify: interrupted", file=sys.stderr)
         return 130
+    except SystemExit:
+        if isinstance(out.error, BrokenPipeError):  # rich ends the process on a closed pipe, with status 1
+            return 2
+        raise
+    except OSError as exc:
+        if exc is not out.error:
+            raise
+        # the reader went away (a closed pipe) or the output is full: say so once, and point the
+        # descriptor at /dev/null so that the interpreter's last flush does not fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+        if not isinstance(exc, BrokenPipeError):
+            print(f"kvverify {args.command}: cannot write to standard output ({exc.strerror or exc})", file=sys.stderr)
+        return 2
+    finally:
+        if sys.stdout is out:
+            sys.stdout = out.stream
+
+
+class _WatchedOutput:
+    """Standard output that keeps the error of a failed write, so that ``main`` tells a report
+    that could not be written (exit status 2, one line) from any other OSError (a bug: raised)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 if __name__ == "__main__":

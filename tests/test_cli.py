@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from help_screen import check_screen, help_lines
 
 from kvverify.cli import SUBCOMMANDS, main
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_top_level_help_fits_a_screen_and_ends_with_examples():
@@ -28,3 +35,30 @@ def test_no_command_is_a_usage_line_on_stderr_and_exit_2(capsys):
     assert main([]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err.startswith("usage: kvverify ") and "name a command" in out.err
+
+
+def _kvverify_shell(pipeline: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(["bash", "-c", pipeline], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+@pytest.mark.parametrize("command", ["merge docs/stress-smoke-h200.json", "stress --no-gpu"])
+def test_standard_output_that_cannot_be_written_is_one_line_and_exit_2(command):
+    p = _kvverify_shell(f"{sys.executable} -m kvverify {command} > /dev/full")
+    assert p.returncode == 2, p.stderr
+    name = command.split()[0]
+    assert p.stderr.endswith(f"kvverify {name}: cannot write to standard output (No space left on device)\n"), p.stderr
+    assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("command", ["merge docs/stress-smoke-h200.json", "stress --no-gpu --details"])
+def test_a_reader_that_goes_away_ends_it_quietly_with_exit_2(command):
+    p = _kvverify_shell(f"{sys.executable} -m kvverify {command} | head -c 1 > /dev/null; exit ${{PIPESTATUS[0]}}")
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "Broken pipe" not in p.stderr, p.stderr
+
+
+def test_a_closed_standard_output_is_one_line_and_exit_2():
+    p = _kvverify_shell(f"{sys.executable} -m kvverify stress --no-gpu >&-")
+    assert p.returncode == 2
+    assert p.stderr == "kvverify stress: standard output is closed: nowhere to write the report\n"
