@@ -507,10 +507,21 @@ def test_no_gpu_table_marks_observed_columns_not_run():
     lines = text.splitlines()
     label = "H1-fixed store/D2H/ANY/pinned/native"
     row = next(line for line in lines if label in line)
-    assert "RACY" in row and "not run" in row and "NOT_RUN" in row
-    assert row.count(" - ") == len(COLUMNS) - 4  # the other observed columns are empty
+    # nothing was observed anywhere: the table has no observed columns, only the contract and the verdict
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert len(cells) == 3 and cells[0] == label and cells[1].startswith("RACY") and cells[2] == "NOT_RUN"
+    header = next(line for line in lines if "Cell" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]] == ["Cell", "Contract", "Verdict"]
     assert sum("Observed columns not run: no CUDA device" in line for line in lines) == 1
     assert report.exit_status() == 0
+
+
+def test_a_cell_not_run_beside_cells_that_ran_keeps_the_observed_columns_empty():
+    ran = results()
+    report = make_report([ran[0], dataclasses.replace(ran[1], observation=None)])
+    row = next(line for line in render(report).splitlines() if ran[1].cell.label in line)
+    assert "not run" in row and "NOT_RUN" in row
+    assert row.count(" - ") == len(COLUMNS) - 4  # the other observed columns are empty
 
 
 # -- several GPUs, memory, rounds (schema version 2) ----------------------------------------------
