@@ -100,6 +100,9 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
             rule, reason, fix = explain(order, a, b, overlap)
             races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix,
                               first_at=trace.ops[i].at, second_at=trace.ops[j].at))
+        # freed here by their reference counts (they hold no cycles), before the collector is back
+        # and would traverse their millions of objects once more
+        del order, finder, it
         return Verdict(tuple(races), truncated, trace)
 
 

@@ -246,10 +246,6 @@ class Ordering:
         self.syncs: list[int] = []            # op indices of sync_event and query_event
         self.records: list[int] = []          # op indices of records
         self._current: tuple[Op, int | None, Clock | None] | None = None
-        self._rules = {Kernel: self._kernel, Copy: self._copy, CopyBatch: self._copy, HostWrite: self._host,
-                       HostRead: self._host, Record: self._record, WaitEvent: self._wait_event,
-                       WaitStream: self._wait_stream, SyncEvent: self._sync_event, QueryEvent: self._sync_event,
-                       SyncStream: self._sync_stream, SyncDevice: self._sync_device}
 
     def name(self, timeline: int) -> str:
         return self.timelines[timeline]
@@ -272,7 +268,7 @@ class Ordering:
     def step(self, i: int, op: Op) -> list[Side]:
         """Apply the rules to op ``i`` (ops must come in program order, each once); return its
         sides (see :class:`Side`; none for records, waits and host synchronizations)."""
-        return self._rules[type(op)](i, op)
+        return _RULES[type(op)](self, i, op)
 
     def _kernel(self, i: int, op: Kernel) -> list[Side]:
         sa, pos = self._issue(self.timeline_of[op.stream])
@@ -397,6 +393,15 @@ class Ordering:
         host = join(self.host, clock)
         if host is not self.host:   # a new version, its own base
             self.host = Clock(host.chunks, host.chunks, self.host.version + 1, ())
+
+
+# Functions, not bound methods kept on the instance: an Ordering then holds no reference to itself,
+# so the millions of objects it keeps are freed when the checker drops it, not left to the cyclic
+# collector to traverse.
+_RULES = {Kernel: Ordering._kernel, Copy: Ordering._copy, CopyBatch: Ordering._copy, HostWrite: Ordering._host,
+          HostRead: Ordering._host, Record: Ordering._record, WaitEvent: Ordering._wait_event,
+          WaitStream: Ordering._wait_stream, SyncEvent: Ordering._sync_event, QueryEvent: Ordering._sync_event,
+          SyncStream: Ordering._sync_stream, SyncDevice: Ordering._sync_device}
 
 
 def analyze(trace: Trace) -> tuple[Ordering, list[Access]]:
