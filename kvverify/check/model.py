@@ -626,6 +626,7 @@ class _Parser:
                        "sync_event": self._sync_event, "query_event": self._query_event,
                        "sync_stream": self._sync_stream, "sync_device": self._sync_device,
                        "host_write": self._host_write, "host_read": self._host_read}
+        self._fast = {kind: (_ALLOWED[kind], build) for kind, build in self._kinds.items()}
 
     def fail(self, field: str | None, message: str):
         raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
@@ -667,6 +668,22 @@ class _Parser:
 
     def op(self, raw: Any, i: int) -> Op:
         """Op ``i`` of the trace, validated. Raises :class:`TraceError`."""
+        self.i = i
+        try:
+            # The common case in a few operations: keys the op's kind allows, and a builder that
+            # finds its fields valid. Anything amiss (a missing field is a KeyError) is named by
+            # the careful way below, which checks in the order the messages promise.
+            self.kind = kind = raw["op"]
+            allowed, build = self._fast[kind]
+            if type(raw) is dict and allowed.issuperset(raw):
+                name, at = raw.get("name"), raw.get("at")
+                if (name is None or type(name) is str) and (at is None or type(at) is str):
+                    return build(raw, name, at)
+        except (KeyError, TypeError, TraceError):
+            pass
+        return self._op(raw, i)
+
+    def _op(self, raw: Any, i: int) -> Op:
         self.i, self.kind = i, None
         if not isinstance(raw, dict):
             self.fail(None, f"an op is a JSON object, got {_type_name(raw)}")
