@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import chain
 from operator import itemgetter
 
 from kvverify.check import rules
@@ -146,11 +145,13 @@ class _Lane:
                 del entries[:dead]
                 self.base += dead
                 self.segments = None    # rebuilt from the live entries when next needed
-        if entries:
-            self.lo = min(self.lo, lo)
-            self.hi = max(self.hi, hi)
-        else:
+        if not entries:
             self.lo, self.hi = lo, hi
+        else:
+            if lo < self.lo:
+                self.lo = lo
+            if hi > self.hi:
+                self.hi = hi
         entries.append([k, side, None])
         self.last = k
 
@@ -300,9 +301,10 @@ class _Finder:
         self.rank = {name: n for n, name in enumerate(buffers)}
         self.cap = max_races if max_races is not None else float("inf")
         self.found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
-        # per buffer: the lanes of the streams that wrote it, and of those that read it
+        # per buffer: the lanes a read is checked against (the streams' writes there), and those a
+        # write is (their writes, then their reads)
         self.writers: dict[str, list[_Lane]] = {name: [] for name in buffers}
-        self.readers: dict[str, list[_Lane]] = {name: [] for name in buffers}
+        self.accessors: dict[str, list[_Lane]] = {name: [] for name in buffers}
         self.lane_of: dict[tuple[str, int, bool], _Lane] = {}
 
     def record(self, a: Access, b: Access) -> None:
@@ -322,21 +324,21 @@ class _Finder:
 
     def op(self, op: Op, sides: list[Side]) -> None:
         """Check the sides of one op (all of them, as the rules gave them), then remember them."""
-        writers, readers = self.writers, self.readers
+        writers, accessors, nbytes = self.writers, self.accessors, self.nbytes
         bits, mask = rules.CHUNK_BITS, rules.MASK
         hulls = []
         for side in sides:
-            ranges = side.ranges
+            _, _, write, after, _, _, buffer, ranges = side
             if len(ranges) == 1:       # the bytes the side touches, or (many ranges) all the buffer's
                 lo = ranges[0][1]
                 hi = lo + ranges[0][2]
             else:
-                lo, hi = 0, self.nbytes[side.buffer]
+                lo, hi = 0, nbytes[buffer]
             hulls.append((lo, hi))
             # against everything remembered from earlier ops, stream by stream: a read against
             # the writes, a write against both
-            after = side.after.chunks
-            for lane in chain(writers[side.buffer], readers[side.buffer]) if side.write else writers[side.buffer]:
+            after = after.chunks
+            for lane in (accessors if write else writers)[buffer]:
                 t = lane.t
                 th = after[t >> bits][t & mask]
                 if lane.last > th and lane.lo < hi and lo < lane.hi:
@@ -351,9 +353,17 @@ class _Finder:
                 key = (side.buffer, t, side.write)
                 lane = lane_of.get(key)
                 if lane is None:
-                    lane = lane_of[key] = _Lane(t)
-                    (writers if side.write else readers)[side.buffer].append(lane)
+                    lane = lane_of[key] = self._lane(t, side.buffer, side.write)
                 lane.add(k, side, lo, hi, host[t >> bits][t & mask])
+
+    def _lane(self, t: int, buffer: str, write: bool) -> _Lane:
+        lane = _Lane(t)
+        if write:
+            self.writers[buffer].append(lane)
+            self.accessors[buffer].insert(len(self.writers[buffer]) - 1, lane)
+        else:
+            self.accessors[buffer].append(lane)
+        return lane
 
     def _against(self, lane: _Lane, side: Side, th: int) -> None:
         for earlier, a, b in lane.unordered(side.ranges, th, self.nbytes[side.buffer]):

@@ -143,9 +143,12 @@ def _rebase(clock: Clock, host: Clock) -> Clock:
 def _with(clock: Clock, timeline: int, position: int) -> Clock:
     """``clock`` with one entry raised (a new chunk, the others shared)."""
     n, k = timeline >> CHUNK_BITS, timeline & MASK
-    chunk = clock.chunks[n]
-    chunks = clock.chunks[:n] + (chunk[:k] + (position,) + chunk[k + 1:],) + clock.chunks[n + 1:]
-    return _new(Clock, (chunks, clock.base, clock.version, clock.dirty if n in clock.dirty else clock.dirty + (n,)))
+    chunks = [*clock.chunks]
+    chunk = [*chunks[n]]
+    chunk[k] = position
+    chunks[n] = tuple(chunk)
+    dirty = clock.dirty
+    return _new(Clock, (tuple(chunks), clock.base, clock.version, dirty if n in dirty else dirty + (n,)))
 
 
 class Access(NamedTuple):
@@ -195,8 +198,13 @@ def _sides(i: int, role: str, write: bool, after: Clock, until: tuple[int, int],
            ranges: Sequence[Range]) -> list[Side]:
     """``ranges`` as sides, one per buffer."""
     new = tuple.__new__
-    if len(ranges) == 1 or len(set(map(_buffer, ranges))) == 1:
+    if len(ranges) == 1:
         return [new(Side, (i, role, write, after, until, rule, ranges[0][0], ranges))]
+    buffers = len(set(map(_buffer, ranges)))
+    if buffers == 1:
+        return [new(Side, (i, role, write, after, until, rule, ranges[0][0], ranges))]
+    if buffers == len(ranges):    # a range per buffer (a kernel reading a few tensors)
+        return [new(Side, (i, role, write, after, until, rule, r[0], [r])) for r in sorted(ranges)]
     by_buffer: dict[str, list[Range]] = {}
     for r in ranges:
         by_buffer.setdefault(r[0], []).append(r)
