@@ -448,7 +448,7 @@ class TraceText:
     def __init__(self, text: str | bytes | bytearray):
         if not isinstance(text, str):
             try:
-                text = bytes(text).decode("utf-8-sig")
+                text = str(text, "utf-8-sig")     # no copy of a bytearray first
             except UnicodeDecodeError as e:
                 raise TraceError(f"not UTF-8 text: byte {e.start} ({bytes(e.object[e.start:e.start + 1])!r}) "
                                  f"{e.reason}") from None
