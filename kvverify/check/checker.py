@@ -305,7 +305,9 @@ class _Finder:
         # write is (their writes, then their reads)
         self.writers: dict[str, list[_Lane]] = {name: [] for name in buffers}
         self.accessors: dict[str, list[_Lane]] = {name: [] for name in buffers}
-        self.lane_of: dict[tuple[str, int, bool], _Lane] = {}
+        # per buffer, per timeline t: its read lane at 2 * t, its write lane at 2 * t + 1
+        self.lane_at: dict[str, list[_Lane | None]] = {name: [None] * (2 * len(order.timelines))
+                                                       for name in buffers}
 
     def record(self, a: Access, b: Access) -> None:
         """Note the race of ``a`` (earlier) with ``b`` (the op just stepped), keeping per op pair
@@ -346,18 +348,15 @@ class _Finder:
         if isinstance(op, (Copy, CopyBatch)):
             _intra(op, sides, self.rank, self.record)       # rule 7, on the copies one by one
         host = self.order.host.chunks
-        lane_of = self.lane_of
+        lane_at = self.lane_at
         for side, (lo, hi) in zip(sides, hulls):
             t, k = side.until
             if t != HOST:
-                key = (side.buffer, t, side.write)
-                lane = lane_of.get(key)
-                if lane is None:
-                    lane = lane_of[key] = self._lane(t, side.buffer, side.write)
+                lane = lane_at[side.buffer][2 * t + side.write] or self._lane(t, side.buffer, side.write)
                 lane.add(k, side, lo, hi, host[t >> bits][t & mask])
 
     def _lane(self, t: int, buffer: str, write: bool) -> _Lane:
-        lane = _Lane(t)
+        lane = self.lane_at[buffer][2 * t + write] = _Lane(t)
         if write:
             self.writers[buffer].append(lane)
             self.accessors[buffer].insert(len(self.writers[buffer]) - 1, lane)
