@@ -84,11 +84,12 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
         finder = _Finder(order, buffers, max_races)
         truncated = False
         it = iter(enumerate(ops))
+        step, find = order.step, finder.op
         try:
             for i, op in it:
-                sides = order.step(i, op)
+                sides = step(i, op)
                 if sides:
-                    finder.op(op, sides)
+                    find(op, sides)
         except _Stop:
             truncated = True
             for _ in it:   # validate the rest
@@ -101,7 +102,7 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
                               first_at=trace.ops[i].at, second_at=trace.ops[j].at))
         # freed here by their reference counts (they hold no cycles), before the collector is back
         # and would traverse their millions of objects once more
-        del order, finder, it
+        del order, finder, it, step, find
         return Verdict(tuple(races), truncated, trace)
 
 

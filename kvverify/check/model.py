@@ -498,11 +498,11 @@ class TraceText:
                 yield op
             return
         i = 0
-        offsets = self._offsets
+        offsets, parse = self._offsets, parser.op
         try:
             for start, raw in self._reader.items():
                 offsets.append(start)
-                yield parser.op(raw, i)
+                yield parse(raw, i)
                 i += 1
             for key in self._keys:   # nothing may follow the ops but the end of the trace
                 raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
