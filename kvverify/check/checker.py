@@ -358,7 +358,7 @@ class _Finder:
 
     def _lane(self, t: int, buffer: str, write: bool) -> _Lane:
         lane = self.lane_at[buffer][2 * t + write] = _Lane(t)
-        if write:
+        if write:    # after the other write lanes: a write is checked against writes, then reads
             self.writers[buffer].append(lane)
             self.accessors[buffer].insert(len(self.writers[buffer]) - 1, lane)
         else:

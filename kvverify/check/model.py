@@ -621,12 +621,13 @@ class _Parser:
         # (host accesses look up only host buffers)
         self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
         self.plain_host = {name: v for name, v in self.plain.items() if self.buffers[name].space != DEVICE_SPACE}
-        self._kinds = {"kernel": self._kernel, "copy": self._copy, "copy_batch": self._copy_batch,
-                       "record": self._record, "wait_event": self._wait_event, "wait_stream": self._wait_stream,
-                       "sync_event": self._sync_event, "query_event": self._query_event,
-                       "sync_stream": self._sync_stream, "sync_device": self._sync_device,
-                       "host_write": self._host_write, "host_read": self._host_read}
-        self._fast = {kind: (_ALLOWED[kind], build) for kind, build in self._kinds.items()}
+        builders = {"kernel": self._kernel, "copy": self._copy, "copy_batch": self._copy_batch,
+                    "record": self._record, "wait_event": self._wait_event, "wait_stream": self._wait_stream,
+                    "sync_event": self._sync_event, "query_event": self._query_event,
+                    "sync_stream": self._sync_stream, "sync_device": self._sync_device,
+                    "host_write": self._host_write, "host_read": self._host_read}
+        # per kind: the keys it allows, and its builder
+        self._kinds = {kind: (_ALLOWED[kind], build) for kind, build in builders.items()}
 
     def fail(self, field: str | None, message: str):
         raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
@@ -674,7 +675,7 @@ class _Parser:
             # finds its fields valid. Anything amiss (a missing field is a KeyError) is named by
             # the careful way below, which checks in the order the messages promise.
             self.kind = kind = raw["op"]
-            allowed, build = self._fast[kind]
+            allowed, build = self._kinds[kind]
             if type(raw) is dict and allowed.issuperset(raw):
                 name, at = raw.get("name"), raw.get("at")
                 if (name is None or type(name) is str) and (at is None or type(at) is str):
@@ -704,7 +705,7 @@ class _Parser:
         at = raw.get("at")
         if at is not None and type(at) is not str:
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
-        return self._kinds[kind](raw, name, at)
+        return self._kinds[kind][1](raw, name, at)
 
     def _kernel(self, raw: dict, name: str | None, at: str | None) -> Kernel:
         return _new(Kernel, (self._stream(raw, "stream"), self._ranges(raw, "reads", True, False),

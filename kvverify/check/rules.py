@@ -198,10 +198,7 @@ def _sides(i: int, role: str, write: bool, after: Clock, until: tuple[int, int],
            ranges: Sequence[Range]) -> list[Side]:
     """``ranges`` as sides, one per buffer."""
     new = tuple.__new__
-    if len(ranges) == 1:
-        return [new(Side, (i, role, write, after, until, rule, ranges[0][0], ranges))]
-    buffers = len(set(map(_buffer, ranges)))
-    if buffers == 1:
+    if len(ranges) == 1 or (buffers := len(set(map(_buffer, ranges)))) == 1:
         return [new(Side, (i, role, write, after, until, rule, ranges[0][0], ranges))]
     if buffers == len(ranges):    # a range per buffer (a kernel reading a few tensors)
         return [new(Side, (i, role, write, after, until, rule, r[0], [r])) for r in sorted(ranges)]
