@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from itertools import chain
 from operator import itemgetter
 
 from kvverify.check import rules
@@ -85,11 +84,12 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
         finder = _Finder(order, buffers, max_races)
         truncated = False
         it = iter(enumerate(ops))
+        step, find = order.step, finder.op
         try:
             for i, op in it:
-                sides = order.step(i, op)
+                sides = step(i, op)
                 if sides:
-                    finder.op(op, sides)
+                    find(op, sides)
         except _Stop:
             truncated = True
             for _ in it:   # validate the rest
@@ -100,6 +100,9 @@ def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iter
             rule, reason, fix = explain(order, a, b, overlap)
             races.append(Race(i, j, _kind(a, b), overlap, rule, reason, fix,
                               first_at=trace.ops[i].at, second_at=trace.ops[j].at))
+        # freed here by their reference counts (they hold no cycles), before the collector is back
+        # and would traverse their millions of objects once more
+        del order, finder, it, step, find
         return Verdict(tuple(races), truncated, trace)
 
 
@@ -143,11 +146,13 @@ class _Lane:
                 del entries[:dead]
                 self.base += dead
                 self.segments = None    # rebuilt from the live entries when next needed
-        if entries:
-            self.lo = min(self.lo, lo)
-            self.hi = max(self.hi, hi)
-        else:
+        if not entries:
             self.lo, self.hi = lo, hi
+        else:
+            if lo < self.lo:
+                self.lo = lo
+            if hi > self.hi:
+                self.hi = hi
         entries.append([k, side, None])
         self.last = k
 
@@ -297,10 +302,13 @@ class _Finder:
         self.rank = {name: n for n, name in enumerate(buffers)}
         self.cap = max_races if max_races is not None else float("inf")
         self.found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
-        # per buffer: the lanes of the streams that wrote it, and of those that read it
+        # per buffer: the lanes a read is checked against (the streams' writes there), and those a
+        # write is (their writes, then their reads)
         self.writers: dict[str, list[_Lane]] = {name: [] for name in buffers}
-        self.readers: dict[str, list[_Lane]] = {name: [] for name in buffers}
-        self.lane_of: dict[tuple[str, int, bool], _Lane] = {}
+        self.accessors: dict[str, list[_Lane]] = {name: [] for name in buffers}
+        # per buffer, per timeline t: its read lane at 2 * t, its write lane at 2 * t + 1
+        self.lane_at: dict[str, list[_Lane | None]] = {name: [None] * (2 * len(order.timelines))
+                                                       for name in buffers}
 
     def record(self, a: Access, b: Access) -> None:
         """Note the race of ``a`` (earlier) with ``b`` (the op just stepped), keeping per op pair
@@ -319,21 +327,21 @@ class _Finder:
 
     def op(self, op: Op, sides: list[Side]) -> None:
         """Check the sides of one op (all of them, as the rules gave them), then remember them."""
-        writers, readers = self.writers, self.readers
+        writers, accessors, nbytes = self.writers, self.accessors, self.nbytes
         bits, mask = rules.CHUNK_BITS, rules.MASK
         hulls = []
         for side in sides:
-            ranges = side.ranges
+            _, _, write, after, _, _, buffer, ranges = side
             if len(ranges) == 1:       # the bytes the side touches, or (many ranges) all the buffer's
                 lo = ranges[0][1]
                 hi = lo + ranges[0][2]
             else:
-                lo, hi = 0, self.nbytes[side.buffer]
+                lo, hi = 0, nbytes[buffer]
             hulls.append((lo, hi))
             # against everything remembered from earlier ops, stream by stream: a read against
             # the writes, a write against both
-            after = side.after.chunks
-            for lane in chain(writers[side.buffer], readers[side.buffer]) if side.write else writers[side.buffer]:
+            after = after.chunks
+            for lane in (accessors if write else writers)[buffer]:
                 t = lane.t
                 th = after[t >> bits][t & mask]
                 if lane.last > th and lane.lo < hi and lo < lane.hi:
@@ -341,16 +349,21 @@ class _Finder:
         if isinstance(op, (Copy, CopyBatch)):
             _intra(op, sides, self.rank, self.record)       # rule 7, on the copies one by one
         host = self.order.host.chunks
-        lane_of = self.lane_of
+        lane_at = self.lane_at
         for side, (lo, hi) in zip(sides, hulls):
             t, k = side.until
             if t != HOST:
-                key = (side.buffer, t, side.write)
-                lane = lane_of.get(key)
-                if lane is None:
-                    lane = lane_of[key] = _Lane(t)
-                    (writers if side.write else readers)[side.buffer].append(lane)
+                lane = lane_at[side.buffer][2 * t + side.write] or self._lane(t, side.buffer, side.write)
                 lane.add(k, side, lo, hi, host[t >> bits][t & mask])
+
+    def _lane(self, t: int, buffer: str, write: bool) -> _Lane:
+        lane = self.lane_at[buffer][2 * t + write] = _Lane(t)
+        if write:    # after the other write lanes: a write is checked against writes, then reads
+            self.writers[buffer].append(lane)
+            self.accessors[buffer].insert(len(self.writers[buffer]) - 1, lane)
+        else:
+            self.accessors[buffer].append(lane)
+        return lane
 
     def _against(self, lane: _Lane, side: Side, th: int) -> None:
         for earlier, a, b in lane.unordered(side.ranges, th, self.nbytes[side.buffer]):

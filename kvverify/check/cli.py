@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     return _emit(verdict.render(source=source), status)
 
 
-def _read(path: str, source: str, limit: int) -> bytes:
+def _read(path: str, source: str, limit: int) -> bytes | bytearray:
     """The bytes of the trace, at most ``limit`` of them; stops early at a first byte that cannot
     start a trace (so ``/dev/zero`` or a binary file fails at once, not at the limit)."""
     try:
@@ -137,22 +137,18 @@ def _read(path: str, source: str, limit: int) -> bytes:
         raise _Unreadable(f"cannot read {source}: {e.strerror or e}") from None
 
 
-def _read_from(f, source: str, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    total = 0
+def _read_from(f, source: str, limit: int) -> bytes | bytearray:
+    # one buffer that grows in place (no list of chunks joined into a copy at the end)
+    data = bytearray()
     while True:
-        chunk = f.read(min(_READ_CHUNK, limit + 1 - total))
+        chunk = f.read(min(_READ_CHUNK, limit + 1 - len(data)))
         if not chunk:
-            break
-        if not chunks and not chunk.lstrip(b" \t\r\n").startswith((b"{", b"\xef\xbb\xbf")) and chunk.strip():
+            return data
+        if not data and not chunk.lstrip(b" \t\r\n").startswith((b"{", b"\xef\xbb\xbf")) and chunk.strip():
             return chunk     # not JSON text of a trace: the parser names what it found
-        chunks.append(chunk)
-        total += len(chunk)
-        if total > limit:
+        data += chunk
+        if len(data) > limit:
             raise _Unreadable(_too_large(f"{source} holds more", limit))
-    data = b"".join(chunks)
-    del chunks
-    return data
 
 
 def _too_large(what: str, limit: int) -> str:

@@ -448,7 +448,7 @@ class TraceText:
     def __init__(self, text: str | bytes | bytearray):
         if not isinstance(text, str):
             try:
-                text = bytes(text).decode("utf-8-sig")
+                text = str(text, "utf-8-sig")     # no copy of a bytearray first
             except UnicodeDecodeError as e:
                 raise TraceError(f"not UTF-8 text: byte {e.start} ({bytes(e.object[e.start:e.start + 1])!r}) "
                                  f"{e.reason}") from None
@@ -498,11 +498,11 @@ class TraceText:
                 yield op
             return
         i = 0
-        offsets = self._offsets
+        offsets, parse = self._offsets, parser.op
         try:
             for start, raw in self._reader.items():
                 offsets.append(start)
-                yield parser.op(raw, i)
+                yield parse(raw, i)
                 i += 1
             for key in self._keys:   # nothing may follow the ops but the end of the trace
                 raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
@@ -621,11 +621,13 @@ class _Parser:
         # (host accesses look up only host buffers)
         self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
         self.plain_host = {name: v for name, v in self.plain.items() if self.buffers[name].space != DEVICE_SPACE}
-        self._kinds = {"kernel": self._kernel, "copy": self._copy, "copy_batch": self._copy_batch,
-                       "record": self._record, "wait_event": self._wait_event, "wait_stream": self._wait_stream,
-                       "sync_event": self._sync_event, "query_event": self._query_event,
-                       "sync_stream": self._sync_stream, "sync_device": self._sync_device,
-                       "host_write": self._host_write, "host_read": self._host_read}
+        builders = {"kernel": self._kernel, "copy": self._copy, "copy_batch": self._copy_batch,
+                    "record": self._record, "wait_event": self._wait_event, "wait_stream": self._wait_stream,
+                    "sync_event": self._sync_event, "query_event": self._query_event,
+                    "sync_stream": self._sync_stream, "sync_device": self._sync_device,
+                    "host_write": self._host_write, "host_read": self._host_read}
+        # per kind: the keys it allows, and its builder
+        self._kinds = {kind: (_ALLOWED[kind], build) for kind, build in builders.items()}
 
     def fail(self, field: str | None, message: str):
         raise TraceError(message, op_index=self.i, field=field, op_kind=self.kind)
@@ -667,6 +669,22 @@ class _Parser:
 
     def op(self, raw: Any, i: int) -> Op:
         """Op ``i`` of the trace, validated. Raises :class:`TraceError`."""
+        self.i = i
+        try:
+            # The common case in a few operations: keys the op's kind allows, and a builder that
+            # finds its fields valid. Anything amiss (a missing field is a KeyError) is named by
+            # the careful way below, which checks in the order the messages promise.
+            self.kind = kind = raw["op"]
+            allowed, build = self._kinds[kind]
+            if type(raw) is dict and allowed.issuperset(raw):
+                name, at = raw.get("name"), raw.get("at")
+                if (name is None or type(name) is str) and (at is None or type(at) is str):
+                    return build(raw, name, at)
+        except (KeyError, TypeError, TraceError):
+            pass
+        return self._op(raw, i)
+
+    def _op(self, raw: Any, i: int) -> Op:
         self.i, self.kind = i, None
         if not isinstance(raw, dict):
             self.fail(None, f"an op is a JSON object, got {_type_name(raw)}")
@@ -687,7 +705,7 @@ class _Parser:
         at = raw.get("at")
         if at is not None and type(at) is not str:
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
-        return self._kinds[kind](raw, name, at)
+        return self._kinds[kind][1](raw, name, at)
 
     def _kernel(self, raw: dict, name: str | None, at: str | None) -> Kernel:
         return _new(Kernel, (self._stream(raw, "stream"), self._ranges(raw, "reads", True, False),

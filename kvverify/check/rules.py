@@ -143,9 +143,12 @@ def _rebase(clock: Clock, host: Clock) -> Clock:
 def _with(clock: Clock, timeline: int, position: int) -> Clock:
     """``clock`` with one entry raised (a new chunk, the others shared)."""
     n, k = timeline >> CHUNK_BITS, timeline & MASK
-    chunk = clock.chunks[n]
-    chunks = clock.chunks[:n] + (chunk[:k] + (position,) + chunk[k + 1:],) + clock.chunks[n + 1:]
-    return _new(Clock, (chunks, clock.base, clock.version, clock.dirty if n in clock.dirty else clock.dirty + (n,)))
+    chunks = [*clock.chunks]
+    chunk = [*chunks[n]]
+    chunk[k] = position
+    chunks[n] = tuple(chunk)
+    dirty = clock.dirty
+    return _new(Clock, (tuple(chunks), clock.base, clock.version, dirty if n in dirty else dirty + (n,)))
 
 
 class Access(NamedTuple):
@@ -195,8 +198,10 @@ def _sides(i: int, role: str, write: bool, after: Clock, until: tuple[int, int],
            ranges: Sequence[Range]) -> list[Side]:
     """``ranges`` as sides, one per buffer."""
     new = tuple.__new__
-    if len(ranges) == 1 or len(set(map(_buffer, ranges))) == 1:
+    if len(ranges) == 1 or (buffers := len(set(map(_buffer, ranges)))) == 1:
         return [new(Side, (i, role, write, after, until, rule, ranges[0][0], ranges))]
+    if buffers == len(ranges):    # a range per buffer (a kernel reading a few tensors)
+        return [new(Side, (i, role, write, after, until, rule, r[0], [r])) for r in sorted(ranges)]
     by_buffer: dict[str, list[Range]] = {}
     for r in ranges:
         by_buffer.setdefault(r[0], []).append(r)
@@ -246,10 +251,6 @@ class Ordering:
         self.syncs: list[int] = []            # op indices of sync_event and query_event
         self.records: list[int] = []          # op indices of records
         self._current: tuple[Op, int | None, Clock | None] | None = None
-        self._rules = {Kernel: self._kernel, Copy: self._copy, CopyBatch: self._copy, HostWrite: self._host,
-                       HostRead: self._host, Record: self._record, WaitEvent: self._wait_event,
-                       WaitStream: self._wait_stream, SyncEvent: self._sync_event, QueryEvent: self._sync_event,
-                       SyncStream: self._sync_stream, SyncDevice: self._sync_device}
 
     def name(self, timeline: int) -> str:
         return self.timelines[timeline]
@@ -272,7 +273,7 @@ class Ordering:
     def step(self, i: int, op: Op) -> list[Side]:
         """Apply the rules to op ``i`` (ops must come in program order, each once); return its
         sides (see :class:`Side`; none for records, waits and host synchronizations)."""
-        return self._rules[type(op)](i, op)
+        return _RULES[type(op)](self, i, op)
 
     def _kernel(self, i: int, op: Kernel) -> list[Side]:
         sa, pos = self._issue(self.timeline_of[op.stream])
@@ -397,6 +398,15 @@ class Ordering:
         host = join(self.host, clock)
         if host is not self.host:   # a new version, its own base
             self.host = Clock(host.chunks, host.chunks, self.host.version + 1, ())
+
+
+# Functions, not bound methods kept on the instance: an Ordering then holds no reference to itself,
+# so the millions of objects it keeps are freed when the checker drops it, not left to the cyclic
+# collector to traverse.
+_RULES = {Kernel: Ordering._kernel, Copy: Ordering._copy, CopyBatch: Ordering._copy, HostWrite: Ordering._host,
+          HostRead: Ordering._host, Record: Ordering._record, WaitEvent: Ordering._wait_event,
+          WaitStream: Ordering._wait_stream, SyncEvent: Ordering._sync_event, QueryEvent: Ordering._sync_event,
+          SyncStream: Ordering._sync_stream, SyncDevice: Ordering._sync_device}
 
 
 def analyze(trace: Trace) -> tuple[Ordering, list[Access]]:

@@ -6,6 +6,8 @@ import copy
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvverify.check import (
     Copy,
@@ -25,6 +27,7 @@ from kvverify.check import (
     Transfer,
     WaitEvent,
     WaitStream,
+    model,
 )
 
 DOC = {
@@ -163,6 +166,46 @@ def test_invalid_input_names_op_index_and_field(mutate, op_index, field, words):
         assert str(err).startswith(f"op {op_index}")
     if field is not None:
         assert f"field '{field}'" in str(err)
+
+
+_DROP = object()
+_VALUES = [_DROP, None, 7, True, "", "compute", "copmute", "end", "STREAM", "FAST", "kernel", "host_read", [], {},
+           ["gpu", 0, 4096], ["cpu", 0, 4096], ["gpu", 0, 0], [["gpu", 0, 4]], [["cpu", 8190, 4]], [["page", 0, 1]],
+           [["gpu", 0, 4], 3], [{"src": ["gpu", 0, 4], "dst": ["cpu", 0, 4]}], [{"src": ["gpu", 0, 4]}]]
+_KEYS = ["op", "stream", "on", "event", "result", "order", "copies", "src", "dst", "reads", "writes", "ranges",
+         "name", "at", "wrtes"]
+
+
+def _outcome(doc):
+    try:
+        return Trace.from_json(doc)
+    except TraceError as e:
+        return str(e), e.op_index, e.field
+
+
+@settings(max_examples=300, derandomize=True, database=None, deadline=None)
+@given(index=st.integers(0, len(DOC["ops"])), changes=st.lists(st.tuples(st.sampled_from(_KEYS),
+                                                                         st.sampled_from(_VALUES)), max_size=3))
+def test_the_fast_way_of_parsing_an_op_agrees_with_the_careful_one(index, changes):
+    """Every op is parsed by a short way first and, when anything there is amiss, by the careful
+    way, which names the first problem in the order the messages promise: both give the same op
+    or the same error, whatever (and however many things) is wrong."""
+    doc = copy.deepcopy(DOC)
+    if index == len(DOC["ops"]):
+        doc["ops"].append(changes[0][1] if changes else [])     # not an object at all
+    else:
+        for key, value in changes:
+            if value is _DROP:
+                doc["ops"][index].pop(key, None)
+            else:
+                doc["ops"][index][key] = copy.deepcopy(value)
+    fast = _outcome(doc)
+    shipped = model._Parser.op
+    model._Parser.op = model._Parser._op
+    try:
+        assert fast == _outcome(doc)
+    finally:
+        model._Parser.op = shipped
 
 
 @pytest.mark.parametrize("text", ["", "{", "[1, 2", "{'version': 1}", b"\xff\xfe", "[" * 100_000 + "]" * 100_000])
