@@ -1,4 +1,5 @@
-"""Traces of stream work and the happens-before checker behind ``kvverify check``.
+"""``kvverify.check(trace, *, max_races=10000) -> Verdict``: whether a trace of stream work races
+(``check`` below), and the package of traces and the happens-before checker behind ``kvverify check``.
 
 - :mod:`~kvverify.check.model`: the trace format (``docs/trace-format.md``), parsing, validation,
   :class:`TraceBuilder`, :class:`TraceText` (a trace read op by op);
@@ -84,12 +85,13 @@ __all__ = [
 ]
 
 
-def check(trace: Trace | Mapping | str | os.PathLike, *, max_races: int | None = checker.DEFAULT_MAX_RACES) -> Verdict:
+def check(trace: Trace | Mapping | str | bytes | os.PathLike, *, max_races: int | None = checker.DEFAULT_MAX_RACES) -> Verdict:
     """Decide whether ``trace`` races under the ordering rules of the trace format
     (``docs/trace-format.md``; each rule cites the CUDA API section it follows).
 
-    ``trace``: a :class:`Trace`, a decoded JSON document (a dict), or the path of a JSON file
-    (read as it is checked: ops are parsed one at a time, and the verdict's trace holds the text).
+    ``trace``: a :class:`Trace`, a decoded JSON document (a dict), JSON text (``bytes``, or a
+    ``str`` that starts with ``{``), or the path of a JSON file (read as it is checked: ops are
+    parsed one at a time, and the verdict's trace holds the text).
     ``max_races`` bounds how many races are listed (``None``: all); the verdict does not depend on it.
 
     Returns a :class:`Verdict`: ``.verdict`` is ``"SAFE"`` or ``"RACY"``, ``.races`` the witnesses
@@ -98,7 +100,9 @@ def check(trace: Trace | Mapping | str | os.PathLike, *, max_races: int | None =
     Raises :class:`TraceError` (a ``ValueError``) naming the op index and field of an invalid
     trace, and ``OSError`` when a path cannot be read.
     """
-    if isinstance(trace, (str, os.PathLike)):
+    if isinstance(trace, str) and trace.lstrip().startswith("{"):
+        trace = Trace.from_json(trace)
+    elif isinstance(trace, (str, os.PathLike)):
         with open(trace, "rb") as f:
             text = TraceText(f.read())
         return checker.check_ops(text.buffers, text.streams, text.ops(), text.trace, max_races=max_races)

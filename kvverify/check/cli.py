@@ -28,22 +28,17 @@ exit status:
      on stderr names the op index and the field, e.g.
        kvverify check: invalid trace: op 2 (copy_batch), field 'order': unknown order "FAST" ...
      (with --json, stdout also gets {"verdict": "INVALID", "error": ..., "op": 2, "field": "order"})
-  3  anything unexpected: a bug in kvverify (please report it; --debug shows the
-     traceback), or a report that could not be written (a SAFE verdict nobody read
-     is not SAFE)
+  3  anything unexpected: a bug (please report it; --debug shows the traceback), or a
+     report that could not be written (a SAFE verdict nobody read is not SAFE)
 
-The trace format is docs/trace-format.md (version 1.1: a repeated key or an unknown key
-anywhere makes a trace invalid); docs/checker.md explains the rules and the CUDA
-behaviour each follows. One deliberate difference: a copy INTO pageable host memory is
-not taken to have completed when the call returns (rule 6 as amended, after the current
-CUDA docs and a measurement on an H200): the host must synchronize before it reads.
+Format: docs/trace-format.md (1.1: repeated or unknown keys are invalid). Rules and the CUDA
+behaviour each follows: docs/checker.md (rule 6 as amended: a copy INTO pageable memory has
+not completed when the call returns; the host must synchronize before it reads).
 
 example:
   $ cat store.json
-  {"version": 1,
-   "buffers": {"gpu": {"space": "device", "bytes": 8192},
-               "cpu": {"space": "host_pinned", "bytes": 8192}},
-   "streams": ["compute", "offload"],
+  {"version": 1, "streams": ["compute", "offload"], "buffers": {
+    "gpu": {"space": "device", "bytes": 8192}, "cpu": {"space": "host_pinned", "bytes": 8192}},
    "ops": [
     {"op": "kernel", "stream": "compute", "name": "write_kv", "writes": [["gpu", 0, 4096]]},
     {"op": "wait_stream", "stream": "offload", "on": "compute"},
@@ -62,10 +57,9 @@ example:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
-        "Decide from CUDA's ordering rules alone (program order, stream order, events, host\n"
-        "synchronization, the source access order of cuMemcpyBatchAsync, pageable memory, batch\n"
-        "internals) whether two accesses in a trace of stream work can touch the same bytes in\n"
-        "either order. Nothing runs on a GPU.")
+        "Decide from CUDA's ordering rules alone (program and stream order, events, host synchronization,\n"
+        "cuMemcpyBatchAsync's source access order, pageable memory, batch internals) whether two accesses\n"
+        "in a trace of stream work can touch the same bytes in either order. Nothing runs on a GPU.")
     parser.epilog = EPILOG
     parser.add_argument("trace", metavar="TRACE.json",
                         help="the trace to check; '-' reads it from standard input")

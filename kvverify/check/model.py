@@ -636,9 +636,9 @@ class _Parser:
         if not isinstance(raw, dict):
             self.fail("buffers", f"expected an object of buffers, got {_type_name(raw)}")
         for name, b in raw.items():
+            if not isinstance(name, str) or not name:  # JSON keys are strings; a Python dict's need not be
+                self.fail("buffers", f"a buffer name is a non-empty string, got {show(name)}")
             where = f"buffers.{_field(name)}"
-            if not name:
-                self.fail("buffers", "a buffer name is a non-empty string")
             if not isinstance(b, dict):
                 self.fail(where, f"expected {{\"space\": ..., \"bytes\": ...}}, got {_type_name(b)}")
             for key in ("space", "bytes"):

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from help_screen import MARKUP, help_lines
 from trace_helpers import STORE_EXAMPLE
 
 from kvverify.cli import main
@@ -151,6 +152,22 @@ def test_help_teaches(capsys):
     for words in ("exit status", "0  SAFE", "1  RACY", "2  the trace is invalid", "3  anything unexpected",
                   "example:", "--json", "'-' reads it from standard input", "--max-input-size", "--debug"):
         assert words in out
+
+
+def test_help_fits_a_screen_and_its_example_says_what_check_prints(tmp_path):
+    lines = help_lines("check")
+    assert len(lines) <= 50 and max(map(len, lines)) <= 100, "\n".join(lines)
+    assert not any(mark in "\n".join(lines) for mark in MARKUP)
+    start = lines.index("  $ cat store.json") + 1
+    end = lines.index("  $ kvverify check store.json")
+    (tmp_path / "store.json").write_text("\n".join(lines[start:end]))
+    p = subprocess.run([sys.executable, "-m", "kvverify", "check", "store.json"], capture_output=True, text=True,
+                       cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert p.returncode == 1
+    printed = [line for line in p.stdout.splitlines() if line.strip()]  # the help leaves out the blank lines
+    assert printed[0] == lines[end + 1].strip() and printed[1] == lines[end + 2].strip()
+    fix = lines[end + 4].strip().removesuffix("...").rstrip()
+    assert any(line.strip().startswith(fix) for line in printed), p.stdout
 
 
 def _cli(*args, stdin: str = ""):
