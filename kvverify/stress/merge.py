@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import resources
@@ -255,21 +256,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stress reports (kvverify stress --json) and probe reports (kvverify probe --json)")
     parser.add_argument("--json", metavar="PATH", help="write the merged document as JSON ('-' for stdout; "
                                                        "the tables then go to stderr)")
+    parser.add_argument("--details", action="store_true",
+                        help="list every cell's verdicts (default: only where platforms differ, fail or conflict)")
 
 
 def run(args) -> int:
     from rich.console import Console
 
+    # As stress: the terminal's width, else COLUMNS, else rich's 80; --details in a log without
+    # COLUMNS gets 200, so that its table keeps one line per cell.
     console = Console(stderr=args.json == "-")
-    if not console.is_terminal:
-        console = Console(stderr=args.json == "-", width=max(console.width, 200))
+    if args.details and not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(stderr=args.json == "-", width=200)
     try:
         docs = [read(path) for path in args.reports]
         merged = merge(docs, args.reports)
     except MergeError as exc:
         print(f"kvverify merge: {exc}", file=sys.stderr)
         return 2
-    render(merged, console)
+    render(merged, console, details=args.details)
     text = json.dumps(merged, indent=2) + "\n"
     if args.json == "-":
         sys.stdout.write(text)
@@ -294,9 +299,11 @@ def _early_text(entries: list[dict[str, str]] | None) -> str:
     return "; ".join(f"{order}: {', '.join(what)}" for order, what in by_order.items())
 
 
-def render(merged: Mapping[str, Any], console) -> None:
-    """Print the platforms (with what their probes saw read early), then one row per cell with its
-    contract and each platform's verdict, then the conflicts and failures."""
+def render(merged: Mapping[str, Any], console, details: bool = False) -> None:
+    """Print the platforms (with what their probes saw read early), each platform's count of cells
+    per verdict, the cells that need a reader's eye (platforms differ, a verdict fails, contracts
+    conflict; ``details``: every cell) with their contract and each platform's verdict, then the
+    conflicts and failures."""
     from rich.table import Table
     from rich.text import Text
 
@@ -311,22 +318,34 @@ def render(merged: Mapping[str, Any], console) -> None:
     ids = [p["id"] for p in merged["platforms"]]
     with_cells = [i for i in ids if any(i in c["verdicts"] for c in merged["cells"])]
     if merged["cells"]:
-        table = Table(title="kvverify merge: verdicts per platform")
+        counts = Table(title="kvverify merge: cells per verdict")
+        counts.add_column("Platform")
+        seen = [v for v in CellVerdict if any(c["verdicts"].get(i) == v.value for c in merged["cells"] for i in ids)]
+        for v in seen:
+            counts.add_column(v.value, justify="right")
+        for i in with_cells:
+            counts.add_row(i, *(str(sum(c["verdicts"].get(i) == v.value for c in merged["cells"])) for v in seen))
+        console.print(counts)
+        differ = [c for c in merged["cells"] if len(set(c["verdicts"].values())) > 1]
+        shown = merged["cells"] if details else [
+            c for c in merged["cells"] if c in differ or c["contract"] == "CONFLICT" or c["label"] in merged["failing"]]
+        table = Table(title="kvverify merge: " + ("verdicts per platform" if details else
+                                                  "cells where platforms differ, fail or conflict"))
         table.add_column("Cell", overflow="fold")
         table.add_column("Contract")
         for i in with_cells:
             table.add_column(i, no_wrap=True)
-        for c in merged["cells"]:
+        for c in shown:
             contract = Text(c["contract"], style="bold red" if c["contract"] == "CONFLICT" else "")
             verdicts = []
             for i in with_cells:
                 v = c["verdicts"].get(i)
                 verdicts.append(Text(v or "-", style="bold red" if v and CellVerdict(v).failing else ""))
             table.add_row(c["label"], contract, *verdicts)
-        console.print(table)
-        differ = [c for c in merged["cells"] if len(set(c["verdicts"].values())) > 1]
-        console.print(f"Platforms disagree on {len(differ)} of {len(merged['cells'])} cells.", markup=False,
-                      highlight=False)
+        if shown:
+            console.print(table)
+        console.print(f"Platforms disagree on {len(differ)} of {len(merged['cells'])} cells."
+                      + ("" if details else " --details lists every cell."), markup=False, highlight=False)
     for conflict in merged["conflicts"]:
         versions = ", ".join(f"{merged['sources'][k['source']]['path']} (kvverify {k['kvverify']}): {k['verdict']}"
                              for k in conflict["contracts"])

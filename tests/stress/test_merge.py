@@ -119,15 +119,38 @@ def test_a_failure_on_one_platform_fails_the_merge(stand_in_reports):
     assert verdicts == {"P1": "SAFE_CONFIRMED", "P2": "UNEXPECTED_CORRUPTION"}
 
 
-def test_command_prints_both_tables_and_writes_json(stand_in_reports, tmp_path, capsys, validator):
+def test_command_prints_both_tables_and_writes_json(stand_in_reports, tmp_path, capsys, validator, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a row per line
     out = tmp_path / "merged.json"
     status = cli.main(["merge", H200_PROBE, *stand_in_reports, "--json", str(out)])
     printed = capsys.readouterr().out
     assert status == 0
-    assert "kvverify merge: platforms" in printed and "kvverify merge: verdicts per platform" in printed
+    assert "kvverify merge: platforms" in printed and "kvverify merge: cells per verdict" in printed
     assert "DURING_API_CALL: h2d pageable, h2d pinned, h2d registered" in printed
-    assert "no probe report" in printed and "Platforms disagree on 0 of 18 cells." in printed
+    assert "no probe report" in printed
+    assert "Platforms disagree on 0 of 18 cells. --details lists every cell." in printed
+    assert "/native" not in printed  # no cell needs a reader's eye: none is listed
     validator.validate(json.loads(out.read_text()))
+    assert cli.main(["merge", H200_PROBE, *stand_in_reports, "--details"]) == 0
+    printed = capsys.readouterr().out
+    assert "kvverify merge: verdicts per platform" in printed and printed.count("/native") == 9
+
+
+def test_by_default_only_the_cells_that_need_a_reader_s_eye_are_listed(stand_in_reports, tmp_path, capsys,
+                                                                      monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # a row per line
+    docs = [merge.read(p) for p in stand_in_reports]
+    bad = copy.deepcopy(docs[1])
+    cell = next(c for c in bad["cells"] if c["label"] == "P2 load/H2D/STREAM/pageable/native")
+    cell["per_gpu"][0]["verdict"] = "UNEXPECTED_CORRUPTION"
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(bad))
+    assert cli.main(["merge", stand_in_reports[0], str(path)]) == 1
+    printed = capsys.readouterr().out
+    listed = [line for line in printed.splitlines() if line.startswith("│") and ("/native" in line or "/adversarial" in line)]
+    assert len(listed) == 1 and "P2 load/H2D/STREAM/pageable/native" in listed[0], printed
+    assert "SAFE_CONFIRMED" in listed[0] and "UNEXPECTED_CORRUPTION" in listed[0]
+    assert "Platforms disagree on 1 of 18 cells." in printed
 
 
 @pytest.mark.parametrize("content, message", [
