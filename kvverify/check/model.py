@@ -678,7 +678,8 @@ class _Parser:
             allowed, build = self._kinds[kind]
             if type(raw) is dict and allowed.issuperset(raw):
                 name, at = raw.get("name"), raw.get("at")
-                if (name is None or type(name) is str) and (at is None or type(at) is str):
+                if (type(name) is str or name is None and "name" not in raw) and \
+                        (type(at) is str or at is None and "at" not in raw):
                     return build(raw, name, at)
         except (KeyError, TypeError, TraceError):
             pass
@@ -700,10 +701,10 @@ class _Parser:
                 self.fail(key, "missing")
             self.fail(_field(min(raw.keys() - _ALLOWED[kind])), f"unknown field for a {kind} op")
         name = raw.get("name")
-        if name is not None and type(name) is not str:
+        if "name" in raw and type(name) is not str:  # optional, and a string when given (null is not one)
             self.fail("name", f"expected a string, got {_type_name(name)}")
         at = raw.get("at")
-        if at is not None and type(at) is not str:
+        if "at" in raw and type(at) is not str:
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
         return self._kinds[kind][1](raw, name, at)
 

@@ -288,3 +288,15 @@ def test_describe_names_op_kind_name_stream_and_order():
     assert t.describe(0) == "op 0 (kernel 'write_kv' on 'compute')"
     assert t.describe(2) == "op 2 (copy_batch on 'offload', STREAM)"
     assert t.describe(10) == "op 10 (sync_device)"
+
+
+@pytest.mark.parametrize("key", ["name", "at"])
+def test_name_and_at_are_strings_when_given_and_null_is_not_one(key):
+    doc = {"version": 1, "buffers": {"g": {"space": "device", "bytes": 8}}, "streams": ["s"],
+           "ops": [{"op": "kernel", "stream": "s", "writes": [["g", 0, 8]], key: None}]}
+    with pytest.raises(TraceError, match=rf"^op 0 \(kernel\), field '{key}': expected a string.*got null$"):
+        Trace.from_json(doc)
+    with pytest.raises(TraceError, match=rf"field '{key}': expected a string"):
+        Trace.from_json(json.dumps(doc))  # the text reader too
+    del doc["ops"][0][key]
+    assert Trace.from_json(doc).ops[0].name is None  # left out, it is fine
