@@ -253,9 +253,10 @@ def run(args) -> int:
     try:
         with _interrupts():
             statuses = []
+            shown: dict = {}
             for layout in layouts:
                 statuses.append(_run_one(args, c, layout, console, err, several=len(layouts) > 1, deadline=deadline,
-                                         ranks=ranks))
+                                         ranks=ranks, shown=shown))
                 if statuses[-1] == EXIT_CANNOT_START:
                     break
             return worst_exit_status(statuses)
@@ -368,7 +369,10 @@ class _RankResult:
 
 
 def _run_one(args, c, layout, console, err, several: bool, deadline: float | None,
-             ranks: distributed.Ranks) -> int:
+             ranks: distributed.Ranks, shown: dict) -> int:
+    """Plan, run (where a device is) and report one model preset's campaign; return its exit status.
+    ``shown``: the contract verdicts already printed without a device, and the preset they were
+    printed for."""
     from kvverify.stress import memory, planning, render
 
     try:
@@ -418,14 +422,23 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     if not ranks.leader:
         return EXIT_OK  # rank 0 reports for every rank
     report = _report(args, c, layout, planned, gathered)
-    (render.render_table if args.details else render.render_matrix)(report, console)
-    every = {(r.rank, cell): o for r in gathered for cell, o in r.outcomes.items()}
-    if every:
-        _say(console, _throughput_line(every))
-    render.render_gpus(report, console)
-    _say(console, f"NVTX: {annotate.state()}")
-    if annotate.is_active():
-        _say(console, annotate.HOST_SIDE_NOTE)
+    # Without a device each model preset's matrix is its contracts alone: print one once and name
+    # the presets whose contracts are the same (the nightly campaign has six).
+    contracts = tuple((r.cell.label, r.contract) for r in report.cells) if report.not_run_reason else None
+    twin = shown.get(contracts) if contracts is not None and not args.details else None
+    if twin is not None:
+        _say(console, f"kvverify stress: {c.name} ({layout.geometry.name}): the same contract verdicts as {twin}")
+    else:
+        if contracts is not None:
+            shown[contracts] = layout.geometry.name
+        (render.render_table if args.details else render.render_matrix)(report, console)
+        every = {(r.rank, cell): o for r in gathered for cell, o in r.outcomes.items()}
+        if every:
+            _say(console, _throughput_line(every))
+        render.render_gpus(report, console)
+        _say(console, f"NVTX: {annotate.state()}")
+        if annotate.is_active():
+            _say(console, annotate.HOST_SIDE_NOTE)
     for r in report.cells:
         if r.error:
             err.print(f"kvverify stress: cell not run: {r.error}", markup=False, highlight=False, soft_wrap=True)

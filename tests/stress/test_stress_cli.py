@@ -285,3 +285,13 @@ def test_plot_without_matplotlib_refuses_before_the_run(monkeypatch, tmp_path, c
     assert cli.main(["stress", "--no-gpu", "--plot", str(tmp_path / "m.png")]) == 2
     captured = capsys.readouterr()
     assert "cannot start: --plot needs matplotlib" in captured.err and "Nothing ran" not in captured.out
+
+
+def test_without_a_device_each_preset_s_matrix_is_printed_once():
+    p = stress("--no-gpu", "--campaign", "nightly")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert sum(line.startswith("Contract verdicts only") for line in lines) == 1, p.stdout[:3000]
+    same = [line for line in lines if "the same contract verdicts as llama-3.1-8b" in line]
+    assert len(same) == 5 and all(line.startswith("kvverify stress: nightly (") for line in same), p.stdout[-2000:]
+    assert len(lines) <= 60
