@@ -146,6 +146,9 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
             sources.append({"path": name, "kind": "probe", "version": doc.get("version"),
                             "kvverify": None, "created": None, "campaign": None})
             continue
+        if doc.get("not_run_reason"):
+            raise MergeError(f"{name}: nothing ran on a device there ({str(doc['not_run_reason'])[:200]}): a report of "
+                             "contract verdicts only has no platform to compare; leave it out")
         kvverify_version = _field(doc, "platform.kvverify", name)
         gpu_rows = _field(doc, "gpus", name, list) if doc.get("gpus") is not None else []
         gpu_platform = {_field(g, "rank", f"{name}: gpus", int): _stress_platform(_field(g, "platform", f"{name}: gpus",

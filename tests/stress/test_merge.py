@@ -197,3 +197,13 @@ def test_the_same_report_given_twice_is_refused(stand_in_reports, tmp_path, caps
 def test_help_fits_a_screen_in_plain_text_and_ends_with_an_example():
     (example,) = check_screen(help_lines("merge"))
     assert example.startswith("kvverify merge ")
+
+
+def test_a_report_where_nothing_ran_is_refused_naming_why(tmp_path, capsys):
+    contract_only = tmp_path / "nogpu.json"
+    assert cli.main(["stress", "--no-gpu", "--scenarios", "H1", "--json", str(contract_only)]) == 0
+    capsys.readouterr()
+    assert cli.main(["merge", str(contract_only), H200_PROBE]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"kvverify merge: {contract_only}: nothing ran on a device there (--no-gpu was given): a "
+                           "report of contract verdicts only has no platform to compare; leave it out")
