@@ -76,7 +76,7 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     parsers = {}
     for name, (module, summary) in SUBCOMMANDS.items():
         p = parsers[name] = sub.add_parser(name, help=summary, description=summary)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _command=name)  # not `command`: record's program arguments take that name
         if name == chosen:
             importlib.import_module(module).add_arguments(p)
     return parser, parsers
@@ -87,24 +87,25 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser, parsers = build_parser(argv)
     args, extra = parser.parse_known_args(argv)
-    if args.command is None and extra:
+    command = getattr(args, "_command", None)
+    if command is None and extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command is None:
+    if command is None:
         parser.print_usage(sys.stderr)
         print("kvverify: name a command (kvverify --help lists them)", file=sys.stderr)
         return 2
     if extra:  # argparse would blame the top-level parser; the subcommand's usage is the useful one
-        parsers[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+        parsers[command].error(f"unrecognized arguments: {' '.join(extra)}")
     args.command_argv = argv  # for a subcommand that starts copies of itself (stress --gpus)
     # Subcommands that call kvverify.annotate.add_cli_option get --no-nvtx; apply it once here.
     from kvverify import annotate
 
     annotate.configure_from_args(args)
-    if sys.stdout is None and args.command not in ("check", "record"):  # check says it itself
-        print(f"kvverify {args.command}: standard output is closed: nowhere to write the report", file=sys.stderr)
+    if sys.stdout is None and command not in ("check", "record"):  # check says it itself
+        print(f"kvverify {command}: standard output is closed: nowhere to write the report", file=sys.stderr)
         return 2
     out = _WatchedOutput(sys.stdout)
-    if args.command != "record" and sys.stdout is not None:  # record's program keeps the real stdout
+    if command != "record" and sys.stdout is not None:  # record's program keeps the real stdout
         sys.stdout = out
     try:
         status = int(importlib.import_module(args._module).run(args))
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         # descriptor at /dev/null so that the interpreter's last flush does not fail again
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
         if not isinstance(exc, BrokenPipeError):
-            print(f"kvverify {args.command}: cannot write to standard output ({exc.strerror or exc})", file=sys.stderr)
+            print(f"kvverify {command}: cannot write to standard output ({exc.strerror or exc})", file=sys.stderr)
         return 2
     finally:
         if sys.stdout is out:

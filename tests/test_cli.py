@@ -62,3 +62,30 @@ def test_a_closed_standard_output_is_one_line_and_exit_2():
     p = _kvverify_shell(f"{sys.executable} -m kvverify stress --no-gpu >&-")
     assert p.returncode == 2
     assert p.stderr == "kvverify stress: standard output is closed: nowhere to write the report\n"
+
+
+def test_record_s_program_arguments_do_not_stand_for_the_command(monkeypatch, capsys, tmp_path):
+    # record names its positional `command`, as the top-level parser names the subcommand
+    with pytest.raises(SystemExit) as exc:
+        main(["record", "-o", str(tmp_path / "t.json"), "--bogus", "--", "python", "x.py"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: kvverify record ") and "error: unrecognized arguments: --bogus" in err
+    from kvverify.record import cli as record_cli
+
+    seen = {}
+
+    def fake_run(args):
+        seen["stdout"] = sys.stdout
+        return 0
+
+    monkeypatch.setattr(record_cli, "run", fake_run)
+    real = sys.stdout
+    assert main(["record", "--", "python", "x.py"]) == 0
+    assert seen["stdout"] is real  # the recorded program writes to the real stdout, not a wrapper
+
+
+def test_record_with_a_closed_standard_output_is_not_refused_by_the_front_door():
+    p = _kvverify_shell(f"{sys.executable} -m kvverify record -- python -c pass >&-")
+    assert "standard output is closed" not in p.stderr and "kvverify [" not in p.stderr, p.stderr
+    assert p.stderr.startswith("kvverify record: nothing to record: ")  # no CUDA device here: its own refusal
