@@ -90,7 +90,7 @@ def check(trace: Trace | Mapping | str | bytes | os.PathLike, *, max_races: int 
     (``docs/trace-format.md``; each rule cites the CUDA API section it follows).
 
     ``trace``: a :class:`Trace`, a decoded JSON document (a dict), JSON text (``bytes``, or a
-    ``str`` that starts with ``{``), or the path of a JSON file (read as it is checked: ops are
+    ``str`` that starts with ``{`` and ends with ``}``), or the path of a JSON file (read as it is checked: ops are
     parsed one at a time, and the verdict's trace holds the text).
     ``max_races`` bounds how many races are listed (``None``: all); the verdict does not depend on it.
 
@@ -100,7 +100,7 @@ def check(trace: Trace | Mapping | str | bytes | os.PathLike, *, max_races: int 
     Raises :class:`TraceError` (a ``ValueError``) naming the op index and field of an invalid
     trace, and ``OSError`` when a path cannot be read.
     """
-    if isinstance(trace, str) and trace.lstrip().startswith("{"):
+    if isinstance(trace, str) and trace.lstrip().startswith("{") and trace.rstrip().endswith("}"):
         trace = Trace.from_json(trace)
     elif isinstance(trace, (str, os.PathLike)):
         with open(trace, "rb") as f:

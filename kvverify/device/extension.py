@@ -59,13 +59,14 @@ NEEDS_CUDA = "work on the device needs a CUDA build of torch on a host with an N
 
 def cuda_refusal() -> str | None:
     """Return None when torch sees a CUDA device, else one line saying why not, in the order a user
-    fixes it: torch missing, a CPU-only build of torch, CUDA failing to initialise, no device visible."""
+    fixes it: torch missing, a build of torch without CUDA, CUDA failing to initialise, no device visible."""
     try:
         import torch
     except ImportError:
         return f"torch is not installed; {NEEDS_CUDA}"
     if torch.version.cuda is None:
-        return f"torch {torch.__version__} is a CPU-only build; {NEEDS_CUDA}"
+        build = "a ROCm" if getattr(torch.version, "hip", None) else "a CPU-only"
+        return f"torch {torch.__version__} is {build} build; {NEEDS_CUDA}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:

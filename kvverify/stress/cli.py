@@ -236,6 +236,9 @@ def run(args) -> int:
             raise _StartError("--data random checks by checksums and runs with the native executor only; "
                               "add --executors native")
         layouts = _layouts(args, c)
+        if args.json == "-" and len(layouts) > 1:
+            raise _StartError(f"--json - writes one JSON document, and campaign {c.name} runs {len(layouts)} model "
+                              "presets: give a path (one file per preset, named after it)")
         if args.max_seconds is not None and args.max_seconds <= 0:
             raise _StartError("--max-seconds must be positive")
         if ranks.leader:

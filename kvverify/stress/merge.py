@@ -98,8 +98,10 @@ def _cell(c: Any, name: str) -> Mapping[str, Any]:
     return c
 
 
-def _stress_platform(p: Mapping[str, Any]) -> PlatformKey:
-    return PlatformKey(p.get("gpu"), p.get("driver"), p.get("cuda"))
+def _stress_platform(p: Mapping[str, Any], where: str) -> PlatformKey:
+    """The platform of a stress report's ``platform`` object (``where``: for errors); each field a
+    string, or null where the report does not say."""
+    return PlatformKey(*(None if p.get(key) is None else _field(p, key, where) for key in ("gpu", "driver", "cuda")))
 
 
 def _probe_platform(p: Mapping[str, Any]) -> PlatformKey:
@@ -151,14 +153,14 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
                              "contract verdicts only has no platform to compare; leave it out")
         kvverify_version = _field(doc, "platform.kvverify", name)
         gpu_rows = _field(doc, "gpus", name, list) if doc.get("gpus") is not None else []
-        gpu_platform = {_field(g, "rank", f"{name}: gpus", int): _stress_platform(_field(g, "platform", f"{name}: gpus",
-                                                                                             Mapping))
+        gpu_platform = {_field(g, "rank", f"{name}: gpus", int): _stress_platform(
+                            _field(g, "platform", f"{name}: gpus", Mapping), f"{name}: gpus: platform")
                         for g in gpu_rows}
-        top = _stress_platform(_field(doc, "platform", name, Mapping))
+        top = _stress_platform(_field(doc, "platform", name, Mapping), f"{name}: platform")
         for g in gpu_rows:
             row = platform_of(gpu_platform[g["rank"]], i)
             row["gpus"] += 1
-            if g.get("host") and g["host"] not in row["hosts"]:
+            if g.get("host") is not None and _field(g, "host", f"{name}: gpus") not in row["hosts"]:
                 row["hosts"].append(g["host"])
         if not gpu_rows:
             platform_of(top, i)["gpus"] += 1
@@ -174,7 +176,7 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
             if contract not in CONTRACTS:
                 raise MergeError(f"{name}: {label}: contract verdict {contract!r} is not one of {', '.join(CONTRACTS)}")
             cell["contracts"][i] = contract
-            per_gpu = c.get("per_gpu") or []
+            per_gpu = _field(c, "per_gpu", f"{name}: {label}", list) if c.get("per_gpu") is not None else []
             if per_gpu:
                 pairs = [(gpu_platform.get(_field(p, "gpu", f"{name}: {label}: per_gpu", int), top),
                           _field(p, "verdict", f"{name}: {label}: per_gpu")) for p in per_gpu]
@@ -244,8 +246,9 @@ probe --json). The merged JSON follows kvverify/schemas/merged-report-v1.json
 
 EPILOG = """\
 Exit status: 0; 1 when contract verdicts conflict or a cell fails on some platform
-(UNEXPECTED_CORRUPTION, SENSITIVITY_FAILURE); 2 when a report cannot be read or merged (the
-file and field on stderr).
+(UNEXPECTED_CORRUPTION, SENSITIVITY_FAILURE); 2 when a report cannot be read or merged: a
+field of the wrong type, the same report twice, a report where nothing ran on a device (the
+file and the reason on stderr).
 
 Example:
   kvverify merge host-a/stress.json host-b/stress.json host-a/probe.json --json fleet.json"""

@@ -51,3 +51,9 @@ def test_a_missing_path_is_an_os_error_naming_it(tmp_path):
 def test_help_on_the_package_starts_with_the_call():
     assert kvverify.check.__doc__.startswith("``kvverify.check(trace, *, max_races=10000) -> Verdict``")
     assert kvverify.check.check.__doc__ and "Raises :class:`TraceError`" in kvverify.check.check.__doc__
+
+
+def test_a_path_that_starts_with_a_brace_is_a_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "{run1}.json").write_text(json.dumps(RACY_STORE))
+    assert kvverify.check("{run1}.json").verdict == "RACY"

@@ -36,8 +36,8 @@ def fake():
 
 
 def test_without_a_cuda_device_a_recording_refuses_to_start_in_one_line():
-    if torch.cuda.is_available():
-        pytest.skip("this host has a CUDA device")
+    if torch.cuda.is_available() or torch.version.cuda is None:
+        pytest.skip("this host has a CUDA device, or this torch has no CUDA (the test below)")
     with pytest.raises(RecordingError, match=r"^nothing to record: no CUDA device is visible .*CUDA_VISIBLE_DEVICES"):
         record.recording().start()
     assert cuda_refusal().startswith("no CUDA device is visible")
@@ -45,6 +45,7 @@ def test_without_a_cuda_device_a_recording_refuses_to_start_in_one_line():
 
 def test_a_cpu_only_torch_is_named_as_the_reason(monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
     with pytest.raises(RecordingError, match=rf"^nothing to record: torch {re.escape(torch.__version__)} is a "
                                              "CPU-only build; work on the device needs a CUDA build of torch"):
         record.recording().start()

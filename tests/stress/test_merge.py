@@ -174,6 +174,10 @@ def test_unreadable_reports_exit_2_naming_the_file(tmp_path, capsys, content, me
     (lambda d: d["cells"].__setitem__(0, "H1"), 'a cell is "H1", not an object'),
     (lambda d: d["cells"][0]["per_gpu"][0].update(gpu=True), "per_gpu: field 'gpu' is true, not an integer"),
     (lambda d: d["gpus"][0].update(platform=None), "gpus: field 'platform' is null, not an object"),
+    (lambda d: d["gpus"][0]["platform"].update(gpu=["H200"]), "gpus: platform: field 'gpu' is [\"H200\"], not a string"),
+    (lambda d: d["gpus"][0].update(host=7), "gpus: field 'host' is 7, not a string"),
+    (lambda d: d["cells"][0].update(per_gpu=True), "field 'per_gpu' is true, not an array"),
+    (lambda d: d["platform"].update(driver=True), "platform: field 'driver' is true, not a string"),
 ])
 def test_a_badly_typed_field_exits_2_naming_the_file_and_field(stand_in_reports, tmp_path, capsys, change, message):
     doc = merge.read(stand_in_reports[0])

@@ -295,3 +295,10 @@ def test_without_a_device_each_preset_s_matrix_is_printed_once():
     same = [line for line in lines if "the same contract verdicts as llama-3.1-8b" in line]
     assert len(same) == 5 and all(line.startswith("kvverify stress: nightly (") for line in same), p.stdout[-2000:]
     assert len(lines) <= 60
+
+
+def test_json_dash_with_several_presets_refuses_before_the_run():
+    p = stress("--no-gpu", "--campaign", "nightly", "--json", "-")
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().startswith("kvverify stress: cannot start: --json - writes one JSON document, and "
+                                       "campaign nightly runs 6 model presets")
