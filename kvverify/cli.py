@@ -1,8 +1,8 @@
 """The ``kvverify`` command line: one subcommand per job.
 
 Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
-``run(args) -> int`` (the exit status). Only the module of the subcommand named on the
-command line is imported, so ``kvverify check`` never pays for torch, numpy or scipy,
+``run(args) -> int`` (the exit status), and ``OWNS_STDOUT = True`` where it handles its
+standard output itself. Only the module of the subcommand named on the command line is imported, so ``kvverify check`` never pays for torch, numpy or scipy,
 ``kvverify --help`` imports none of them, and a host without the extension can still use
 every subcommand that does not drive a GPU.
 """
@@ -101,14 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     from kvverify import annotate
 
     annotate.configure_from_args(args)
-    if sys.stdout is None and command not in ("check", "record"):  # check says it itself
+    module = importlib.import_module(args._module)
+    # A subcommand that handles its standard output itself says so (OWNS_STDOUT); for the others
+    # a closed or failing one is one line and exit status 2 here.
+    owns_stdout = getattr(module, "OWNS_STDOUT", False)
+    if sys.stdout is None and not owns_stdout:
         print(f"kvverify {command}: standard output is closed: nowhere to write the report", file=sys.stderr)
         return 2
     out = _WatchedOutput(sys.stdout)
-    if command != "record" and sys.stdout is not None:  # record's program keeps the real stdout
+    if not owns_stdout:
         sys.stdout = out
     try:
-        status = int(importlib.import_module(args._module).run(args))
+        status = int(module.run(args))
         if sys.stdout is out:
             out.flush()
         return status

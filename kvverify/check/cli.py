@@ -15,6 +15,7 @@ import sys
 from kvverify.units import format_size, size_arg
 
 EXIT_SAFE, EXIT_RACY, EXIT_INVALID, EXIT_ERROR = 0, 1, 2, 3
+OWNS_STDOUT = True  # a report not written keeps its own statuses (_emit): a SAFE nobody read is 3
 MAX_LINE = 1000
 DEFAULT_MAX_INPUT = 1 << 30
 _READ_CHUNK = 1 << 24

@@ -11,6 +11,8 @@ import argparse
 import os
 import sys
 
+OWNS_STDOUT = True  # the recorded program runs in this process and writes to the real standard output
+
 EPILOG = """\
 exit status:
   0  the program succeeded and its recorded device work is SAFE
