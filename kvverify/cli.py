@@ -2,9 +2,10 @@
 
 Each subcommand lives in its own module, which exposes ``add_arguments(parser)`` and
 ``run(args) -> int`` (the exit status), and ``OWNS_STDOUT = True`` where it handles its
-standard output itself. Only the module of the subcommand named on the command line is imported, so ``kvverify check`` never pays for torch, numpy or scipy,
-``kvverify --help`` imports none of them, and a host without the extension can still use
-every subcommand that does not drive a GPU.
+standard output itself. Only the module of the subcommand named on the command line is
+imported, so ``kvverify check`` never pays for torch, numpy or scipy, ``kvverify --help``
+imports none of them, and a host without the extension can still use every subcommand that
+does not drive a GPU.
 """
 
 from __future__ import annotations
