@@ -42,15 +42,14 @@ def ops():
 
 
 def require_cuda_device():
-    """Raise ``ExtensionUnavailableError`` unless torch sees a CUDA device; return ``torch``."""
+    """Raise ``ExtensionUnavailableError`` unless the extension loads and torch sees a CUDA device
+    (the reason as ``cuda_refusal`` gives it); return ``torch``."""
     ops()
+    reason = cuda_refusal()
+    if reason is not None:
+        raise ExtensionUnavailableError(reason)
     import torch
 
-    if not torch.cuda.is_available():
-        raise ExtensionUnavailableError(
-            "no CUDA device is visible to torch (torch.cuda.is_available() is False); "
-            "run this on a GPU host, or check CUDA_VISIBLE_DEVICES and the driver"
-        )
     return torch
 
 
