@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from kvverify.check import TraceBuilder, Verdict, check
+from kvverify.check import Trace, TraceBuilder, Verdict, check
 from kvverify.check.oracle import build_graph, explore
 
 ORACLE_LIMIT = 9   # access nodes; the oracle's search grows quickly beyond
@@ -28,6 +28,17 @@ GPU2 = ("gpu", 4096, 4096)
 CPU = ("cpu", 0, 4096)
 CPU2 = ("cpu", 4096, 4096)
 PAGE = ("page", 0, 4096)
+
+
+def assert_agrees_with_the_oracle(trace: Trace) -> None:
+    """The checker and the oracle on ``trace``: the same verdict (a race exactly when two allowed
+    executions can disagree), the same racing op pairs, and each race's kind one the oracle sees."""
+    report = check(trace)
+    result = explore(trace)
+    assert report.verdict == result.verdict, (trace.dumps(), report.to_json(), result.witness)
+    assert report.pairs() == set(result.unordered), (trace.dumps(), report.to_json(), result.unordered)
+    for race in report.races:
+        assert race.kind in result.unordered[(race.first, race.second)]
 
 
 def builder(streams=("compute", "offload", "load")) -> TraceBuilder:

@@ -17,6 +17,7 @@ import itertools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
+from trace_helpers import assert_agrees_with_the_oracle
 from trace_strategies import busy_traces, small_traces
 
 from kvverify.check import (
@@ -29,7 +30,6 @@ from kvverify.check import (
     happens_before,
     rules,
 )
-from kvverify.check.oracle import explore
 
 SETTINGS = settings(max_examples=200, derandomize=True, database=None, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -55,12 +55,7 @@ def fast_paths(scan_limit: int, chunk_bits: int):
 @given(trace=small_traces(max_nodes=8, max_ops=12))
 def test_forced_fast_paths_agree_with_the_oracle(trace):
     with fast_paths(*FORCED):
-        report = check(trace)
-    result = explore(trace)
-    assert report.verdict == result.verdict, (trace.dumps(), report.to_json(), result.witness)
-    assert report.pairs() == set(result.unordered), (trace.dumps(), report.to_json(), result.unordered)
-    for race in report.races:
-        assert race.kind in result.unordered[(race.first, race.second)]
+        assert_agrees_with_the_oracle(trace)
 
 
 def _kind(a_write: bool, b_write: bool) -> str:

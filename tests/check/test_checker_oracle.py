@@ -7,11 +7,11 @@ import inspect
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from trace_helpers import CPU, GPU, GPU2, builder
+from trace_helpers import CPU, GPU, GPU2, assert_agrees_with_the_oracle, builder
 from trace_strategies import small_traces
 
 import kvverify.check.oracle as oracle_module
-from kvverify.check import Trace, check
+from kvverify.check import check
 from kvverify.check.oracle import build_graph, explore, unordered_conflicts
 
 # Deterministic in CI (derandomize: the same examples every run, no example database), and quick.
@@ -20,27 +20,16 @@ PROPERTY = settings(max_examples=1000, derandomize=True, database=None, deadline
 BIGGER = settings(PROPERTY, max_examples=250)
 
 
-def _agree(trace: Trace) -> None:
-    report = check(trace)
-    result = explore(trace)
-    # the verdicts: a race exactly when two allowed executions can disagree
-    assert report.verdict == result.verdict, (trace.dumps(), report.to_json(), result.witness)
-    # and the same racing op pairs, each with a kind the oracle also sees
-    assert report.pairs() == set(result.unordered), (trace.dumps(), report.to_json(), result.unordered)
-    for race in report.races:
-        assert race.kind in result.unordered[(race.first, race.second)]
-
-
 @PROPERTY
 @given(small_traces())
 def test_checker_flags_a_race_exactly_when_the_oracle_finds_a_disagreement(trace):
-    _agree(trace)
+    assert_agrees_with_the_oracle(trace)
 
 
 @BIGGER
 @given(small_traces(max_nodes=9, max_ops=14))
 def test_checker_agrees_with_the_oracle_on_longer_traces(trace):
-    _agree(trace)
+    assert_agrees_with_the_oracle(trace)
 
 
 # -- the oracle itself ---------------------------------------------------------------------------
