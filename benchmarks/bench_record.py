@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import statistics
 import sys
@@ -35,31 +36,26 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-class PassThrough:
-    """A dispatch mode that only calls each op: what any ``__torch_dispatch__`` hook costs (made on
-    first use, so that the module imports without torch)."""
+@functools.cache
+def pass_through_mode() -> type:
+    """A dispatch mode class that only calls each op: what any ``__torch_dispatch__`` hook costs
+    (defined on first use, so that the module imports without torch)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
 
-    mode = None
+    class PassThrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
 
-    def __new__(cls):
-        if cls.mode is None:
-            from torch.utils._python_dispatch import TorchDispatchMode
-
-            class Mode(TorchDispatchMode):
-                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                    return func(*args, **(kwargs or {}))
-
-            cls.mode = Mode
-        return cls.mode()
+    return PassThrough
 
 
 def run_once(shape, how: str):
     """Wall seconds of one loop (allocation outside the timing), run ``how``: ``"plain"``,
-    ``"mode"`` (under ``PassThrough``) or ``"recorded"``; and the recording if any."""
+    ``"mode"`` (under ``pass_through_mode``) or ``"recorded"``; and the recording if any."""
     from kvverify.record import demo, recording
 
     engine = demo.Engine(shape)
-    context = {"plain": contextlib.nullcontext, "mode": PassThrough, "recorded": recording}[how]()
+    context = {"plain": contextlib.nullcontext, "mode": pass_through_mode(), "recorded": recording}[how]()
     start = time.perf_counter()
     with context:
         engine.run()
@@ -184,7 +180,7 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
             for _ in range(repeats):  # the three in turn: a busy host slows all of them alike
                 plain.append(per_op(case))
                 if not callbacks:
-                    with PassThrough():
+                    with pass_through_mode()():
                         mode.append(per_op(case))
                 with recording(platform=ArenaAsDevice()):
                     recorded.append(per_op(case))
