@@ -65,6 +65,18 @@ CPU_BLOCKS = 16384
 LAYER_GROUPS = 6
 
 
+def input_ops(name: str | None = None) -> list[dict]:
+    """A step's inputs, as each generator below starts a step: the host writes token ids into the
+    pageable staging buffer (op named ``name``), ``io`` copies them up (the source is read during
+    the call, rule 6), and ``compute`` waits for them."""
+    write = {"op": "host_write", "ranges": [["ids_staging", 0, 4096]]}
+    if name is not None:
+        write["name"] = name
+    return [write, {"op": "copy", "stream": "io", "src": ["ids_staging", 0, 4096], "dst": ["ids", 0, 4096]},
+            {"op": "record", "event": "inputs", "stream": "io"},
+            {"op": "wait_event", "stream": "compute", "event": "inputs"}]
+
+
 def serving_trace(n_ops: int, seed: int = 0, racy: bool = False) -> dict:
     rng = random.Random(seed)
     buffers = {
@@ -96,10 +108,7 @@ def serving_trace(n_ops: int, seed: int = 0, racy: bool = False) -> dict:
         step += 1
         ev = f"s{step % 64}"
         # inputs: pageable staging (read during the call, rule 6)
-        ops.append({"op": "host_write", "ranges": [["ids_staging", 0, 4096]], "name": "ids"})
-        ops.append({"op": "copy", "stream": "io", "src": ["ids_staging", 0, 4096], "dst": ["ids", 0, 4096]})
-        ops.append({"op": "record", "event": "inputs", "stream": "io"})
-        ops.append({"op": "wait_event", "stream": "compute", "event": "inputs"})
+        ops.extend(input_ops(name="ids"))
         # admissions: new requests, some resumed from CPU blocks (loads in ANY order)
         loads = []
         for _ in range(rng.randint(0, 3)):
@@ -214,10 +223,7 @@ def layerwise_trace(n_ops: int, seed: int = 0, racy: bool = False, layers: int =
     step, next_skip = 0, 50
     while len(ops) < n_ops:
         step += 1
-        ops.append({"op": "host_write", "ranges": [["ids_staging", 0, 4096]]})
-        ops.append({"op": "copy", "stream": "io", "src": ["ids_staging", 0, 4096], "dst": ["ids", 0, 4096]})
-        ops.append({"op": "record", "event": "inputs", "stream": "io"})
-        ops.append({"op": "wait_event", "stream": "compute", "event": "inputs"})
+        ops.extend(input_ops())
         resumed = []                       # (gpu block, cpu block) loaded this step
         for _ in range(rng.randint(0, 4)):
             need = rng.randint(2, 24)
@@ -335,10 +341,7 @@ def mixed_ops(n_ops: int, seed: int = 0, racy: bool = False) -> tuple[dict, Iter
         return ["cpu_kv", c * BLOCK, BLOCK]
 
     def step_ops(step: int, gpu_free: deque, cpu_free: deque, cpu_stored: deque, active: list, pending: deque):
-        yield {"op": "host_write", "ranges": [["ids_staging", 0, 4096]]}
-        yield {"op": "copy", "stream": "io", "src": ["ids_staging", 0, 4096], "dst": ["ids", 0, 4096]}
-        yield {"op": "record", "event": "inputs", "stream": "io"}
-        yield {"op": "wait_event", "stream": "compute", "event": "inputs"}
+        yield from input_ops()
         loads = []
         for _ in range(rng.randint(0, 3)):
             need = rng.randint(1, 8)
