@@ -24,6 +24,7 @@ from kvverify import annotate
 from kvverify.device import extension
 from kvverify.stress import distributed
 from kvverify.stress.campaign import DATA_MODES, CampaignError
+from kvverify.stress.render import say
 from kvverify.stress.report import (
     EXIT_CANNOT_START,
     EXIT_MEMORY_GREW,
@@ -385,7 +386,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         err.print(f"kvverify stress: cannot start: {exc}", markup=False, highlight=False, soft_wrap=True)
         return EXIT_CANNOT_START
     if note and ranks.leader:
-        _say(err, f"kvverify stress: {note}")
+        say(err, f"kvverify stress: {note}")
     if args.dump_traces and ranks.leader:
         _dump_traces(planned, Path(args.dump_traces))
     reason = "--no-gpu was given" if args.no_gpu else extension.gpu_refusal()
@@ -401,14 +402,14 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
                 where = ""
                 if ranks.world > 1:
                     where = f", split across {ranks.world} GPUs" if args.shard else f", on each of {ranks.world} GPUs"
-                _say(err, f"{planning.estimate(mine, c, layout).line()} in {len(schedule)} round(s) "
+                say(err, f"{planning.estimate(mine, c, layout).line()} in {len(schedule)} round(s) "
                           f"({c.name}, {layout.geometry.name}, {layout.block_bytes / 2**20:g} MiB blocks, "
                           f"{params.blocks_per_transfer} blocks x {params.transfers} transfers{where})")
             recorder = memory.Recorder(device=distributed.current_device())
             started = time.monotonic()
             outcomes = _execute_with_progress(schedule, c, layout, params, console, err, deadline, ranks, recorder)
             if ranks.world > 1:
-                _say(err, f"[stress] GPU {ranks.rank}: {len(outcomes)} of {len(mine)} cells in "
+                say(err, f"[stress] GPU {ranks.rank}: {len(outcomes)} of {len(mine)} cells in "
                           f"{time.monotonic() - started:.1f} s")
         else:
             # Nothing runs: each cell's range covers its contract verdict (no trials, no phases).
@@ -430,28 +431,28 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     contracts = tuple((r.cell.label, r.contract) for r in report.cells) if report.not_run_reason else None
     twin = shown.get(contracts) if contracts is not None and not args.details else None
     if twin is not None:
-        _say(console, f"kvverify stress: {c.name} ({layout.geometry.name}): the same contract verdicts as {twin}")
+        say(console, f"kvverify stress: {c.name} ({layout.geometry.name}): the same contract verdicts as {twin}")
     else:
         if contracts is not None:
             shown[contracts] = layout.geometry.name
         (render.render_table if args.details else render.render_matrix)(report, console)
         every = {(r.rank, cell): o for r in gathered for cell, o in r.outcomes.items()}
         if every:
-            _say(console, _throughput_line(every))
+            say(console, _throughput_line(every))
         render.render_gpus(report, console)
-        _say(console, f"NVTX: {annotate.state()}")
+        say(console, f"NVTX: {annotate.state()}")
         if annotate.is_active():
-            _say(console, annotate.HOST_SIDE_NOTE)
+            say(console, annotate.HOST_SIDE_NOTE)
     for r in report.cells:
         if r.error:
             err.print(f"kvverify stress: cell not run: {r.error}", markup=False, highlight=False, soft_wrap=True)
     execution = report.execution
     unrun = report.unrun_cells()
     if unrun:
-        _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached: {len(unrun)} of {len(planned)} "
+        say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached: {len(unrun)} of {len(planned)} "
                   "cells not run (NOT_RUN)")
     elif execution.stopped:
-        _say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached in round {execution.rounds_run} of "
+        say(err, f"kvverify stress: --max-seconds {args.max_seconds:g} reached in round {execution.rounds_run} of "
                   f"{execution.rounds_planned}: every cell ran, {execution.trials_run} of {execution.trials_planned} "
                   "planned trials")
     if args.json == "-":
@@ -466,12 +467,12 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         try:
             write(path)
         except OSError as exc:  # checked before the run; a full disk or a vanished folder since
-            _say(err, f"kvverify stress: {option} {path}: cannot be written ({exc.strerror or exc}); the run's "
+            say(err, f"kvverify stress: {option} {path}: cannot be written ({exc.strerror or exc}); the run's "
                       "verdicts are above")
             return EXIT_CANNOT_START
     status = report.exit_status()
     if status == EXIT_MEMORY_GREW:
-        _say(err, "kvverify stress: memory grew over the run (exit status 3); see the GPU memory lines above")
+        say(err, "kvverify stress: memory grew over the run (exit status 3); see the GPU memory lines above")
     return status
 
 
@@ -520,11 +521,6 @@ def _report(args, c, layout, planned, gathered):
         platform=gathered[0].platform, campaign=c.name, seed=c.seed, cells=tuple(results), layout=layout.describe(),
         not_run_reason=None if ran else gathered[0].not_run_reason, gpus=gpus, execution=execution,
     )
-
-
-def _say(console, text: str) -> None:
-    """One message, folded at the console's width (a report line, not an error)."""
-    console.print(text, markup=False, highlight=False, overflow="fold")
 
 
 def _throughput_line(outcomes) -> str:

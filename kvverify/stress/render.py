@@ -34,7 +34,7 @@ from kvverify.terms import (
 if TYPE_CHECKING:
     from kvverify.stress.report import StressReport
 
-__all__ = ["COLUMNS", "render_gpus", "render_matrix", "render_table", "write_junit"]
+__all__ = ["COLUMNS", "render_gpus", "render_matrix", "render_table", "say", "write_junit"]
 
 # One-sided Clopper-Pearson upper bound on the per-trial corruption rate.
 _BOUND = f"Rate ≤ ({CONFIDENCE:.0%})"
@@ -119,12 +119,12 @@ def render_matrix(report: StressReport, console: Console) -> None:
     """
     grid = matrix.build(report)
     if grid.contract_only:
-        _say(console, f"Nothing ran on a device: {report.not_run_reason or 'no cell has an observation'}.")
-        _say(console, "Contract verdicts only: what the happens-before checker decides of each cell from "
+        say(console, f"Nothing ran on a device: {report.not_run_reason or 'no cell has an observation'}.")
+        say(console, "Contract verdicts only: what the happens-before checker decides of each cell from "
                       "CUDA's ordering rules; the same for every executor.")
         console.print()
     where = f" on {report.platform.gpu}" if report.platform.gpu and not grid.contract_only else ""
-    _say(console, _title(report) + where + (": contract verdicts" if grid.contract_only else ""))
+    say(console, _title(report) + where + (": contract verdicts" if grid.contract_only else ""))
     for line in _matrix_lines(grid):
         console.print(line, overflow="fold")
     _legend(grid, console)
@@ -132,7 +132,7 @@ def render_matrix(report: StressReport, console: Console) -> None:
         _attention(report, console)
     _safe_in(report, console)
     _headline(report, console)
-    _say(console, "--details: every cell with " + ("the race the checker found (its witness)." if grid.contract_only
+    say(console, "--details: every cell with " + ("the race the checker found (its witness)." if grid.contract_only
                                                     else "its counts, window, bound and witness."))
 
 
@@ -190,7 +190,7 @@ def _matrix_lines(grid: matrix.VerdictMatrix) -> list[Text]:
 
 def _legend(grid: matrix.VerdictMatrix, console: Console) -> None:
     if grid.executors:
-        _say(console, f"Each cell: one mark per executor: {' '.join(grid.executors)}")
+        say(console, f"Each cell: one mark per executor: {' '.join(grid.executors)}")
     legend = Text()
     for k in grid.keys:
         legend.append(f"'{matrix.MARKS[k].glyph}'", style=_MARK_STYLE.get(k, ""))
@@ -198,7 +198,7 @@ def _legend(grid: matrix.VerdictMatrix, console: Console) -> None:
     legend.rstrip()
     console.print(legend, overflow="fold")
     kinds = [k for k in HOST_MEMORY_KINDS if any(k in c.host_memory for c in grid.columns)]
-    _say(console, f"Host memory: {', '.join(f'{_short(k)} {k}' for k in kinds)}; all: every kind alike")
+    say(console, f"Host memory: {', '.join(f'{_short(k)} {k}' for k in kinds)}; all: every kind alike")
 
 
 def _count(n: int, noun: str) -> str:
@@ -232,15 +232,15 @@ def _attention(report: StressReport, console: Console) -> None:
         bad = ", ".join(f"{k} {v}" for k, v in obs.counts.items() if k != "OK" and v)
         console.print(line.append(f" ({bad})" if bad else ""), overflow="fold")
     if len(failing) > MAX_LISTED:
-        _say(console, f"  ... and {len(failing) - MAX_LISTED} more (--details lists every cell with its witness)")
+        say(console, f"  ... and {len(failing) - MAX_LISTED} more (--details lists every cell with its witness)")
     if quiet:
         n = sum(len(v) for v in quiet.values())
-        _say(console, f"{matrix.MARKS[CellVerdict.NO_RACE_OBSERVED.value].glyph} RACY on paper, no corruption seen "
+        say(console, f"{matrix.MARKS[CellVerdict.NO_RACE_OBSERVED.value].glyph} RACY on paper, no corruption seen "
                       f"in {_count(n, 'cell')}: {CONFIDENCE:.0%} upper bound on the per-trial corruption rate")
         for (scenario, direction, executor), rs in quiet.items():
             trials = _span(str(r.observation.trials) for r in rs)
             bound = _span(f"{r.rate_upper_bound:.2g}" for r in rs)
-            _say(console, f"  {scenario} {direction}/{COPY_KIND[direction]}, {executor}: "
+            say(console, f"  {scenario} {direction}/{COPY_KIND[direction]}, {executor}: "
                           f"{_count(len(rs), 'cell')}, {trials} trials each, rate ≤ {bound}")
 
 
@@ -258,7 +258,7 @@ def _safe_in(report: StressReport, console: Console) -> None:
             names = ", ".join(f"{', '.join(n)} [{'/'.join(k)}{' each' if len(n) > 1 else ''}]"
                               for k, n in groups.items()) or "nowhere"
             parts.append(f"{direction}: {names}")
-        _say(console, f"{order} safe in " + "; ".join(parts))
+        say(console, f"{order} safe in " + "; ".join(parts))
 
 
 def _headline(report: StressReport, console: Console) -> None:
@@ -267,7 +267,8 @@ def _headline(report: StressReport, console: Console) -> None:
     console.print(Text(f"Headline: {headline.text}", style=style), overflow="fold")
 
 
-def _say(console: Console, text: str) -> None:
+def say(console: Console, text: str) -> None:
+    """One message, folded at the console's width (a report line, not an error)."""
     console.print(text, markup=False, highlight=False, overflow="fold")
 
 
