@@ -12,6 +12,8 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
+from device_pools import Pool  # noqa: E402
+
 from kvverify.device import kernels, ops  # noqa: E402
 from kvverify.device.host_memory import allocate_host  # noqa: E402
 
@@ -20,34 +22,6 @@ SLOTS = 20
 # Odd mixes: single words, words past a 16-byte pair, pages around the 64 KiB chunk size, a page
 # of many chunks with a partial last one.
 SIZES = [8, 24, 40, 4096 + 8, 16 << 10, (64 << 10) - 8, (64 << 10) + 8, (1 << 20) + 24, 2 << 20]
-
-
-class Pool:
-    """SLOTS slots of SLOT bytes in device memory or in host memory of one kind."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        if kind == "device":
-            self.tensor = torch.empty(SLOTS * SLOT, dtype=torch.uint8, device="cuda")
-            self.ptr = self.tensor.data_ptr()
-        else:
-            self.host = allocate_host(kind, SLOTS * SLOT)
-            self.ptr = self.host.ptr
-
-    def fill(self, data: np.ndarray) -> None:
-        if self.kind == "device":
-            self.tensor.copy_(torch.from_numpy(data))
-        else:
-            self.host.numpy(np.uint8)[:] = data
-
-    def bytes(self) -> np.ndarray:
-        if self.kind == "device":
-            return self.tensor.cpu().numpy()
-        return self.host.numpy(np.uint8).copy()
-
-    def free(self) -> None:
-        if self.kind != "device":
-            self.host.free()
 
 
 def _batch(rng, src: Pool, dst: Pool, n: int):
@@ -68,7 +42,7 @@ def _batch(rng, src: Pool, dst: Pool, n: int):
 def _run(method: str, src_kind: str, dst_kind: str, default_stream: bool, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The destination pool's bytes after one batch by ``method``, and what they should be."""
     rng = np.random.default_rng(seed)
-    src, dst = Pool(src_kind), Pool(dst_kind)
+    src, dst = Pool(src_kind, SLOTS, SLOT), Pool(dst_kind, SLOTS, SLOT)
     try:
         src_bytes = np.frombuffer(rng.bytes(SLOTS * SLOT), dtype=np.uint8).copy()
         before = np.frombuffer(rng.bytes(SLOTS * SLOT), dtype=np.uint8).copy()  # random poison: a missed byte shows
@@ -133,6 +107,37 @@ def test_many_scattered_16_kib_pages(direction):
         assert np.array_equal(out[dst_slots], data.reshape(2 * n, page)[src_slots])
         untouched = np.setdiff1d(np.arange(2 * n), dst_slots)
         assert (out[untouched] == 0x5A).all()
+
+
+def test_one_call_carries_both_directions_interleaved():
+    """The bench's ``both`` shape on the kernel path: one call whose pages alternate H2D and D2H
+    (2 x 1024 pages of 16 KiB), every byte of both sides checked."""
+    page, n = 16 << 10, 1024
+    rng = np.random.default_rng(41)
+    dev = torch.empty(2 * n * page, dtype=torch.uint8, device="cuda")
+    with allocate_host("pinned", 2 * n * page) as host:
+        host_data = np.frombuffer(rng.bytes(n * page), dtype=np.uint8).copy()
+        dev_data = np.frombuffer(rng.bytes(n * page), dtype=np.uint8).copy()
+        # slots [0, n) of each side are sources, slots [n, 2n) destinations, poisoned
+        host.numpy(np.uint8)[:n * page] = host_data
+        host.numpy(np.uint8)[n * page:] = 0x5A
+        dev[:n * page].copy_(torch.from_numpy(dev_data))
+        dev[n * page:].fill_(0x5A)
+        h_src, d_src = rng.permutation(n), rng.permutation(n)
+        h_dst, d_dst = n + rng.permutation(n), n + rng.permutation(n)
+        src = np.stack((host.ptr + h_src * page, dev.data_ptr() + d_src * page), axis=1).reshape(-1)
+        dst = np.stack((dev.data_ptr() + h_dst * page, host.ptr + d_dst * page), axis=1).reshape(-1)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            ops.swap_blocks_batch(torch.from_numpy(src), torch.from_numpy(dst),
+                                  torch.full((2 * n,), page, dtype=torch.int64), method="kernel")
+        s.synchronize()
+        on_dev = dev.cpu().numpy().reshape(2 * n, page)
+        on_host = host.numpy(np.uint8).copy().reshape(2 * n, page)
+        assert np.array_equal(on_dev[h_dst], host_data.reshape(n, page)[h_src])  # H2D half
+        assert np.array_equal(on_host[d_dst], dev_data.reshape(n, page)[d_src])  # D2H half
+        assert np.array_equal(on_dev[:n].reshape(-1), dev_data)  # sources untouched
+        assert np.array_equal(on_host[:n].reshape(-1), host_data)
 
 
 # compute-sanitizer serializes kernels: the 200 ms hold ends before the other stream's calls run,

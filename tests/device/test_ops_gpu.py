@@ -10,6 +10,8 @@ pytestmark = pytest.mark.gpu
 
 torch = pytest.importorskip("torch")
 
+from device_pools import Pool  # noqa: E402
+
 from kvverify.device import ops  # noqa: E402
 from kvverify.device.host_memory import HOST_MEMORY_KINDS, allocate_host  # noqa: E402
 from kvverify.device.ops import SrcAccessOrder  # noqa: E402
@@ -20,6 +22,10 @@ BLOCK_SIZES = [8, 24, 4096, 65536 + 8, 1 << 20, SLOT]
 PATHS = ["batch", "loop", "cuda-python"]
 
 
+def random_bytes(rng) -> np.ndarray:
+    return rng.integers(0, 256, SLOTS * SLOT, dtype=np.uint8)
+
+
 def run_path(path, src, dst, sizes, order):
     if path == "batch":
         ops.swap_blocks_batch(src, dst, sizes, order)
@@ -27,36 +33,6 @@ def run_path(path, src, dst, sizes, order):
         ops.swap_blocks_batch(src, dst, sizes, order, use_batch_api=False)
     else:
         ops.swap_blocks_batch(src, dst, sizes, order, backend="cuda-python")
-
-
-class Pool:
-    """SLOTS slots of SLOT bytes in one kind of memory, with byte access from the host."""
-
-    def __init__(self, kind):
-        self.kind = kind
-        if kind == "device":
-            self.tensor = torch.empty(SLOTS * SLOT, dtype=torch.uint8, device="cuda")
-            self.ptr = self.tensor.data_ptr()
-        else:
-            self.host = allocate_host(kind, SLOTS * SLOT)
-            self.ptr = self.host.ptr
-
-    def fill(self, rng):
-        data = rng.integers(0, 256, SLOTS * SLOT, dtype=np.uint8)
-        if self.kind == "device":
-            self.tensor.copy_(torch.from_numpy(data))
-        else:
-            self.host.numpy(np.uint8)[:] = data
-        return data
-
-    def bytes(self):
-        if self.kind == "device":
-            return self.tensor.cpu().numpy()
-        return self.host.numpy(np.uint8).copy()
-
-    def free(self):
-        if self.kind != "device":
-            self.host.free()
 
 
 @pytest.fixture(params=["D2H", "H2D", "D2D"])
@@ -74,10 +50,10 @@ CASES = [(d, h) for d in ("D2H", "H2D") for h in HOST_MEMORY_KINDS] + [("D2D", "
 def test_round_trip_is_byte_exact(direction, host_kind, order, path, default_stream):
     rng = np.random.default_rng(hash((direction, host_kind, int(order), path, default_stream)) % 2**32)
     src_kind, dst_kind = {"D2H": ("device", host_kind), "H2D": (host_kind, "device"), "D2D": ("device", "device")}[direction]
-    src_pool, dst_pool = Pool(src_kind), Pool(dst_kind)
+    src_pool, dst_pool = Pool(src_kind, SLOTS, SLOT), Pool(dst_kind, SLOTS, SLOT)
     try:
-        src_bytes = src_pool.fill(rng)
-        dst_before = dst_pool.fill(rng)  # random "poison": a missed byte cannot match by chance
+        src_bytes = src_pool.fill(random_bytes(rng))
+        dst_before = dst_pool.fill(random_bytes(rng))  # random "poison": a missed byte cannot match by chance
         n = 12
         src_slots = rng.choice(SLOTS, n, replace=False)
         dst_slots = rng.choice(SLOTS, n, replace=False)
@@ -106,14 +82,14 @@ def test_round_trip_is_byte_exact(direction, host_kind, order, path, default_str
 def test_backends_agree_on_the_same_batch():
     """The extension and cuda-python move the same bytes for one scattered D2H batch."""
     rng = np.random.default_rng(7)
-    src = Pool("device")
+    src = Pool("device", SLOTS, SLOT)
     outs = {}
     try:
-        src.fill(rng)
+        src.fill(random_bytes(rng))
         slots = rng.choice(SLOTS, 12, replace=False)
         sizes = torch.tensor(rng.choice(BLOCK_SIZES, 12), dtype=torch.int64)
         for backend in ops.BACKENDS:
-            dst = Pool("pinned")
+            dst = Pool("pinned", SLOTS, SLOT)
             dst.host.numpy(np.uint8)[:] = 0xA5
             s = torch.cuda.Stream()
             with torch.cuda.stream(s):
