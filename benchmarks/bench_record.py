@@ -4,6 +4,7 @@ how long its trace takes to write and to check.
     python benchmarks/bench_record.py                    # 32 layers, 16 transfers in flight, both loads
     python benchmarks/bench_record.py --steps 50 --json out/bench-record.json
     python benchmarks/bench_record.py --host-only        # no GPU: the recorder's cost per op on the host
+    python benchmarks/bench_record.py --repeats 1 --steps 30 --profile 25   # and where the recorded time goes
 
 The loop is the recorder's demo offload handler in its safe form (``kvverify.record.demo``): per step,
 every layer's KV is written, zero-filled and attended on the compute stream; one store and two loads
@@ -205,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--host-only", action="store_true", help="only the recorder's cost per op on the host")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then run each load recorded once more under cProfile and print the N functions with "
+                             "the most own time (where the recorded time goes; cProfile slows every call)")
     args = parser.parse_args(argv)
 
     if args.host_only:
@@ -271,10 +275,25 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['recorded_best_ms_per_step']:.2f}, {row['best_ratio']:.2f}x); {row['ops_recorded']} ops recorded, "
               f"{row['ops_written']} written ({copies} copies); trace built in {build_s:.2f} s, checked in "
               f"{check_s:.2f} s: {verdict.verdict}", flush=True)
+        if args.profile:
+            profile_recorded(shape, name, args.profile)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
     return 0
+
+
+def profile_recorded(shape, name: str, top: int) -> None:
+    """One recorded loop of ``shape`` under cProfile; prints the ``top`` functions by own time."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    run_once(shape, "recorded")
+    profiler.disable()
+    print(f"{name}: one recorded loop under cProfile, the {top} functions with the most own time")
+    pstats.Stats(profiler, stream=sys.stdout).sort_stats("tottime").print_stats(top)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@ class CudaBench:
     """Pools, streams and events for bench reps on one CUDA device.
 
     A ``both`` point runs its H2D calls on the copy stream and its D2H calls on a second stream
-    forked from it and joined back, each direction between its own half of the two pools.
+    forked from it and joined back, each direction between its own half of the two pools; the
+    kernel path instead makes one call of each pair, its pages interleaved (``issuer``).
     """
 
     def __init__(self, device_index: int, host_kind: str, pool_bytes: int, matmul_size: int = 4096):
@@ -119,11 +120,23 @@ class CudaBench:
 
     def issuer(self, method: str, point: Point, calls) -> Callable[[], None]:
         """A function that queues one rep of ``method`` on the current stream (for ``both``: its D2H
-        calls on a second stream forked from the current one and joined back before it returns)."""
+        calls on a second stream forked from the current one and joined back before it returns;
+        for ``both`` on the kernel path: one call per H2D and D2H pair, their pages interleaved)."""
         if method == CEILING:
             copy, calls = self._copy(LOOP), self._ceiling_calls(point)
         else:
             copy = self._copy(method)
+        if point.direction == BOTH and method == KERNEL:
+            # One launch carrying both directions' pages, interleaved, so that every thread block
+            # alternates H2D and D2H: on an H200 at 16 KiB pages two copy kernels on two streams
+            # move 62-70 GB/s together, one mixed launch 78-81 (docs/bench.md, "Both directions").
+            mixed = [tuple(self.torch.stack((h, d), dim=1).reshape(-1) for h, d in zip(h2d, d2h, strict=True))
+                     for h2d, d2h in calls]
+
+            def one_mixed_call() -> None:
+                for src, dst, sizes in mixed:
+                    copy(src, dst, sizes)
+            return one_mixed_call
         if point.direction != BOTH:
             def one_way() -> None:
                 for src, dst, sizes in calls:

@@ -27,7 +27,8 @@ MAX_CALLS_PER_REP = 256
 BOTH = "both"
 DIRECTIONS = (*COPY_KINDS, BOTH)
 """``h2d``, ``d2h``, and ``both``: an H2D and a D2H call issued together on two streams, each between
-its own half of the pools (the link carries both directions at once)."""
+its own half of the pools (the link carries both directions at once); on the kernel path, one call
+carrying both, its pages interleaved."""
 LOOP, KERNEL, CEILING = "loop", "kernel", "ceiling"
 METHODS = (*ORDERS, LOOP, KERNEL, CEILING)
 """The batch under each order, the per-copy ``cudaMemcpyAsync`` loop, the SM-kernel copy path, and one

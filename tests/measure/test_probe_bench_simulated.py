@@ -224,6 +224,9 @@ def test_bench_both_ways_use_their_own_halves_and_move_the_right_bytes(simulated
         for s, d in zip(d_src.tolist(), d_dst.tolist()):
             so, do = s - backend.dev.data_ptr(), d - backend.host.ptr
             assert np.array_equal(host[do:do + 4096], dev_before[so:so + 4096])
-        assert [m for _, m, _ in simulated["swaps"][-2:]] == ["kernel", "kernel"]
+        # the kernel path: one call carrying both directions' 8 + 8 pages; the batch: one call each way
+        assert simulated["swaps"][-1] == ("STREAM", "kernel", 16)
+        backend.issuer("STREAM", point, calls[:1])()
+        assert simulated["swaps"][-2:] == [("STREAM", "batch", 8), ("STREAM", "batch", 8)]
     finally:
         backend.close()
