@@ -4,7 +4,7 @@
 // is that kernel's 16-byte path with the threads per block and loads in flight as template
 // parameters, beside the driver's batch and a contiguous copy for scale. CUDA runtime only:
 //
-//   nvcc -O3 -arch=sm_90 -std=c++17 -o duplex_probe benchmarks/duplex_probe.cu && ./duplex_probe
+//   nvcc -O3 -arch=sm_90a -std=c++17 -o duplex_probe benchmarks/duplex_probe.cu && ./duplex_probe
 //
 // Pinned pools of 2 GiB, H2D between the first halves and D2H between the second halves of the two
 // pools, 4 calls of 4096 scattered 16 KiB pages per direction, event-timed, median of 6 reps after
@@ -88,12 +88,40 @@ __global__ void __launch_bounds__(T) part_k(const int64_t* __restrict__ d0, uint
     }
   }
 }
+// TMA bulk copies: global -> shared -> global, one page (<= 16 KiB, multiple of 16) per step, thread 0
+// issues, an mbarrier tracks the load's bytes; PAGE_SMEM bytes of shared memory per block.
+constexpr int PAGE_SMEM = 16384;
+__device__ __forceinline__ uint32_t sa(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+__global__ void __launch_bounds__(32) tma_k(const int64_t* __restrict__ d, uint32_t n) {
+  __shared__ alignas(128) unsigned char buf[PAGE_SMEM];
+  __shared__ alignas(8) uint64_t bar;
+  if (threadIdx.x != 0) return;
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(sa(&bar)), "r"(1));
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  uint32_t phase = 0;
+  for (uint32_t c = blockIdx.x; c < n; c += gridDim.x) {
+    const uint64_t src = static_cast<uint64_t>(d[c]);
+    const uint64_t dst = static_cast<uint64_t>(d[n + c]);
+    const uint32_t bytes = static_cast<uint32_t>(d[2 * n + c]);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(sa(&bar)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(sa(buf)), "l"(src), "r"(bytes), "r"(sa(&bar)) : "memory");
+    asm volatile("{\n .reg .pred p;\n WAIT_%=:\n mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n @!p bra WAIT_%=;\n}"
+                 :: "r"(sa(&bar)), "r"(phase) : "memory");
+    phase ^= 1;
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" :: "l"(dst), "r"(sa(buf)), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+  }
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+}
+
 typedef void (*KFn)(const int64_t*, uint32_t);
 struct Kern { const char* name; KFn fn; int threads; };
 static Kern kerns[] = {
   {"t256f4", copy_k<256, 4>, 256}, {"t256f2", copy_k<256, 2>, 256}, {"t256f1", copy_k<256, 1>, 256}, {"t512f2", copy_k<512, 2>, 512}, {"t256f8", copy_k<256, 8>, 256},
   {"t128f4", copy_k<128, 4>, 128}, {"t512f4", copy_k<512, 4>, 512}, {"t1024f1", copy_k<1024, 1>, 1024},
-  {"cs256f4", copy_cs<256, 4>, 256},
+  {"cs256f4", copy_cs<256, 4>, 256}, {"tma", tma_k, 32},
 };
 Kern* find(const char* n) { for (auto& k : kerns) if (std::string(k.name) == n) return &k; printf("no kernel %s\n", n); exit(1); }
 
@@ -228,6 +256,17 @@ int main(int argc, char** argv) {
     };
     duplex(label, P, 2 * B, none, 0);
   }
+  // the Tensor Memory Accelerator's bulk copies through shared memory, one warp per block
+  duplex("tma H2D alone grid 1056", K("tma", 1056, H), B, none, 0);
+  duplex("tma D2H alone grid 1056", none, 0, K("tma", 1056, D), B);
+  for (int g : {528, 1056, 2112}) {
+    snprintf(label, sizeof label, "tma one launch grid %d", g);
+    duplex(label, K("tma", g, F), 2 * B, none, 0);
+    snprintf(label, sizeof label, "tma two streams grid %d/%d", g, g);
+    duplex(label, K("tma", g, H), B, K("tma", g, D), B);
+  }
+  duplex("tma H2D 1056 + kernel D2H 528", K("tma", 1056, H), B, K("t256f4", G, D), B);
+  duplex("kernel H2D 528 + tma D2H 1056", K("t256f4", G, H), B, K("tma", 1056, D), B);
   // a kernel one way, the driver's batch the other
   duplex("kernel H2D + batch D2H", K("t256f4", G, H), B, Bt(D), B);
   duplex("batch H2D + kernel D2H", Bt(H), B, K("t256f4", G, D), B);
