@@ -20,43 +20,31 @@
 
 #define CK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { printf("%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); exit(1);} } while (0)
 
-template <int T, int F>
+// Chunk c of descriptor table d (n chunks: sources, destinations, sizes): 16-byte pairs, F loads in
+// flight per thread of T; STREAMING: evict-first loads and stores (__ldcs/__stcs).
+template <int T, int F, bool STREAMING>
+__device__ __forceinline__ void copy_chunk(const int64_t* __restrict__ d, uint32_t n, uint32_t c) {
+  const ulonglong2* s = reinterpret_cast<const ulonglong2*>(d[c]);
+  ulonglong2* o = reinterpret_cast<ulonglong2*>(d[n + c]);
+  uint32_t pairs = static_cast<uint32_t>(d[2 * n + c]) / 16;
+  uint32_t k = threadIdx.x;
+  for (; k + (F - 1) * T < pairs; k += F * T) {
+    ulonglong2 v[F];
+#pragma unroll
+    for (int u = 0; u < F; ++u) v[u] = STREAMING ? __ldcs(s + k + u * T) : s[k + u * T];
+#pragma unroll
+    for (int u = 0; u < F; ++u) {
+      if (STREAMING) __stcs(o + k + u * T, v[u]); else o[k + u * T] = v[u];
+    }
+  }
+  for (; k < pairs; k += T) o[k] = s[k];
+}
+
+// Block b copies chunks b, b + gridDim.x, ... (kvverify's kernel walks its chunks the same way).
+template <int T, int F, bool STREAMING = false>
 __global__ void __launch_bounds__(T) copy_k(const int64_t* __restrict__ d, uint32_t n) {
-  for (uint32_t c = blockIdx.x; c < n; c += gridDim.x) {
-    const ulonglong2* s = reinterpret_cast<const ulonglong2*>(d[c]);
-    ulonglong2* o = reinterpret_cast<ulonglong2*>(d[n + c]);
-    uint32_t pairs = static_cast<uint32_t>(d[2 * n + c]) / 16;
-    uint32_t k = threadIdx.x;
-    for (; k + (F - 1) * T < pairs; k += F * T) {
-      ulonglong2 v[F];
-#pragma unroll
-      for (int u = 0; u < F; ++u) v[u] = s[k + u * T];
-#pragma unroll
-      for (int u = 0; u < F; ++u) o[k + u * T] = v[u];
-    }
-    for (; k < pairs; k += T) o[k] = s[k];
-  }
+  for (uint32_t c = blockIdx.x; c < n; c += gridDim.x) copy_chunk<T, F, STREAMING>(d, n, c);
 }
-
-// Streaming loads/stores variant (bypass L1, evict-first) for the same shape.
-template <int T, int F>
-__global__ void __launch_bounds__(T) copy_cs(const int64_t* __restrict__ d, uint32_t n) {
-  for (uint32_t c = blockIdx.x; c < n; c += gridDim.x) {
-    const ulonglong2* s = reinterpret_cast<const ulonglong2*>(d[c]);
-    ulonglong2* o = reinterpret_cast<ulonglong2*>(d[n + c]);
-    uint32_t pairs = static_cast<uint32_t>(d[2 * n + c]) / 16;
-    uint32_t k = threadIdx.x;
-    for (; k + (F - 1) * T < pairs; k += F * T) {
-      ulonglong2 v[F];
-#pragma unroll
-      for (int u = 0; u < F; ++u) v[u] = __ldcs(s + k + u * T);
-#pragma unroll
-      for (int u = 0; u < F; ++u) __stcs(o + k + u * T, v[u]);
-    }
-    for (; k < pairs; k += T) o[k] = s[k];
-  }
-}
-
 
 __device__ __forceinline__ unsigned smid() { unsigned r; asm volatile("mov.u32 %0, %%smid;" : "=r"(r)); return r; }
 // Two chunk lists (H2D, D2H); a block takes work from list 0 if its SM id < split, else list 1,
@@ -73,21 +61,11 @@ __global__ void __launch_bounds__(T) part_k(const int64_t* __restrict__ d0, uint
       uint32_t c = cs;
       __syncthreads();
       if (c >= n) break;
-      const ulonglong2* s = reinterpret_cast<const ulonglong2*>(d[c]);
-      ulonglong2* o = reinterpret_cast<ulonglong2*>(d[n + c]);
-      uint32_t pairs = static_cast<uint32_t>(d[2 * n + c]) / 16;
-      uint32_t k = threadIdx.x;
-      for (; k + (F - 1) * T < pairs; k += F * T) {
-        ulonglong2 v[F];
-#pragma unroll
-        for (int u = 0; u < F; ++u) v[u] = s[k + u * T];
-#pragma unroll
-        for (int u = 0; u < F; ++u) o[k + u * T] = v[u];
-      }
-      for (; k < pairs; k += T) o[k] = s[k];
+      copy_chunk<T, F, false>(d, n, c);
     }
   }
 }
+
 // TMA bulk copies: global -> shared -> global, one page (<= 16 KiB, multiple of 16) per step, thread 0
 // issues, an mbarrier tracks the load's bytes; PAGE_SMEM bytes of shared memory per block.
 constexpr int PAGE_SMEM = 16384;
@@ -121,7 +99,7 @@ struct Kern { const char* name; KFn fn; int threads; };
 static Kern kerns[] = {
   {"t256f4", copy_k<256, 4>, 256}, {"t256f2", copy_k<256, 2>, 256}, {"t256f1", copy_k<256, 1>, 256}, {"t512f2", copy_k<512, 2>, 512}, {"t256f8", copy_k<256, 8>, 256},
   {"t128f4", copy_k<128, 4>, 128}, {"t512f4", copy_k<512, 4>, 512}, {"t1024f1", copy_k<1024, 1>, 1024},
-  {"cs256f4", copy_cs<256, 4>, 256}, {"tma", tma_k, 32},
+  {"cs256f4", copy_k<256, 4, true>, 256}, {"tma", tma_k, 32},
 };
 Kern* find(const char* n) { for (auto& k : kerns) if (std::string(k.name) == n) return &k; printf("no kernel %s\n", n); exit(1); }
 
