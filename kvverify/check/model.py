@@ -457,6 +457,9 @@ class TraceText:
         self._streaming = False
         try:
             self._reader = ObjectReader(text)
+        except JSONTextError as e:   # valid JSON maybe (an array, a number), but not an object
+            raise TraceError(str(e)) from None
+        try:
             self._keys = self._reader.members()
             for key in self._keys:
                 if key not in _TOP_LEVEL:

@@ -79,6 +79,14 @@ def test_strict_json_names_where(text, words, op_index, field):
     assert "\n" not in str(e.value) and len(str(e.value)) < 1000
 
 
+@pytest.mark.parametrize("text", ["[]", "3", '"trace"', "", "  "])
+def test_a_trace_that_is_no_object_is_not_called_invalid_json(text):
+    """``[]`` is valid JSON: the message says what a trace is, not that the JSON is broken."""
+    with pytest.raises(TraceError) as e:
+        TraceText(text)
+    assert "a trace is a JSON object" in str(e.value) and "not valid JSON" not in str(e.value)
+
+
 def test_decode_and_object_reader_report_positions():
     with pytest.raises(JSONTextError) as e:
         decode('{"a": 1,\n "a": 2}', 0)
