@@ -18,6 +18,7 @@ from kvverify.scenarios.program import HOST, Expect, HostConsume, HostFill
 from kvverify.stress.campaign import Campaign, CampaignError
 from kvverify.stress.report import Cell
 from kvverify.terms import ADVERSARIAL, KERNEL
+from kvverify.units import format_size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,8 +110,8 @@ def fit_params(campaign: Campaign, layout: KVLayout) -> tuple[Params, str | None
     elif high < 1 or not fits(1):
         raise CampaignError(
             f"one block per transfer of {layout.geometry.name} ({layout.block_bytes / 2**20:.1f} MiB per block, "
-            f"{campaign.transfers} transfers) does not fit --gpu-mem {campaign.gpu_mem} / --host-mem "
-            f"{campaign.host_mem} bytes; raise them or lower transfers"
+            f"{campaign.transfers} transfers) does not fit --gpu-mem {format_size(campaign.gpu_mem)} / --host-mem "
+            f"{format_size(campaign.host_mem)}; raise them or lower transfers"
         )
     else:
         low = 1  # fits; pool sizes grow with n, so the largest fitting n is found by bisection

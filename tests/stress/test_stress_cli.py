@@ -88,7 +88,7 @@ def test_model_config(tmp_path):
         (["--model", "gpt5"], "unknown model preset 'gpt5'"),
         (["--transfers", "1"], "command line: transfers"),
         (["--data", "random"], "--data random checks by checksums and runs with the native executor only"),
-        (["--gpu-mem", "1KiB"], "does not fit --gpu-mem"),
+        (["--gpu-mem", "1KiB"], "does not fit --gpu-mem 1 KiB / --host-mem 6 GiB;"),  # sizes in units, as given
         (["--model-config", "/nonexistent/config.json"], "config.json: cannot read"),
     ],
 )
