@@ -268,8 +268,10 @@ class Engine:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvverify.record.demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--mistake", choices=MISTAKES, default=None, help="run the handler with this mistake")
-    parser.add_argument("--steps", type=int, default=Shape.steps)
-    parser.add_argument("--layers", type=int, default=Shape.layers)
+    parser.add_argument("--steps", type=int, default=Shape.steps,
+                        help=f"offload steps, each storing and loading blocks of every layer (default {Shape.steps})")
+    parser.add_argument("--layers", type=int, default=Shape.layers,
+                        help=f"layers, one KV tensor each on the GPU and the host (default {Shape.layers})")
     args = parser.parse_args(argv)
     engine = Engine(Shape(layers=args.layers, steps=args.steps), args.mistake)
     engine.run()

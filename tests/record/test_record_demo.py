@@ -35,3 +35,11 @@ def test_the_demo_counts_a_loaded_page_that_does_not_hold_what_was_loaded():
     block = next(iter(engine.expected))
     engine.gpu[1][block].zero_()  # as a zero-fill landing after the load would
     assert engine.corrupted_loads() == 1
+
+
+def test_the_demo_help_says_what_each_option_does(capsys):
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "offload steps" in out and "(default 3)" in out and "(default 4)" in out
