@@ -98,17 +98,29 @@ def check(trace: Trace | Mapping | str | bytes | os.PathLike, *, max_races: int 
     (both ops, the bytes, the kind, why no rule orders them, a fix).
 
     Raises :class:`TraceError` (a ``ValueError``) naming the op index and field of an invalid
-    trace, and ``OSError`` when a path cannot be read.
+    trace, or for a ``str`` that is JSON text but no object (``"[]"``) and no file either, and
+    ``OSError`` when a path cannot be read.
     """
     if isinstance(trace, str) and trace.lstrip().startswith("{") and trace.rstrip().endswith("}"):
         trace = Trace.from_json(trace)
     elif isinstance(trace, (str, os.PathLike)):
-        with open(trace, "rb") as f:
-            text = TraceText(f.read())
+        try:
+            with open(trace, "rb") as f:
+                text = TraceText(f.read())
+        except FileNotFoundError:
+            if isinstance(trace, str) and (trace.lstrip()[:1] in ("[", '"') or "\n" in trace):
+                # JSON text that is no object reads as a path: say that, not "no such file"
+                raise TraceError(f"{_excerpt(trace)} is neither a trace file nor a trace: a trace is a JSON "
+                                 "object ('{...}'); pass its text, a dict or a file's path") from None
+            raise
         return checker.check_ops(text.buffers, text.streams, text.ops(), text.trace, max_races=max_races)
     if not isinstance(trace, Trace):
         trace = Trace.from_json(trace)
     return checker.check(trace, max_races=max_races)
+
+
+def _excerpt(text: str, limit: int = 40) -> str:
+    return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
 class _CallablePackage(types.ModuleType):

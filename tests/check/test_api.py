@@ -48,6 +48,13 @@ def test_a_missing_path_is_an_os_error_naming_it(tmp_path):
         kvverify.check(str(tmp_path / "nope.json"))
 
 
+@pytest.mark.parametrize("text", ["[]", '"trace"', '[{"op": "alloc"}]', "not json\nat all"])
+def test_json_text_that_is_no_object_says_so_instead_of_no_such_file(text, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TraceError, match=r"is neither a trace file nor a trace: a trace is a JSON object"):
+        kvverify.check(text)
+
+
 def test_help_on_the_package_starts_with_the_call():
     assert kvverify.check.__doc__.startswith("``kvverify.check(trace, *, max_races=10000) -> Verdict``")
     assert kvverify.check.check.__doc__ and "Raises :class:`TraceError`" in kvverify.check.check.__doc__
