@@ -198,7 +198,9 @@ def _legend(grid: matrix.VerdictMatrix, console: Console) -> None:
     legend.rstrip()
     console.print(legend, overflow="fold")
     kinds = [k for k in HOST_MEMORY_KINDS if any(k in c.host_memory for c in grid.columns)]
-    say(console, f"Host memory: {', '.join(f'{_short(k)} {k}' for k in kinds)}; all: every kind alike")
+    merged = any(len(c.host_memory) > 1 for c in grid.columns)  # a column of kinds that agreed
+    say(console, f"Host memory: {', '.join(f'{_short(k)} {k}' for k in kinds)}"
+                 + ("; all: every kind alike" if merged else ""))
 
 
 def _count(n: int, noun: str) -> str:

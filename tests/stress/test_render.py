@@ -71,6 +71,15 @@ def test_matrix_of_the_h200_smoke():
     assert set(grid.keys) == {"SAFE_CONFIRMED", "CONFIRMED_RACE", "NO_RACE_OBSERVED"}
 
 
+def test_the_legend_explains_all_only_where_a_column_merges_kinds():
+    merged = shown(cut_short(h200_smoke(), 0))  # contract only: DURING_API_CALL's kinds agree
+    assert any(line.startswith("Host memory:") and "all: every kind alike" in line for line in merged)
+    assert any(re.match(r"\s+pin reg pag\s+all\b", line) for line in merged)
+    per_kind = shown(h200_smoke())  # every order's kinds differ somewhere on the device: no "all" column
+    host = [line for line in per_kind if line.startswith("Host memory:")]
+    assert host == ["Host memory: pin pinned, reg registered, pag pageable"]
+
+
 def test_contract_matrix_has_one_mark_per_cell_and_collapses_kinds_that_agree():
     report = cut_short(h200_smoke(), 0)
     grid = matrix.build(report)
