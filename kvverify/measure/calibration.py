@@ -15,7 +15,9 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import numbers
 import os
+from fractions import Fraction
 from typing import Any
 
 from kvverify.errors import CalibrationError
@@ -263,23 +265,35 @@ def _check(doc: Any, where: str) -> None:
 
 
 def choose(paths: dict[str, Any], direction: str, page_bytes: int, pages_per_call: int) -> dict[str, Any]:
-    """The entry of ``paths`` for ``direction`` (``h2d``, ``d2h`` or ``both``) nearest to the shape:
-    the nearest page size on a log scale, then among its entries the nearest pages per call (ties go
-    to the smaller). ``entry["best"]["call"]`` holds the keyword arguments for ``swap_blocks_batch``.
+    """The entry of ``paths`` (a document as ``load``, which checks it, or ``build`` returns it) for
+    ``direction`` (``h2d``, ``d2h`` or ``both``) nearest to the shape: the nearest page size on a log
+    scale, then among its entries the nearest pages per call (ties go to the smaller).
+    ``entry["best"]["call"]`` holds the keyword arguments for ``swap_blocks_batch``.
 
     Raises:
-        ValueError: no entry for ``direction``, or a size that is not positive.
+        CalibrationError (a ValueError): ``paths`` is not a paths document, ``direction`` is not one
+        of ``DIRECTIONS`` or has no entry, or a size is not a positive integer.
     """
-    if page_bytes <= 0 or pages_per_call <= 0:
-        raise ValueError(f"page_bytes and pages_per_call must be positive, got {page_bytes} and {pages_per_call}")
+    if not isinstance(paths, dict) or paths.get("kind") != KIND:
+        raise CalibrationError(f"paths is a {type(paths).__name__} that is not a {KIND} document: pass what "
+                               "calibration.load returns")
+    for name, value in (("page_bytes", page_bytes), ("pages_per_call", pages_per_call)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+            raise CalibrationError(f"{name} must be a positive integer, got {value!r}", name)
+    if direction not in DIRECTIONS:
+        raise CalibrationError(f"no calibration entry for direction {direction!r}: a direction is one of "
+                               f"{', '.join(DIRECTIONS)}", "direction")
     mine = [e for e in paths["entries"] if e["direction"] == direction]
     if not mine:
         have = sorted({e["direction"] for e in paths["entries"]})
-        raise ValueError(f"no calibration entry for direction {direction!r}; the document has {have} "
-                         f"(directions: {', '.join(DIRECTIONS)})")
+        raise CalibrationError(f"no calibration entry for direction {direction!r}; the document has {have} "
+                               "(its 'unmeasured' lists the points the calibration left out)", "direction")
 
-    def distance(e: dict[str, Any]) -> tuple[float, float, int, int]:
-        return (abs(math.log2(e["page_bytes"] / page_bytes)), abs(math.log2(e["pages_per_call"] / pages_per_call)),
+    def ratio(a: int, b: int) -> Fraction:  # exact: a log-scale distance without a float's range or rounding
+        return Fraction(max(a, b), min(a, b))
+
+    def distance(e: dict[str, Any]) -> tuple[Fraction, Fraction, int, int]:
+        return (ratio(e["page_bytes"], page_bytes), ratio(e["pages_per_call"], pages_per_call),
                 e["page_bytes"], e["pages_per_call"])
 
     return min(mine, key=distance)

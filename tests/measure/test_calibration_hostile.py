@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -200,3 +201,66 @@ def test_any_short_bytes_are_one_calibration_error(tmp_path, data):
     path.write_bytes(data)
     with pytest.raises(CalibrationError, match=f"^{path}: "):
         calibration.load(path)
+
+
+# -- choose -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (("sideways", 4096, 16), "no calibration entry for direction 'sideways': a direction is one of h2d, d2h, both"),
+    ((None, 4096, 16), "no calibration entry for direction None: a direction is one of h2d, d2h, both"),
+    ((["h2d"], 4096, 16), "no calibration entry for direction ['h2d']"),
+    (("h2d", 0, 16), "page_bytes must be a positive integer, got 0"),
+    (("h2d", -4096, 16), "page_bytes must be a positive integer, got -4096"),
+    (("h2d", 4096.0, 16), "page_bytes must be a positive integer, got 4096.0"),
+    (("h2d", "4096", 16), "page_bytes must be a positive integer, got '4096'"),
+    (("h2d", True, 16), "page_bytes must be a positive integer, got True"),
+    (("h2d", 4096, 0), "pages_per_call must be a positive integer, got 0"),
+    (("h2d", 4096, None), "pages_per_call must be a positive integer, got None"),
+])
+def test_choose_refuses_bad_arguments(args, message):
+    with pytest.raises(CalibrationError) as info:
+        calibration.choose(H200, *args)
+    assert str(info.value) == message or str(info.value).startswith(message)
+
+
+def test_choose_refuses_what_is_not_a_paths_document_and_a_direction_it_lacks():
+    with pytest.raises(CalibrationError, match="^paths is a str that is not a kvverify-paths document: pass what "
+                                               "calibration.load returns$"):
+        calibration.choose("paths.json", "h2d", 4096, 16)
+    only_d2h = {**H200, "entries": [e for e in H200["entries"] if e["direction"] == "d2h"]}
+    with pytest.raises(CalibrationError, match=r"^no calibration entry for direction 'h2d'; the document has "
+                                               r"\['d2h'\] \(its 'unmeasured' lists"):
+        calibration.choose(only_d2h, "h2d", 4096, 16)
+
+
+@PROPERTY
+@given(direction=st.sampled_from(["h2d", "d2h", "both"]), page_bytes=st.integers(1, 2**2000),
+       pages_per_call=st.integers(1, 2**2000))
+def test_choose_answers_any_positive_shape_with_its_nearest_entry(direction, page_bytes, pages_per_call):
+    """The chosen entry is nearest on a log scale (page size first), also for sizes far beyond a
+    float (2**2000 bytes: the largest page size)."""
+    mine = [e for e in H200["entries"] if e["direction"] == direction]
+    chosen = calibration.choose(H200, direction, page_bytes, pages_per_call)
+    assert chosen["direction"] == direction and chosen in mine
+
+    def far(e, key, size):
+        return abs(math.log2(e[key]) - math.log2(size))
+
+    for e in mine:
+        assert far(chosen, "page_bytes", page_bytes) <= far(e, "page_bytes", page_bytes) + 1e-9
+        if e["page_bytes"] == chosen["page_bytes"]:
+            assert far(chosen, "pages_per_call", pages_per_call) <= far(e, "pages_per_call", pages_per_call) + 1e-9
+    if page_bytes >= 2**64:
+        assert chosen["page_bytes"] == max(e["page_bytes"] for e in mine)
+
+
+def test_entries_of_sizes_beyond_a_float_are_chosen_among(tmp_path):
+    """A page size no float holds (10**400 bytes) is an integer the schema allows: the distance to it
+    is computed exactly, not as a float that overflows."""
+    doc = changed(lambda d: d["entries"][0].update(page_bytes=10**400))
+    path = tmp_path / "paths.json"
+    path.write_text(json.dumps(doc))
+    loaded = calibration.load(path)
+    assert calibration.choose(loaded, "h2d", 10**399, 16) is loaded["entries"][0]
+    assert calibration.choose(loaded, "h2d", 4096, 16)["page_bytes"] == 4096
