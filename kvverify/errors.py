@@ -52,6 +52,16 @@ class CampaignError(KvverifyError, ValueError):
     """A campaign file or option is invalid; the message names where and what."""
 
 
+class CalibrationError(KvverifyError, ValueError):
+    """A paths document (``kvverify bench --calibrate -o PATH``) that cannot be used, or a shape
+    ``calibration.choose`` cannot answer. ``field`` is the offending field, e.g.
+    ``"entries[3].page_bytes"`` (None where the fault is not one field's)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        self.field = field
+        super().__init__(message)
+
+
 class PlanError(KvverifyError, ValueError):
     """The options name an impossible or unknown benchmark (reported as one line, exit status 2)."""
 

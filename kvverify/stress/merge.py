@@ -21,6 +21,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -51,16 +52,40 @@ class PlatformKey:
     cuda: str | None
 
 
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond a float")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:  # more digits than sys.get_int_max_str_digits()
+        raise ValueError(f"an integer of {len(text)} digits, more than Python converts") from None
+
+
+def _constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON (a number must be finite)")
+
+
 def read(path: str) -> dict[str, Any]:
     """The report at ``path`` as parsed JSON. Raises MergeError naming the file when it cannot be
-    read, is not JSON, or is neither a stress report of a known schema version nor a probe report."""
+    read, is not UTF-8, is not JSON (NaN, Infinity and numbers beyond a float are not; nor is nesting
+    deeper than the decoder allows), or is neither a stress report of a known schema version nor a
+    probe report."""
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
+            doc = json.load(f, parse_float=_finite, parse_int=_int, parse_constant=_constant)
     except OSError as exc:
         raise MergeError(f"{path}: cannot be read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
+    except UnicodeDecodeError as exc:
+        raise MergeError(f"{path}: not UTF-8 (byte {exc.start} is {exc.object[exc.start]:#04x})") from None
+    except ValueError as exc:  # json.JSONDecodeError, or what the hooks above refuse
         raise MergeError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise MergeError(f"{path}: not JSON (nested deeper than the decoder allows)") from None
     if not isinstance(doc, dict) or _kind(doc) is None:
         raise MergeError(f"{path}: neither a stress report (schema_version {' or '.join(map(str, STRESS_VERSIONS))}, "
                          f"from `kvverify stress --json`) nor a probe report (kind {PROBE_KIND!r}, from "
@@ -71,7 +96,8 @@ def read(path: str) -> dict[str, Any]:
 def _kind(doc: Mapping[str, Any]) -> str | None:
     if doc.get("kind") == PROBE_KIND:
         return "probe"
-    if doc.get("schema_version") in STRESS_VERSIONS and "cells" in doc:
+    version = doc.get("schema_version")
+    if isinstance(version, int) and not isinstance(version, bool) and version in STRESS_VERSIONS and "cells" in doc:
         return "stress"
     return None
 
@@ -104,12 +130,22 @@ def _stress_platform(p: Mapping[str, Any], where: str) -> PlatformKey:
     return PlatformKey(*(None if p.get(key) is None else _field(p, key, where) for key in ("gpu", "driver", "cuda")))
 
 
-def _probe_platform(p: Mapping[str, Any]) -> PlatformKey:
+def _probe_platform(p: Mapping[str, Any], where: str) -> PlatformKey:
+    """The platform of a probe report's ``platform`` object: each field a string, or null or
+    ``"unknown"`` where the probe could not tell."""
     def known(key: str) -> str | None:
-        value = p.get(key)
-        return None if value in (None, "unknown") else str(value)
+        return None if p.get(key) in (None, "unknown") else _field(p, key, where)
 
     return PlatformKey(known("gpu_name"), known("driver_version"), known("cuda_runtime_version"))
+
+
+def _gpu_of(rank: int, gpu_platform: Mapping[int, PlatformKey], top: PlatformKey, where: str) -> PlatformKey:
+    """The platform of the GPU of ``rank``: its row of ``gpus``, or ``top`` in a report without one."""
+    if not gpu_platform:
+        return top
+    if rank not in gpu_platform:
+        raise MergeError(f"{where}: gpu {rank} is not a rank of gpus ({', '.join(map(str, gpu_platform))})")
+    return gpu_platform[rank]
 
 
 def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, Any]:
@@ -135,7 +171,7 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
         if kind is None:
             raise MergeError(f"{name}: neither a stress report nor a probe report")
         if kind == "probe":
-            row = platform_of(_probe_platform(_field(doc, "platform", name, Mapping)), i)
+            row = platform_of(_probe_platform(_field(doc, "platform", name, Mapping), f"{name}: platform"), i)
             early = row["reads_early"] if row["reads_early"] is not None else []
             undecided = row["probe_undecided"] if row["probe_undecided"] is not None else []
             for c in _field(doc, "cells", name, list):
@@ -145,7 +181,8 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
                 if target is not None and entry not in target:
                     target.append(entry)
             row["reads_early"], row["probe_undecided"] = early, undecided
-            sources.append({"path": name, "kind": "probe", "version": doc.get("version"),
+            sources.append({"path": name, "kind": "probe",
+                            "version": None if doc.get("version") is None else _field(doc, "version", name, int),
                             "kvverify": None, "created": None, "campaign": None})
             continue
         if doc.get("not_run_reason"):
@@ -153,9 +190,13 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
                              "contract verdicts only has no platform to compare; leave it out")
         kvverify_version = _field(doc, "platform.kvverify", name)
         gpu_rows = _field(doc, "gpus", name, list) if doc.get("gpus") is not None else []
-        gpu_platform = {_field(g, "rank", f"{name}: gpus", int): _stress_platform(
-                            _field(g, "platform", f"{name}: gpus", Mapping), f"{name}: gpus: platform")
-                        for g in gpu_rows}
+        gpu_platform: dict[int, PlatformKey] = {}
+        for g in gpu_rows:
+            rank = _field(g, "rank", f"{name}: gpus", int)
+            if rank in gpu_platform:
+                raise MergeError(f"{name}: gpus: rank {rank} appears twice: which row is that GPU's?")
+            gpu_platform[rank] = _stress_platform(_field(g, "platform", f"{name}: gpus", Mapping),
+                                                  f"{name}: gpus: platform")
         top = _stress_platform(_field(doc, "platform", name, Mapping), f"{name}: platform")
         for g in gpu_rows:
             row = platform_of(gpu_platform[g["rank"]], i)
@@ -165,7 +206,7 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
         if not gpu_rows:
             platform_of(top, i)["gpus"] += 1
         sources.append({"path": name, "kind": "stress", "version": doc["schema_version"], "kvverify": kvverify_version,
-                        "created": doc.get("created"), "campaign": doc.get("campaign")})
+                        **{k: None if doc.get(k) is None else _field(doc, k, name) for k in ("created", "campaign")}})
         for c in _field(doc, "cells", name, list):
             label = _field(_cell(c, name), "label", f"{name}: a cell")
             cell = cells.setdefault(label, {
@@ -178,11 +219,13 @@ def merge(docs: Sequence[Mapping[str, Any]], names: Sequence[str]) -> dict[str, 
             cell["contracts"][i] = contract
             per_gpu = _field(c, "per_gpu", f"{name}: {label}", list) if c.get("per_gpu") is not None else []
             if per_gpu:
-                pairs = [(gpu_platform.get(_field(p, "gpu", f"{name}: {label}: per_gpu", int), top),
+                pairs = [(_gpu_of(_field(p, "gpu", f"{name}: {label}: per_gpu", int), gpu_platform, top,
+                                  f"{name}: {label}: per_gpu"),
                           _field(p, "verdict", f"{name}: {label}: per_gpu")) for p in per_gpu]
             else:
                 pairs = [(top, _field(c, "verdict", f"{name}: {label}"))]
             for platform, verdict in pairs:
+                platform_of(platform, i)  # the report's own platform where no row of gpus says
                 try:
                     cell["verdicts"].setdefault(platform, []).append(CellVerdict(verdict))
                 except ValueError:
@@ -317,9 +360,10 @@ def render(merged: Mapping[str, Any], console, details: bool = False) -> None:
     for name in ("Platform", "GPU", "Driver", "CUDA", "Hosts", "GPUs", "Reports", "Read early (probe)"):
         platforms.add_column(name, overflow="fold")
     for p in merged["platforms"]:
-        platforms.add_row(p["id"], p["gpu"] or "?", p["driver"] or "?", p["cuda"] or "?", ", ".join(p["hosts"]) or "-",
-                          str(p["gpus"]), ", ".join(merged["sources"][s]["path"] for s in p["sources"]),
-                          _early_text(p["reads_early"]))
+        platforms.add_row(*map(Text, (p["id"], p["gpu"] or "?", p["driver"] or "?", p["cuda"] or "?",
+                                      ", ".join(p["hosts"]) or "-", str(p["gpus"]),
+                                      ", ".join(merged["sources"][s]["path"] for s in p["sources"]),
+                                      _early_text(p["reads_early"]))))  # a report's text, never markup
     console.print(platforms)
     ids = [p["id"] for p in merged["platforms"]]
     with_cells = [i for i in ids if any(i in c["verdicts"] for c in merged["cells"])]
@@ -347,7 +391,7 @@ def render(merged: Mapping[str, Any], console, details: bool = False) -> None:
             for i in with_cells:
                 v = c["verdicts"].get(i)
                 verdicts.append(Text(v or "-", style="bold red" if v and CellVerdict(v).failing else ""))
-            table.add_row(c["label"], contract, *verdicts)
+            table.add_row(Text(c["label"]), contract, *verdicts)
         if shown:
             console.print(table)
         console.print(f"Platforms disagree on {len(differ)} of {len(merged['cells'])} cells."
