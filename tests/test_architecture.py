@@ -35,7 +35,7 @@ ALLOWED = {
     "kvverify.device": LEAVES,
     "kvverify.scenarios": LEAVES | {"kvverify.check"},
     "kvverify.stress": LEAVES | {"kvverify.check", "kvverify.scenarios", "kvverify.device"},
-    "kvverify.measure": LEAVES | {"kvverify.device"},
+    "kvverify.measure": LEAVES | {"kvverify.device", "kvverify.check"},
     "kvverify.record": LEAVES | {"kvverify.check", "kvverify.device"},
     "kvverify.cli": {"kvverify", "kvverify.annotate"},
     "kvverify.__main__": {"kvverify.cli"},

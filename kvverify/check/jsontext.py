@@ -4,17 +4,20 @@ top of it.
 - An object with a repeated key is an error (the decoder keeps the last value silently; a trace
   that says ``"order": "STREAM", "order": "ANY"`` must not pass as ANY). The check is one ``len``
   per object, on the dict the decoder builds anyway.
-- ``NaN`` and ``Infinity``, which Python accepts and JSON does not, are errors.
+- ``NaN`` and ``Infinity``, which Python accepts and JSON does not, are errors; so is a number
+  beyond a float's range (``1e999``, which the decoder makes an infinity).
 - Every failure is one :class:`JSONTextError` with the position in the text: syntax errors, nesting
   deeper than the decoder's recursion allows, integers longer than Python converts (its
   ``sys.get_int_max_str_digits()`` limit, 4300 digits by default).
 - :class:`ObjectReader` reads the members of the top-level object one by one, and an array member
-  item by item, so a document of millions of ops is never decoded into one list.
+  item by item, so a document of millions of ops is never decoded into one list; :func:`loads`
+  reads a whole document at once (the other documents kvverify reads: stress reports, paths).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -52,12 +55,19 @@ def _object(pairs: list) -> dict:
 
 
 def _constant(name: str):
-    raise _NotJSON(name)
+    raise _NotJSON(f"{name} is not JSON (a number must be finite)")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NotJSON(f"the number {text[:40]} is beyond a float's range")
+    return value
 
 
 class _NotJSON(Exception):
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, message: str):
+        self.message = message
 
 
 def _key(key: str) -> str:
@@ -66,7 +76,7 @@ def _key(key: str) -> str:
     return json.dumps(key[:60]) + (f" (cut: {cut} more characters)" if cut > 0 else "")
 
 
-_scan = json.JSONDecoder(object_pairs_hook=_object, parse_constant=_constant).scan_once
+_scan = json.JSONDecoder(object_pairs_hook=_object, parse_float=_float, parse_constant=_constant).scan_once
 _SPACE = re.compile(r"[ \t\n\r]*")
 _NEXT = re.compile(r"[ \t\n\r]*(?:(,)[ \t\n\r]*|(\]))")   # after an array item: a comma, or the end
 
@@ -81,15 +91,25 @@ def decode(text: str, pos: int) -> tuple[object, int]:
     except json.JSONDecodeError as e:
         raise JSONTextError(e.msg, text, e.pos) from None
     except _Repeated as e:
-        raise JSONTextError(f"an object repeats the key {_key(e.key)} (the trace format forbids repeated "
-                            "keys: which one counts?)", text, pos, e.key) from None
+        raise JSONTextError(f"an object repeats the key {_key(e.key)}: which one counts?", text, pos,
+                            e.key) from None
     except _NotJSON as e:
-        raise JSONTextError(f"{e.name} is not JSON (a number must be finite)", text, pos) from None
+        raise JSONTextError(e.message, text, pos) from None
     except RecursionError:
         raise JSONTextError("nested too deeply for the JSON decoder", text, pos) from None
     except ValueError:   # int(): more digits than sys.get_int_max_str_digits() allows
         raise JSONTextError(f"an integer with more than {sys.get_int_max_str_digits()} digits (more than "
                             "Python converts; no size or offset needs that many)", text, pos) from None
+
+
+def loads(text: str) -> object:
+    """The JSON value that is the whole of ``text`` (whitespace around it allowed), read strictly
+    (see the module docstring). Raises :class:`JSONTextError`."""
+    value, end = decode(text, _SPACE.match(text).end())
+    end = _SPACE.match(text, end).end()
+    if end != len(text):
+        raise JSONTextError("extra text after the JSON value", text, end)
+    return value
 
 
 class ObjectReader:

@@ -2,7 +2,8 @@
 document ``kvverify bench --calibrate -o paths.json`` writes and a serving engine reads at start-up
 (``kvverify/schemas/paths-v1.json``; docs/bench.md, "Calibration").
 
-Standard library only, so an engine can read the document without torch or a GPU::
+Standard library only (with ``kvverify.check``'s strict JSON reader), so an engine can read the
+document without torch or a GPU::
 
     from kvverify.measure import calibration
     paths = calibration.load("paths.json")
@@ -14,12 +15,12 @@ from __future__ import annotations
 
 import datetime
 import json
-import math
 import numbers
 import os
 from fractions import Fraction
 from typing import Any
 
+from kvverify.check import jsontext
 from kvverify.errors import CalibrationError
 from kvverify.measure.bench_plan import DIRECTIONS
 from kvverify.terms import HOST_MEMORY_KINDS
@@ -121,37 +122,6 @@ MAX_BYTES = 16 * 2**20
 _REWRITE = "write the document again with kvverify bench --calibrate -o PATH"
 
 
-class _NotJSON(ValueError):
-    """What the standard library's decoder accepts and JSON does not."""
-
-
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    d = dict(pairs)
-    if len(d) != len(pairs):
-        seen: set[str] = set()
-        key = next(k for k, _ in pairs if k in seen or seen.add(k))
-        raise _NotJSON(f"an object repeats the key {_show(key)}: which one counts?")
-    return d
-
-
-def _float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NotJSON(f"the number {_show(text)} is beyond a float")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:  # more digits than sys.get_int_max_str_digits()
-        raise _NotJSON(f"an integer of {len(text)} digits, more than Python converts") from None
-
-
-def _constant(name: str) -> float:
-    raise _NotJSON(f"{name} is not JSON (a number must be finite)")
-
-
 def _show(value: Any) -> str:
     text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
@@ -165,9 +135,9 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         OSError: the file cannot be read. CalibrationError (a ValueError): larger than ``MAX_BYTES``,
-        not UTF-8, not JSON (NaN, Infinity, a number beyond a float, a repeated key and nesting
-        deeper than the decoder allows included), or not a paths document of this version; the
-        message names the file and the field, ``field`` the field.
+        not UTF-8, not strict JSON (``kvverify.check.jsontext``: NaN, Infinity, a number beyond a
+        float, a repeated key, nesting deeper than the decoder allows), or not a paths document of
+        this version; the message names the file and the field, ``field`` the field.
     """
     with open(path, "rb") as fh:
         data = fh.read(MAX_BYTES + 1)
@@ -175,14 +145,11 @@ def load(path: str | os.PathLike) -> dict[str, Any]:
         raise CalibrationError(f"{path}: larger than {MAX_BYTES // 2**20} MiB, so not a paths document (the "
                                f"--calibrate grid's is about 100 KiB); {_REWRITE}")
     try:
-        doc = json.loads(data.decode("utf-8"), object_pairs_hook=_object, parse_float=_float, parse_int=_int,
-                         parse_constant=_constant)
+        doc = jsontext.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise CalibrationError(f"{path}: not UTF-8 (byte {exc.start} is {data[exc.start]:#04x}); {_REWRITE}") from None
-    except ValueError as exc:
+    except jsontext.JSONTextError as exc:
         raise CalibrationError(f"{path}: not JSON ({exc})") from None
-    except RecursionError:
-        raise CalibrationError(f"{path}: not JSON (nested deeper than the decoder allows)") from None
     _check(doc, str(path))
     return doc
 

@@ -21,13 +21,13 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import Any
 
+from kvverify.check import jsontext
 from kvverify.errors import KvverifyError
 from kvverify.stress.report import joined_verdict
 from kvverify.terms import CONTRACTS, ORDERS, CellVerdict
@@ -52,40 +52,20 @@ class PlatformKey:
     cuda: str | None
 
 
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is beyond a float")
-    return value
-
-
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:  # more digits than sys.get_int_max_str_digits()
-        raise ValueError(f"an integer of {len(text)} digits, more than Python converts") from None
-
-
-def _constant(name: str) -> float:
-    raise ValueError(f"{name} is not JSON (a number must be finite)")
-
-
 def read(path: str) -> dict[str, Any]:
     """The report at ``path`` as parsed JSON. Raises MergeError naming the file when it cannot be
-    read, is not UTF-8, is not JSON (NaN, Infinity and numbers beyond a float are not; nor is nesting
-    deeper than the decoder allows), or is neither a stress report of a known schema version nor a
-    probe report."""
+    read, is not UTF-8, is not strict JSON (``kvverify.check.jsontext``: no NaN, Infinity, number
+    beyond a float, repeated key or nesting deeper than the decoder allows), or is neither a stress
+    report of a known schema version nor a probe report."""
     try:
         with open(path, encoding="utf-8") as f:
-            doc = json.load(f, parse_float=_finite, parse_int=_int, parse_constant=_constant)
+            doc = jsontext.loads(f.read())
     except OSError as exc:
         raise MergeError(f"{path}: cannot be read ({exc.strerror})") from None
     except UnicodeDecodeError as exc:
         raise MergeError(f"{path}: not UTF-8 (byte {exc.start} is {exc.object[exc.start]:#04x})") from None
-    except ValueError as exc:  # json.JSONDecodeError, or what the hooks above refuse
+    except jsontext.JSONTextError as exc:
         raise MergeError(f"{path}: not JSON ({exc})") from None
-    except RecursionError:
-        raise MergeError(f"{path}: not JSON (nested deeper than the decoder allows)") from None
     if not isinstance(doc, dict) or _kind(doc) is None:
         raise MergeError(f"{path}: neither a stress report (schema_version {' or '.join(map(str, STRESS_VERSIONS))}, "
                          f"from `kvverify stress --json`) nor a probe report (kind {PROBE_KIND!r}, from "

@@ -10,7 +10,7 @@ import pytest
 from trace_helpers import STORE_EXAMPLE
 
 from kvverify.check import Trace, TraceError, TraceText, check
-from kvverify.check.jsontext import JSONTextError, ObjectReader, decode
+from kvverify.check.jsontext import JSONTextError, ObjectReader, decode, loads
 from kvverify.check.model import cut, printable, show
 
 TEXT = json.dumps(STORE_EXAMPLE)
@@ -68,6 +68,8 @@ def test_a_verdict_names_ops_parsed_again_from_the_text():
     ('{"version": 1, "buffers": {}, "streams": [], "ops": [], "comment": "hi"}', "unknown field", None, "comment"),
     ('{"version": 1, "buffers": {}, "streams": [], "ops": [{"op": "sync_device", "name": NaN}]}', "NaN is not JSON",
      0, None),
+    ('{"version": 1, "buffers": {}, "streams": [], "ops": [{"op": "sync_device", "name": 1e999}]}',
+     "the number 1e999 is beyond a float's range", 0, None),
     ('{"version": 1, "buffers": {}, "streams": [], "ops": [' + "[" * 50_000 + "]" * 50_000 + "]}",
      "nested too deeply", 0, None),
     ("[]", "a trace is a JSON object", None, None),
@@ -85,6 +87,20 @@ def test_a_trace_that_is_no_object_is_not_called_invalid_json(text):
     with pytest.raises(TraceError) as e:
         TraceText(text)
     assert "a trace is a JSON object" in str(e.value) and "not valid JSON" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "Expecting value"), ("[1] 2", "extra text after the JSON value"), ('{"a": 1, "a": 2}', 'repeats the key "a"'),
+    ("[Infinity]", "Infinity is not JSON"), ("-1e400", "beyond a float's range"), ("[" * 100_000, "nested too deeply"),
+    ("9" * 5000, "more than Python converts"),
+])
+def test_loads_reads_a_whole_document_strictly(text, words):
+    with pytest.raises(JSONTextError, match=words):
+        loads(text)
+
+
+def test_loads_returns_the_value_with_whitespace_around():
+    assert loads(' \n{"a": [1, 2.5, null]}\t') == {"a": [1, 2.5, None]}
 
 
 def test_decode_and_object_reader_report_positions():

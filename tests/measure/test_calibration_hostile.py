@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_strategies import JSON_VALUES, slots
 
 from kvverify.errors import CalibrationError
 from kvverify.measure import calibration
@@ -109,17 +110,17 @@ def test_a_malformed_field_is_named(tmp_path, change, field, message):
     (json.dumps({**H200, "version": True}), "(kind \"kvverify-paths\", version true)"),
     (json.dumps({**H200, "version": 1.0}), "(kind \"kvverify-paths\", version 1.0)"),
     (json.dumps({**H200, "kind": "kvverify-bench"}), "(kind \"kvverify-bench\", version 1)"),
-    ("", "not JSON (Expecting value: line 1 column 1 (char 0))"),
-    ("[" * 100_000 + "]" * 100_000, "not JSON (nested deeper than the decoder allows)"),
-    ('{"kind": ' + "9" * 5000 + "}", "not JSON (an integer of 5000 digits, more than Python converts)"),
+    ("", "not JSON (Expecting value (line 1, column 1))"),
+    ("[" * 100_000 + "]" * 100_000, "not JSON (nested too deeply for the JSON decoder"),
+    ('{"kind": ' + "9" * 5000 + "}", "not JSON (an integer with more than 4300 digits (more than Python converts"),
     (json.dumps(changed(lambda d: d["entries"][0]["best"].update(gbps=float("nan")))),
-     "not JSON (NaN is not JSON (a number must be finite))"),
+     "not JSON (NaN is not JSON (a number must be finite) (line 1"),
     (json.dumps(changed(lambda d: d["entries"][0].update(ceiling_gbps=-float("inf")))),
-     "not JSON (-Infinity is not JSON (a number must be finite))"),
+     "not JSON (-Infinity is not JSON (a number must be finite) (line 1"),
     (json.dumps(H200).replace('"page_bytes": 4096', '"page_bytes": 1e999', 1),
-     'not JSON (the number "1e999" is beyond a float)'),
+     "not JSON (the number 1e999 is beyond a float's range (line 1"),
     ('{"kind": "kvverify-paths", "version": 1, "entries": [], "entries": []}',
-     'not JSON (an object repeats the key "entries": which one counts?)'),
+     'not JSON (an object repeats the key "entries": which one counts? (line 1'),
 ])
 def test_text_that_is_not_a_paths_document_is_refused(tmp_path, text, message):
     assert message in str(refused(tmp_path, text))
@@ -144,26 +145,11 @@ def test_members_the_schema_does_not_name_are_kept(tmp_path):
 
 # -- any JSON where a field was ---------------------------------------------------------------------
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70)
-                    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=8),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
-                    max_leaves=8)
-
-
-def _slots(doc, at=()):
-    """Every (path of keys, value) in ``doc`` except ``platform``'s inside (free-form)."""
-    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
-    for key, value in items:
-        yield (*at, key), value
-        if (*at, key) != ("platform",):
-            yield from _slots(value, (*at, key))
-
-
-SLOTS = [path for path, _ in _slots(H200) if path[:1] != ("entries",) or len(path) == 1 or path[1] < 3]
+SLOTS = [path for path, _ in slots(H200, opaque=frozenset({("platform",)})) if path[:1] != ("entries",) or len(path) == 1 or path[1] < 3]
 
 
 @PROPERTY
-@given(slot=st.sampled_from(SLOTS), value=JSON, drop=st.booleans())
+@given(slot=st.sampled_from(SLOTS), value=JSON_VALUES, drop=st.booleans())
 def test_any_value_in_any_field_loads_checked_or_is_refused_naming_it(tmp_path, slot, value, drop):
     """Any JSON in any field (or the field gone): ``load`` either refuses with a CalibrationError
     naming the field, or returns a document ``choose`` answers with a safe path and its call."""
