@@ -6,9 +6,10 @@ per layer on the GPU and one pinned tensor per layer on the host; every transfer
 CPU, or a load, CPU to GPU) takes the next stream of a pool, waits on the previous transfer's end
 event (transfers stay in order), moves every layer's blocks with one batched swap
 (``kvverify::swap_blocks_batch``) and records its own end event; completion is found by polling
-``Event.query()``. The model runner zero-fills freshly allocated blocks, writes the step's KV and
-attends over it on the compute stream, after copying the step's block ids to the device from a
-pinned descriptor buffer.
+``Event.query()``. The model runner writes the step's KV and attends over it on the compute
+stream, after copying the step's block ids to the device from a pinned descriptor buffer, and
+zero-fills freshly allocated blocks behind the model's forward step (a matmul per layer when
+``Shape.hidden`` is set).
 
 Mistakes (``MISTAKES``), each a change of one line of the safe form:
 
@@ -202,9 +203,16 @@ class Engine:
         with self.cuda.stream(self.compute):
             for layer in self.gpu:
                 torch.sum(layer[blocks[0]:blocks[-1] + 1], dim=(0, 1), dtype=torch.int64, out=self.scores[0])  # <- attend
-                if self.shape.hidden:
-                    torch.mm(self.hidden[0], self.weight, out=self.hidden[1])
-                    self.hidden.reverse()
+
+    def _forward(self) -> None:
+        """The model's own work, which touches no KV block: one matmul per layer (none when
+        ``shape.hidden`` is 0)."""
+        if not self.shape.hidden:
+            return
+        with self.cuda.stream(self.compute):
+            for _ in self.gpu:
+                torch.mm(self.hidden[0], self.weight, out=self.hidden[1])
+                self.hidden.reverse()
 
     def _transfer(self, store: bool, src, dst, wait_compute: bool = True) -> int:
         self.jobs += 1
@@ -218,8 +226,9 @@ class Engine:
 
     def step(self, k: int) -> None:
         """Step ``k`` on three runs of blocks: ``a`` (KV written, attended, stored), ``fresh``
-        (newly allocated: zero-filled, then a cached prefix loaded into it) and ``reused`` (freed
-        by a finished request whose attention is still queued, then loaded into)."""
+        (newly allocated: zero-filled behind the forward step, then a cached prefix loaded into
+        it) and ``reused`` (freed by a finished request whose attention is still queued, then
+        loaded into)."""
         n = self.shape.blocks_per_transfer
         first = 3 * n * k % self.shape.gpu_blocks
         a = list(range(first, first + n))
@@ -239,6 +248,9 @@ class Engine:
         self.cpu_value.update(dict.fromkeys(stored, k + 1))
         if previous is not None:
             self.handler.wait(previous)
+        # the forward step the zero-fill queues behind: a load that does not wait on compute can
+        # land first, and the zero-fill then wipes it
+        self._forward()
         self._zero_fresh(fresh)
         self._transfer(False, source, fresh, wait_compute=self.mistake != "load-no-wait")
         self._attend(reused)

@@ -11,10 +11,12 @@ from fake_cuda import DemoDevice, FakeCuda
 from kvverify.record import demo, recording
 
 
+@pytest.mark.parametrize("hidden", [0, 16], ids=["no-model", "model"])
 @pytest.mark.parametrize("mistake", list(EXPECTED), ids=lambda m: m or "safe")
-def test_each_form_of_the_handler_is_reported_as_expected(mistake):
+def test_each_form_of_the_handler_is_reported_as_expected(mistake, hidden):
+    # with a model (hidden > 0), its forward step's matmuls on compute touch no KV block: no other race
     fake = FakeCuda()
-    engine = demo.Engine(demo.Shape(), mistake, cuda=DemoDevice(fake))
+    engine = demo.Engine(demo.Shape(hidden=hidden, tokens=4), mistake, cuda=DemoDevice(fake))
     with recording(platform=fake, skip=fake.skip()) as rec:
         engine.run()
     verdict = rec.check()
