@@ -19,6 +19,7 @@
 #        stress-2gpu     two GPUs: every cell on each (torchrun --nproc-per-node 2)
 #        stress-2gpu-shard  two GPUs, the cells split (--shard)
 #        merge           stress-2gpu, stress-2gpu-shard and probe reports merged; every report validated
+#        hook-probe      what a C++ op observer would cost the recorder per op (benchmarks/record_hook_probe.py)
 #        Each has a wall-clock limit (SIGINT, then SIGKILL), so one stuck step cannot eat a lent
 #        device's whole call.
 set -uo pipefail
@@ -31,7 +32,7 @@ failed=()
 
 ALL_STEPS=(platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench swap-bandwidth
            kernel-bandwidth record kernel-path)
-ON_REQUEST=(sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge)
+ON_REQUEST=(sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge hook-probe)
 SELECTED=("$@")
 [ ${#SELECTED[@]} -ne 0 ] || SELECTED=("${ALL_STEPS[@]}")
 for s in "${SELECTED[@]}"; do
@@ -119,6 +120,8 @@ step merge 120 bash -c 'stress=(); for f in stress.json stress-2gpu.json stress-
   [ -f "$0/$f" ] && stress+=("$0/$f"); done; probe=(); [ -f "$0/probe.json" ] && probe=("$0/probe.json")
   python3 -m kvverify merge "${stress[@]}" "${probe[@]}" --json "$0/merged.json"; rc=$?
   python3 ci/reports.py validate "$0/merged.json" "${stress[@]}" || rc=1; exit $rc' "$OUT"
+# The recorder's next hook: a C++ op observer's cost per op against the dispatch mode and the recorder.
+step hook-probe 240 python3 benchmarks/record_hook_probe.py --device cuda --json "$OUT/hook-probe.json"
 
 if [ ${#failed[@]} -ne 0 ]; then
   echo "ci/gpu.sh: failed steps: ${failed[*]}" | tee -a "$LOG"

@@ -137,4 +137,4 @@ def test_gpu_sh_names_its_steps(tmp_path):
     p = subprocess.run(["bash", str(ROOT / "ci" / "gpu.sh"), "no-such-step"], capture_output=True, text=True,
                        env=dict(os.environ, OUT=str(tmp_path)), check=False)
     assert p.returncode == 2
-    assert "on request: sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge" in p.stderr
+    assert "on request: sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge hook-probe" in p.stderr

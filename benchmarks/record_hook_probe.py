@@ -1,0 +1,309 @@
+"""A feasibility probe for the recorder's next hook: what a C++ op observer costs per op, against
+the pass-through ``TorchDispatchMode`` that bounds today's recorder (docs/record.md, "Overhead").
+
+    python benchmarks/record_hook_probe.py                 # CPU tensors: the host's cost per op
+    python benchmarks/record_hook_probe.py --device cuda   # CUDA tensors, with the current stream
+
+It compiles (``torch.utils.cpp_extension.load_inline``, a minute on first use) a thread-local
+``at::RecordFunction`` start/end callback pair that appends, for every op the dispatcher calls, what
+the recorder needs from it to a flat log: the op's name, each tensor argument and output as (data
+pointer, bytes, device), the device's current stream, and the innermost frame of the user's code as
+(code object, last instruction), found by walking the Python stack past frames whose file a Python
+predicate calls library code (asked once per code object). Python would turn that log into trace
+ops after the program, not per op. It then times ``layer[0:8].fill_(1)`` over 32 tensors (a view
+and an in-place op, two dispatcher calls), CPU time, best of ``--repeats``:
+
+- plain; under a dispatch mode that only calls the op (today's floor);
+- under the C++ observer without frames, and with them;
+- under the real recorder (``kvverify.record.recording``), on CUDA only.
+
+and checks the log: two entries per fill (``aten::slice``, ``aten::fill_``), the fill's tensor at
+the view's address, its frame in this file. It prints microseconds per fill. Not a test, and not
+the product: the observer here records, it does not resolve allocations or write a trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_record import pass_through_mode  # noqa: E402
+
+SOURCE = r"""
+#include <torch/extension.h>
+#include <ATen/record_function.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <Python.h>
+#include <frameobject.h>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+// One flat log of 64-bit words per thread, an entry at each op's start and end (nested ops interleave):
+// start: [1, name, n, (ptr, bytes, device) * n, stream, code, lasti]   end: [2, name, n, (...) * n, stream]
+thread_local std::vector<uint64_t> log_words;
+std::unordered_map<PyObject*, bool> is_library;  // code object -> its file is library code
+PyObject* library_predicate = nullptr;
+bool want_frames = false;
+at::CallbackHandle handle = 0;
+
+void append_tensor(const at::Tensor& t, uint64_t& n, int64_t& device) {
+  if (!t.defined() || !t.has_storage()) return;
+  log_words.push_back(reinterpret_cast<uint64_t>(t.const_data_ptr()));
+  log_words.push_back(static_cast<uint64_t>(t.nbytes()));
+  auto d = t.device();
+  log_words.push_back((static_cast<uint64_t>(d.type()) << 8) | static_cast<uint8_t>(d.index()));
+  if (d.is_cuda() && device < 0) device = d.index();
+  ++n;
+}
+
+void append_values(const c10::IValue* values, size_t count) {
+  size_t count_at = log_words.size();
+  log_words.push_back(0);
+  uint64_t n = 0;
+  int64_t device = -1;
+  for (size_t k = 0; k < count; ++k) {
+    const c10::IValue& v = values[k];
+    if (v.isTensor()) {
+      append_tensor(v.toTensor(), n, device);
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) append_tensor(t, n, device);
+    }
+  }
+  log_words[count_at] = n;
+  uint64_t stream = 0;
+  if (device >= 0) {
+    auto impl = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
+    stream = static_cast<uint64_t>(impl->getStream(c10::Device(c10::DeviceType::CUDA, device)).id());
+  }
+  log_words.push_back(stream);
+}
+
+void append_frame() {
+  if (!want_frames) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  uint64_t code_word = 0, lasti = 0;
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    auto found = is_library.find(reinterpret_cast<PyObject*>(code));
+    bool library;
+    if (found == is_library.end()) {
+      PyObject* r = PyObject_CallOneArg(library_predicate, code->co_filename);
+      library = r == nullptr || PyObject_IsTrue(r);
+      Py_XDECREF(r);
+      PyErr_Clear();
+      Py_INCREF(code);  // the map holds it: its address names no other code object meanwhile
+      is_library.emplace(reinterpret_cast<PyObject*>(code), library);
+    } else {
+      library = found->second;
+    }
+    if (!library) {
+      code_word = reinterpret_cast<uint64_t>(code);
+      lasti = static_cast<uint64_t>(PyFrame_GetLasti(frame));
+      Py_DECREF(code);
+      break;
+    }
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  PyGILState_Release(gil);
+  log_words.push_back(code_word);
+  log_words.push_back(lasti);
+}
+
+std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  log_words.push_back(1);
+  log_words.push_back(reinterpret_cast<uint64_t>(fn.name()));
+  auto inputs = fn.inputs();
+  append_values(inputs.data(), inputs.size());
+  append_frame();
+  return nullptr;
+}
+
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  log_words.push_back(2);
+  log_words.push_back(reinterpret_cast<uint64_t>(fn.name()));
+  const auto& outputs = fn.outputs();
+  append_values(outputs.data(), outputs.size());
+}
+
+}  // namespace
+
+void start(py::object predicate, bool frames) {
+  TORCH_CHECK(handle == 0, "the observer is already on");
+  Py_XDECREF(library_predicate);
+  library_predicate = predicate.release().ptr();
+  want_frames = frames;
+  log_words.clear();
+  handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
+                                          .needsInputs(true)
+                                          .needsOutputs(true)
+                                          .scopes({at::RecordScope::FUNCTION}));
+}
+
+py::tuple stop() {
+  TORCH_CHECK(handle != 0, "the observer is off");
+  at::removeCallback(handle);
+  handle = 0;
+  size_t n = log_words.size();
+  py::tuple out(2);
+  out[0] = py::bytes(reinterpret_cast<const char*>(log_words.data()), n * sizeof(uint64_t));
+  out[1] = n;
+  log_words.clear();
+  return out;
+}
+
+py::object op_name(uint64_t word) { return py::str(reinterpret_cast<const char*>(word)); }
+
+py::object code_object(uint64_t word) {
+  return py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(word));
+}
+"""
+
+
+def build():
+    from torch.utils.cpp_extension import load_inline
+
+    # NDEBUG as libtorch's own build: RecordFunction's debug-only checks read a flag only a debug
+    # libtorch sets
+    return load_inline("kvverify_record_hook_probe", cpp_sources=SOURCE, extra_cflags=["-O2", "-DNDEBUG"],
+                       functions=["start", "stop", "op_name", "code_object"], verbose=False)
+
+
+def decode(ext, blob: bytes, frames: bool) -> list[dict]:
+    """The log as one dict per entry: "start" or "end", the op's name, its tensors (inputs at the
+    start, outputs at the end) as (address, bytes, device word), the stream id, and at the start the
+    user's frame as "file:line" (None without frames or where none was found)."""
+    import numpy as np
+
+    words = np.frombuffer(blob, dtype=np.uint64).tolist()
+    entries, k = [], 0
+    while k < len(words):
+        tag, name, n = words[k], words[k + 1], words[k + 2]
+        if tag not in (1, 2) or 3 * n > len(words) - k:
+            raise ValueError(f"the observer's log is malformed at word {k}")
+        k += 3
+        entry = {"kind": "start" if tag == 1 else "end", "name": str(ext.op_name(name)),
+                 "tensors": [tuple(words[k + 3 * j:k + 3 * j + 3]) for j in range(n)]}
+        k += 3 * n
+        entry["stream"] = words[k]
+        k += 1
+        if tag == 1 and frames:
+            code, lasti = words[k], words[k + 1]
+            k += 2
+            entry["at"] = None
+            if code:
+                c = ext.code_object(code)
+                line = next((ln for start, end, ln in c.co_lines() if start <= lasti < end), None)
+                entry["at"] = f"{Path(c.co_filename).name}:{line}"
+        entries.append(entry)
+    return entries
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--steps", type=int, default=300, help="fills of each of the 32 tensors per timing")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from kvverify.record.frames import Locator
+
+    ext = build()
+    locator = Locator()
+    library = locator._library  # the recorder's own rule for which files are library code
+    layers = [torch.zeros(96, 16, device=args.device) for _ in range(32)]
+
+    def fills() -> None:
+        for layer in layers:
+            layer[0:8].fill_(1)  # <- probe fill
+
+    def per_fill() -> float:
+        fills()  # warm-up
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.process_time()
+        for _ in range(args.steps):
+            fills()
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        return (time.process_time() - start) / args.steps / len(layers) * 1e6
+
+    def observed(frames: bool):
+        def run() -> float:
+            ext.start(library, frames)
+            try:
+                return per_fill()
+            finally:
+                ext.stop()
+        return run
+
+    def recorded() -> float:
+        from kvverify.record import recording
+        with recording():
+            return per_fill()
+
+    cases = {"plain": per_fill, "pass-through mode": lambda: _under(pass_through_mode()(), per_fill),
+             "C++ observer": observed(False), "C++ observer + user frame": observed(True)}
+    if args.device == "cuda":
+        cases["kvverify record (today)"] = recorded
+    best = {name: float("inf") for name in cases}
+    for _ in range(args.repeats):  # in turn: a busy host slows all of them alike
+        for name, run in cases.items():
+            best[name] = min(best[name], run())
+
+    # What the observer logged is what the recorder needs: check it once, small.
+    ext.start(library, True)
+    layers[3][0:8].fill_(1)  # <- checked fill
+    blob, _ = ext.stop()
+    entries = decode(ext, blob, frames=True)
+    names = [e["name"] for e in entries if e["kind"] == "start"]
+    fill = next(e for e in entries if e["kind"] == "start" and e["name"] == "aten::fill_")
+    view_address = layers[3][0:8].data_ptr()
+    checks = {
+        "ops": names,
+        "fill at the view's address": fill["tensors"][0][0] == view_address,
+        "fill bytes": fill["tensors"][0][1] == 8 * 16 * 4,
+        "fill located": fill["at"],
+        "stream logged": fill["stream"] if args.device == "cuda" else None,
+    }
+    ok = ("aten::slice" in names and checks["fill at the view's address"] and checks["fill bytes"]
+          and fill["at"] == f"{Path(__file__).name}:{_line_of('# <- checked fill')}")
+
+    plain = best["plain"]
+    print(f"per layer[0:8].fill_(1) on {args.device}, CPU time, best of {args.repeats} x {args.steps} x 32:")
+    for name, us in best.items():
+        print(f"  {name:28s} {us:6.2f} us  (+{us - plain:5.2f} over plain)")
+    print(f"log check: {'ok' if ok else 'FAILED'} {json.dumps(checks)}")
+    if args.json:
+        args.json.write_text(json.dumps({"device": args.device, "torch": torch.__version__,
+                                         "per_fill_us": best, "log_check": checks, "ok": ok}, indent=2))
+    return 0 if ok else 1
+
+
+def _under(context, run):
+    with context:
+        return run()
+
+
+def _line_of(marker: str) -> int:
+    lines = Path(__file__).read_text().splitlines()
+    return next(k for k, line in enumerate(lines, 1) if marker in line and "_line_of" not in line)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,28 @@
+"""The C++ op observer probe (``benchmarks/record_hook_probe.py``) on this host: it compiles against the
+installed torch, and the log it keeps holds what the recorder would need (the view's address and
+bytes, the user's line). Its timings are printed, not judged."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_probe_logs_the_fill_with_its_address_and_line(tmp_path):
+    out = tmp_path / "probe.json"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "record_hook_probe.py"), "--repeats", "1",
+                        "--steps", "3", "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    figures = json.loads(out.read_text())
+    assert figures["ok"] is True
+    check = figures["log_check"]
+    assert check["ops"][0] == "aten::slice" and check["ops"][-1] == "aten::fill_"
+    assert check["fill at the view's address"] is True and check["fill bytes"] is True
+    assert check["fill located"].startswith("record_hook_probe.py:")
+    assert set(figures["per_fill_us"]) == {"plain", "pass-through mode", "C++ observer", "C++ observer + user frame"}
+    assert all(us > 0 for us in figures["per_fill_us"].values())
+    assert "log check: ok" in p.stdout
