@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 import json
 import statistics
@@ -50,17 +51,37 @@ def pass_through_mode() -> type:
     return PassThrough
 
 
-def run_once(shape, how: str):
-    """Wall seconds of one loop (allocation outside the timing), run ``how``: ``"plain"``,
-    ``"mode"`` (under ``pass_through_mode``) or ``"recorded"``; and the recording if any."""
-    from kvverify.record import demo, recording
+def engine_shapes(layers=32, in_flight=16, blocks_per_transfer=8, block_bytes=16 << 10, steps=100, hidden=8192,
+                  tokens=512) -> dict:
+    """The two compute loads of the engine-style loop, as ``kvverify.record.demo.Shape``: ``light``
+    and ``model`` (a ``tokens x hidden`` fp16 matmul per layer too)."""
+    from kvverify.record import demo
+
+    n = blocks_per_transfer
+    common = dict(layers=layers, in_flight=in_flight, blocks_per_transfer=n, block_bytes=block_bytes,
+                  gpu_blocks=12 * n, cpu_blocks=8 * n, steps=steps)
+    return {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=hidden, tokens=tokens)}
+
+
+def time_loop(shape, context) -> float:
+    """Wall seconds of one run of the demo's loop of ``shape`` inside ``context`` (allocation
+    outside the timing)."""
+    from kvverify.record import demo
 
     engine = demo.Engine(shape)
-    context = {"plain": contextlib.nullcontext, "mode": pass_through_mode(), "recorded": recording}[how]()
     start = time.perf_counter()
     with context:
         engine.run()
-    return time.perf_counter() - start, context if how == "recorded" else None
+    return time.perf_counter() - start
+
+
+def run_once(shape, how: str):
+    """Wall seconds of one loop, run ``how``: ``"plain"``, ``"mode"`` (under
+    ``pass_through_mode``) or ``"recorded"``; and the recording if any."""
+    from kvverify.record import recording
+
+    context = {"plain": contextlib.nullcontext, "mode": pass_through_mode(), "recorded": recording}[how]()
+    return time_loop(shape, context), context if how == "recorded" else None
 
 
 RUNS = ("plain", "mode", "recorded")
@@ -232,15 +253,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_record: {reason}", file=sys.stderr)
         return 2
     from kvverify.check import check
-    from kvverify.record import demo
 
-    n = args.blocks_per_transfer
-    common = dict(layers=args.layers, in_flight=args.in_flight, blocks_per_transfer=n, block_bytes=args.block_bytes,
-                  gpu_blocks=12 * n, cpu_blocks=8 * n, steps=args.steps)
-    loads = {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=args.hidden, tokens=args.tokens)}
+    loads = engine_shapes(args.layers, args.in_flight, args.blocks_per_transfer, args.block_bytes, args.steps,
+                          args.hidden, args.tokens)
     results = {}
     for name, shape in loads.items():
-        warm = demo.Shape(**{**common, "steps": 3, "hidden": shape.hidden, "tokens": shape.tokens})
+        warm = dataclasses.replace(shape, steps=3)
         for how in RUNS:
             run_once(warm, how)  # the first recorded op imports torch._dynamo (seconds): not the recorder's cost
         seconds = {how: [] for how in RUNS}

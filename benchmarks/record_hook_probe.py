@@ -17,7 +17,10 @@ and an in-place op, two dispatcher calls), CPU time, best of ``--repeats``:
 - under the C++ observer without frames, and with them;
 - under the real recorder (``kvverify.record.recording``), on CUDA only.
 
-and checks the log: two entries per fill (``aten::slice``, ``aten::fill_``), the fill's tensor at
+On CUDA it then runs the recorder's engine-style loop (``benchmarks/bench_record.py``'s two loads,
+32 layers, 16 transfers in flight, ``--loop-steps`` steps) plain, under the pass-through mode and
+under the observer with frames, in turn, and prints medians in ms per step: the floor a recorder
+built on the observer would start from. It also checks the log: two entries per fill (``aten::slice``, ``aten::fill_``), the fill's tensor at
 the view's address, its frame in this file. It prints microseconds per fill. Not a test, and not
 the product: the observer here records, it does not resolve allocations or write a trace.
 """
@@ -32,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_record import pass_through_mode  # noqa: E402
+from benchmarks.bench_record import engine_shapes, pass_through_mode, time_loop  # noqa: E402
 
 SOURCE = r"""
 #include <torch/extension.h>
@@ -216,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--steps", type=int, default=300, help="fills of each of the 32 tensors per timing")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--loop-steps", type=int, default=100, help="steps of the engine loop (CUDA only; 0: none)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
     args = parser.parse_args(argv)
 
@@ -288,11 +292,53 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per layer[0:8].fill_(1) on {args.device}, CPU time, best of {args.repeats} x {args.steps} x 32:")
     for name, us in best.items():
         print(f"  {name:28s} {us:6.2f} us  (+{us - plain:5.2f} over plain)")
+    loops = {}
+    if args.device == "cuda" and args.loop_steps:
+        loops = engine_loops(ext, library, args.loop_steps, args.repeats)
+        for load, ms in loops.items():
+            shown = ", ".join(f"{how} {v:.2f}" + ("" if how == "plain" else f" ({v / ms['plain']:.2f}x)")
+                              for how, v in ms.items())
+            print(f"engine loop, {load}: ms/step, median of {args.repeats}: {shown}")
     print(f"log check: {'ok' if ok else 'FAILED'} {json.dumps(checks)}")
     if args.json:
         args.json.write_text(json.dumps({"device": args.device, "torch": torch.__version__,
-                                         "per_fill_us": best, "log_check": checks, "ok": ok}, indent=2))
+                                         "per_fill_us": best, "loop_ms_per_step": loops, "log_check": checks,
+                                         "ok": ok}, indent=2))
     return 0 if ok else 1
+
+
+class Observed:
+    """The observer, with frames, as a context manager."""
+
+    def __init__(self, ext, library) -> None:
+        self.ext, self.library = ext, library
+
+    def __enter__(self):
+        self.ext.start(self.library, True)
+
+    def __exit__(self, *exc):
+        self.ext.stop()
+
+
+def engine_loops(ext, library, steps: int, repeats: int) -> dict:
+    """Median ms per step of each engine-style load, plain, under the pass-through mode and under
+    the observer."""
+    import contextlib
+    import dataclasses
+    import statistics
+
+    contexts = {"plain": contextlib.nullcontext, "pass-through mode": pass_through_mode(),
+                "C++ observer + user frame": lambda: Observed(ext, library)}
+    out = {}
+    for load, shape in engine_shapes(steps=steps).items():
+        for make in contexts.values():
+            time_loop(dataclasses.replace(shape, steps=3), make())  # warm-up
+        seconds = {how: [] for how in contexts}
+        for _ in range(repeats):  # in turn: a busy host slows each of them alike
+            for how, make in contexts.items():
+                seconds[how].append(time_loop(shape, make()))
+        out[load] = {how: statistics.median(s) / steps * 1e3 for how, s in seconds.items()}
+    return out
 
 
 def _under(context, run):
