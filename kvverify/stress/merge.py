@@ -337,7 +337,8 @@ def render(merged: Mapping[str, Any], console, details: bool = False) -> None:
     from rich.text import Text
 
     platforms = Table(title="kvverify merge: platforms")
-    for name in ("Platform", "GPU", "Driver", "CUDA", "Hosts", "GPUs", "Reports", "Read early (probe)"):
+    # "GPU runs", not GPUs: a stress report names no GPU by serial, so one GPU in two reports counts twice
+    for name in ("Platform", "GPU", "Driver", "CUDA", "Hosts", "GPU runs", "Reports", "Read early (probe)"):
         platforms.add_column(name, overflow="fold")
     for p in merged["platforms"]:
         platforms.add_row(*map(Text, (p["id"], p["gpu"] or "?", p["driver"] or "?", p["cuda"] or "?",

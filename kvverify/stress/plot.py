@@ -16,7 +16,7 @@ from kvverify.terms import RACY, SAFE, CellVerdict
 if TYPE_CHECKING:
     from kvverify.stress.report import StressReport
 
-__all__ = ["FILL", "plot_matrix"]
+__all__ = ["FILL", "legend_label", "plot_matrix"]
 
 # Verdict → (face colour, hatch, glyph colour). Light faces for the expected outcomes, dark ones
 # for the failing verdicts; luminance and hatching differ wherever hue alone would.
@@ -33,6 +33,14 @@ FILL: dict[str, tuple[str, str, str]] = {
 
 _SQUARE = 0.32  # inches per mark
 _GAP = 0.5  # squares between two orders
+
+
+def legend_label(key: str) -> str:
+    """The legend's entry for a ``matrix.MARKS`` key: its glyph, the verdict and what it means
+    (``"x  CONFIRMED_RACE: racy, corruption seen"``); a contract verdict's meaning names it
+    already (``".  SAFE on paper"``)."""
+    mark = matrix.MARKS[key]
+    return f"{mark.glyph}  " + (mark.meaning if mark.meaning.startswith(key) else f"{key}: {mark.meaning}")
 
 
 def plot_matrix(report: StressReport, path: str | os.PathLike) -> None:
@@ -113,7 +121,7 @@ def plot_matrix(report: StressReport, path: str | os.PathLike) -> None:
                  y=1 - 0.1 / fig.get_figheight(), va="top")
     handles = [Rectangle((0, 0), 1, 1, facecolor=FILL[k][0], hatch=FILL[k][1], edgecolor="#555555", linewidth=0.5)
                for k in grid.keys]
-    labels = [f"{matrix.MARKS[k].glyph}  {k}: {matrix.MARKS[k].meaning}" for k in grid.keys]
+    labels = [legend_label(k) for k in grid.keys]
     note = f"each cell: {' | '.join(grid.executors)}" if grid.executors else "one mark per cell"
     fig.legend(handles, labels, loc="lower left", bbox_to_anchor=(0.02, 0.0), fontsize=8, frameon=False,
                title=note, title_fontsize=8, alignment="left")

@@ -3,9 +3,8 @@ callbacks torch's C++ would call are fired from Python); where the user's frame 
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import threading
 import types
 from collections import Counter
@@ -17,9 +16,9 @@ from fake_cuda import FakeCuda, ptrs, swap_ops
 
 import kvverify.record as record
 from kvverify.check import check
+from kvverify.device.extension import cuda_refusal
 from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
-from kvverify.device.extension import cuda_refusal
 from kvverify.record.hooks import (
     CudaPlatform,
     observed_event_class,

@@ -172,6 +172,15 @@ def test_plot_writes_a_png(tmp_path, ran):
     assert 800 < width < 3000 and 800 < height < 3000
 
 
+def test_the_legend_names_each_verdict_once():
+    from kvverify.stress.plot import legend_label
+    from kvverify.terms import RACY, SAFE, CellVerdict
+
+    assert legend_label(SAFE) == ".  SAFE on paper" and legend_label(RACY) == "x  RACY on paper"
+    assert legend_label(CellVerdict.CONFIRMED_RACE.value) == "x  CONFIRMED_RACE: racy, corruption seen"
+    assert legend_label(CellVerdict.NOT_RUN.value) == "-  NOT_RUN: not run"
+
+
 # -- in a terminal ---------------------------------------------------------------------------
 
 
