@@ -20,9 +20,11 @@ and an in-place op, two dispatcher calls), CPU time, best of ``--repeats``:
 On CUDA it then runs the recorder's engine-style loop (``benchmarks/bench_record.py``'s two loads,
 32 layers, 16 transfers in flight, ``--loop-steps`` steps) plain, under the pass-through mode and
 under the observer with frames, in turn, and prints medians in ms per step: the floor a recorder
-built on the observer would start from. It also checks the log: two entries per fill (``aten::slice``, ``aten::fill_``), the fill's tensor at
-the view's address, its frame in this file. It prints microseconds per fill. Not a test, and not
-the product: the observer here records, it does not resolve allocations or write a trace.
+built on the observer would start from. It also checks the log: the fill's tensor at the view's
+address and size, its frame in this file, and that a replay of the log keeps the ops a dispatch
+mode sees (``replay_keeps``) over a few kinds of op (composite, with inner calls, views, in
+place). It prints microseconds per fill. Not a test, and not the product: the observer here
+records, it does not resolve allocations or write a trace.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ SOURCE = r"""
 namespace {
 
 // One flat log of 64-bit words per thread, an entry at each op's start and end (nested ops interleave):
-// start: [1, name, n, (ptr, bytes, device) * n, stream, code, lasti]   end: [2, name, n, (...) * n, stream]
+// start: [1, name, overload, n, (ptr, bytes, device) * n, stream, code, lasti]
+// end:   [2, name, overload, n, (ptr, bytes, device) * n, stream]
 thread_local std::vector<uint64_t> log_words;
 std::unordered_map<PyObject*, bool> is_library;  // code object -> its file is library code
 PyObject* library_predicate = nullptr;
@@ -128,6 +131,7 @@ void append_frame() {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   log_words.push_back(1);
   log_words.push_back(reinterpret_cast<uint64_t>(fn.name()));
+  log_words.push_back(reinterpret_cast<uint64_t>(fn.overload_name()));
   auto inputs = fn.inputs();
   append_values(inputs.data(), inputs.size());
   append_frame();
@@ -137,6 +141,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   log_words.push_back(2);
   log_words.push_back(reinterpret_cast<uint64_t>(fn.name()));
+  log_words.push_back(reinterpret_cast<uint64_t>(fn.overload_name()));
   const auto& outputs = fn.outputs();
   append_values(outputs.data(), outputs.size());
 }
@@ -193,11 +198,13 @@ def decode(ext, blob: bytes, frames: bool) -> list[dict]:
     words = np.frombuffer(blob, dtype=np.uint64).tolist()
     entries, k = [], 0
     while k < len(words):
-        tag, name, n = words[k], words[k + 1], words[k + 2]
+        tag, name, overload, n = words[k:k + 4]
         if tag not in (1, 2) or 3 * n > len(words) - k:
             raise ValueError(f"the observer's log is malformed at word {k}")
-        k += 3
-        entry = {"kind": "start" if tag == 1 else "end", "name": str(ext.op_name(name)),
+        k += 4
+        overload = str(ext.op_name(overload))
+        entry = {"kind": "start" if tag == 1 else "end",
+                 "name": str(ext.op_name(name)) + (f".{overload}" if overload else ""),
                  "tensors": [tuple(words[k + 3 * j:k + 3 * j + 3]) for j in range(n)]}
         k += 3 * n
         entry["stream"] = words[k]
@@ -276,17 +283,37 @@ def main(argv: list[str] | None = None) -> int:
     blob, _ = ext.stop()
     entries = decode(ext, blob, frames=True)
     names = [e["name"] for e in entries if e["kind"] == "start"]
-    fill = next(e for e in entries if e["kind"] == "start" and e["name"] == "aten::fill_")
+    fill = next(e for e in entries if e["kind"] == "start" and e["name"] == "aten::fill_.Scalar")
     view_address = layers[3][0:8].data_ptr()
+    # The ops a replay of the log keeps, against those a dispatch mode sees, over a few op kinds:
+    # composite (linear, reshape, to), with inner calls (sum, _to_copy, addmm), views, in place.
+    weight, bias = torch.zeros(16, 16, device=args.device), torch.zeros(16, device=args.device)
+
+    def mixed(layer):
+        layer[0:8].fill_(1)
+        layer.to(torch.float64)
+        torch.nn.functional.linear(layer, weight, bias)
+        layer.zero_()
+        torch.sum(layer, dim=0)
+        layer.reshape(-1).add_(1)
+
+    seen = []
+    with _Seeing(seen):
+        mixed(layers[4])
+    ext.start(library, False)
+    mixed(layers[4])
+    kept = replay_keeps(decode(ext, ext.stop()[0], frames=False))
     checks = {
         "ops": names,
         "fill at the view's address": fill["tensors"][0][0] == view_address,
         "fill bytes": fill["tensors"][0][1] == 8 * 16 * 4,
         "fill located": fill["at"],
         "stream logged": fill["stream"] if args.device == "cuda" else None,
+        "dispatch mode sees": seen,
+        "replay keeps": kept,
     }
-    ok = ("aten::slice" in names and checks["fill at the view's address"] and checks["fill bytes"]
-          and fill["at"] == f"{Path(__file__).name}:{_line_of('# <- checked fill')}")
+    ok = ("aten::slice.Tensor" in names and checks["fill at the view's address"] and checks["fill bytes"]
+          and fill["at"] == f"{Path(__file__).name}:{_line_of('# <- checked fill')}" and kept == seen)
 
     plain = best["plain"]
     print(f"per layer[0:8].fill_(1) on {args.device}, CPU time, best of {args.repeats} x {args.steps} x 32:")
@@ -305,6 +332,43 @@ def main(argv: list[str] | None = None) -> int:
                                          "per_fill_us": best, "loop_ms_per_step": loops, "log_check": checks,
                                          "ok": ok}, indent=2))
     return 0 if ok else 1
+
+
+def replay_keeps(entries: list[dict]) -> list[str]:
+    """The ops of a decoded log that a recorder on the observer would record: of each call tree, the
+    outermost calls with a kernel of their own (no ``CompositeImplicitAutograd`` kernel), which is
+    what a ``TorchDispatchMode`` sees (composites decompose above it; a kernel's inner calls run
+    with the mode popped)."""
+    import torch
+
+    has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    kept, under_kept = [], []  # per open call: it or a call around it is kept
+    for e in entries:
+        if e["kind"] == "end":
+            under_kept.pop()
+            continue
+        around = bool(under_kept) and under_kept[-1]
+        keep = not around and not has_kernel(e["name"], "CompositeImplicitAutograd")
+        if keep:
+            kept.append(e["name"])
+        under_kept.append(around or keep)
+    return kept
+
+
+class _Seeing:
+    """A dispatch mode that appends each op's name to ``seen`` as the observer's log names it
+    (``aten::fill_.Scalar``; the default overload unnamed)."""
+
+    def __new__(cls, seen: list):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Seeing(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                name = func._schema.name + (f".{func._overloadname}" if func._overloadname != "default" else "")
+                seen.append(name)
+                return func(*args, **(kwargs or {}))
+
+        return Seeing()
 
 
 class Observed:

@@ -1,6 +1,7 @@
 """The C++ op observer probe (``benchmarks/record_hook_probe.py``) on this host: it compiles against the
-installed torch, and the log it keeps holds what the recorder would need (the view's address and
-bytes, the user's line). Its timings are printed, not judged."""
+installed torch, the log it keeps holds what the recorder would need (the view's address and
+bytes, the user's line), and a replay of it keeps the ops a dispatch mode sees. Its timings are
+printed, not judged."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ def test_probe_logs_the_fill_with_its_address_and_line(tmp_path):
     figures = json.loads(out.read_text())
     assert figures["ok"] is True
     check = figures["log_check"]
-    assert check["ops"][0] == "aten::slice" and check["ops"][-1] == "aten::fill_"
+    assert check["ops"][0] == "aten::slice.Tensor" and check["ops"][-1] == "aten::fill_.Scalar"
+    # a replay of the log keeps what a dispatch mode sees: composites dropped, inner calls too
+    assert check["replay keeps"] == check["dispatch mode sees"]
+    assert "aten::addmm" in check["replay keeps"] and "aten::linear" not in check["replay keeps"]
     assert check["fill at the view's address"] is True and check["fill bytes"] is True
     assert check["fill located"].startswith("record_hook_probe.py:")
     assert set(figures["per_fill_us"]) == {"plain", "pass-through mode", "C++ observer", "C++ observer + user frame"}
