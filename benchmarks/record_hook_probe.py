@@ -23,7 +23,7 @@ under the observer with frames, in turn, and prints medians in ms per step: the 
 built on the observer would start from. It also checks the log: the fill's tensor at the view's
 address and size, its frame in this file, and that a replay of the log keeps the ops a dispatch
 mode sees (``replay_keeps``) over a few kinds of op (composite, with inner calls, views, in
-place). It prints microseconds per fill. Not a test, and not the product: the observer here
+place, composite on one backend only). It prints microseconds per fill. Not a test, and not the product: the observer here
 records, it does not resolve allocations or write a trace.
 """
 
@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None) -> int:
     fill = next(e for e in entries if e["kind"] == "start" and e["name"] == "aten::fill_.Scalar")
     view_address = layers[3][0:8].data_ptr()
     # The ops a replay of the log keeps, against those a dispatch mode sees, over a few op kinds:
-    # composite (linear, reshape, to), with inner calls (sum, _to_copy, addmm), views, in place.
+    # composite (linear, reshape, to), with inner calls (sum, _to_copy, addmm), views, in place, and
+    # one composite with a CPU kernel of its own (native_channel_shuffle: whole on the CPU,
+    # decomposed on CUDA).
     weight, bias = torch.zeros(16, 16, device=args.device), torch.zeros(16, device=args.device)
 
     def mixed(layer):
@@ -296,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         layer.zero_()
         torch.sum(layer, dim=0)
         layer.reshape(-1).add_(1)
+        torch.native_channel_shuffle(layer.view(1, 96, 4, 4), 2)
 
     seen = []
     with _Seeing(seen):
@@ -334,21 +337,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def replay_keeps(entries: list[dict]) -> list[str]:
-    """The ops of a decoded log that a recorder on the observer would record: of each call tree, the
-    outermost calls with a kernel of their own (no ``CompositeImplicitAutograd`` kernel), which is
-    what a ``TorchDispatchMode`` sees (composites decompose above it; a kernel's inner calls run
-    with the mode popped)."""
+BACKENDS = {0: "CPU", 1: "CUDA"}  # c10::DeviceType, as the log's device word carries it above its index
+
+
+def decomposed(name: str, device_word: int | None) -> bool:
+    """Whether torch decomposes op ``name`` above the dispatch mode for tensors of that device: it
+    has a ``CompositeImplicitAutograd`` kernel and neither a kernel for the tensors' backend nor a
+    ``CompositeExplicitAutograd`` one (the dispatcher's rule for filling the Autograd keys)."""
     import torch
 
     has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+    if not has_kernel(name, "CompositeImplicitAutograd"):
+        return False
+    backend = BACKENDS.get(device_word >> 8) if device_word is not None else None
+    return not has_kernel(name, "CompositeExplicitAutograd") and not (backend and has_kernel(name, backend))
+
+
+def replay_keeps(entries: list[dict]) -> list[str]:
+    """The ops of a decoded log that a recorder on the observer would record: of each call tree, the
+    outermost calls that torch does not decompose (``decomposed``), which is what a
+    ``TorchDispatchMode`` sees (composites decompose above it; a kernel's inner calls run with the
+    mode popped)."""
     kept, under_kept = [], []  # per open call: it or a call around it is kept
     for e in entries:
         if e["kind"] == "end":
             under_kept.pop()
             continue
         around = bool(under_kept) and under_kept[-1]
-        keep = not around and not has_kernel(e["name"], "CompositeImplicitAutograd")
+        keep = not around and not decomposed(e["name"], e["tensors"][0][2] if e["tensors"] else None)
         if keep:
             kept.append(e["name"])
         under_kept.append(around or keep)

@@ -25,6 +25,7 @@ def test_probe_logs_the_fill_with_its_address_and_line(tmp_path):
     # a replay of the log keeps what a dispatch mode sees: composites dropped, inner calls too
     assert check["replay keeps"] == check["dispatch mode sees"]
     assert "aten::addmm" in check["replay keeps"] and "aten::linear" not in check["replay keeps"]
+    assert "aten::native_channel_shuffle" in check["replay keeps"]  # composite, but with a CPU kernel
     assert check["fill at the view's address"] is True and check["fill bytes"] is True
     assert check["fill located"].startswith("record_hook_probe.py:")
     assert set(figures["per_fill_us"]) == {"plain", "pass-through mode", "C++ observer", "C++ observer + user frame"}
