@@ -15,6 +15,9 @@ and an in-place op, two dispatcher calls), CPU time, best of ``--repeats``:
 
 - plain; under a dispatch mode that only calls the op (today's floor);
 - under the C++ observer without frames, and with them;
+- under the observer in its forwarding mode: no log; each outermost op goes to a Python function
+  (that does nothing) at its end, its inputs and outputs as Python objects: what an observer that
+  calls the recorder's existing handlers would pay before they run;
 - under the real recorder (``kvverify.record.recording``), on CUDA only.
 
 On CUDA it then runs the recorder's engine-style loop (``benchmarks/bench_record.py``'s two loads,
@@ -23,7 +26,8 @@ under the observer with frames, in turn, and prints medians in ms per step: the 
 built on the observer would start from. It also checks the log: the fill's tensor at the view's
 address and size, its frame in this file, and that a replay of the log keeps the ops a dispatch
 mode sees (``replay_keeps``) over a few kinds of op (composite, with inner calls, views, in
-place, composite on one backend only). It prints microseconds per fill. Not a test, and not the product: the observer here
+place, composite on one backend only), and that the forwarding mode hands over the fill with its
+live view and value. It prints microseconds per fill. Not a test, and not the product: the observer here
 records, it does not resolve allocations or write a trace.
 """
 
@@ -43,7 +47,9 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <Python.h>
+#include <exception>
 #include <frameobject.h>
 #include <unordered_map>
 #include <vector>
@@ -58,6 +64,16 @@ std::unordered_map<PyObject*, bool> is_library;  // code object -> its file is l
 PyObject* library_predicate = nullptr;
 bool want_frames = false;
 at::CallbackHandle handle = 0;
+// With forward_to set nothing is logged: each outermost op goes to Python at its end, with its
+// inputs (held from its start: RecordFunction shows them only there) and outputs as Python
+// objects; the ops inside it, and those Python issues meanwhile, are skipped.
+PyObject* forward_to = nullptr;
+thread_local int depth = 0;
+thread_local bool forwarding = false;
+
+struct Held : at::ObserverContext {
+  std::vector<c10::IValue> inputs;
+};
 
 void append_tensor(const at::Tensor& t, uint64_t& n, int64_t& device) {
   if (!t.defined() || !t.has_storage()) return;
@@ -129,6 +145,13 @@ void append_frame() {
 }
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
+  if (forward_to != nullptr) {
+    if (forwarding || depth++ > 0) return nullptr;
+    auto held = std::make_unique<Held>();
+    auto inputs = fn.inputs();
+    held->inputs.assign(inputs.begin(), inputs.end());
+    return held;
+  }
   log_words.push_back(1);
   log_words.push_back(reinterpret_cast<uint64_t>(fn.name()));
   log_words.push_back(reinterpret_cast<uint64_t>(fn.overload_name()));
@@ -138,7 +161,25 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
+  if (forward_to != nullptr) {
+    if (forwarding) return;
+    --depth;
+    if (context == nullptr || std::uncaught_exceptions() > 0) return;  // a failed op ran nothing to record
+    py::gil_scoped_acquire gil;
+    forwarding = true;
+    try {
+      py::list inputs, outputs;
+      for (const auto& v : static_cast<Held*>(context)->inputs) inputs.append(torch::jit::toPyObject(v));
+      for (const auto& v : fn.outputs()) outputs.append(torch::jit::toPyObject(v));
+      py::handle call(forward_to);
+      call(py::str(fn.name()), inputs, outputs);
+    } catch (py::error_already_set& e) {
+      e.discard_as_unraisable("the observer's Python call");
+    }
+    forwarding = false;
+    return;
+  }
   log_words.push_back(2);
   log_words.push_back(reinterpret_cast<uint64_t>(fn.name()));
   log_words.push_back(reinterpret_cast<uint64_t>(fn.overload_name()));
@@ -148,11 +189,14 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
 
 }  // namespace
 
-void start(py::object predicate, bool frames) {
+void start(py::object predicate, bool frames, py::object forward) {
   TORCH_CHECK(handle == 0, "the observer is already on");
   Py_XDECREF(library_predicate);
   library_predicate = predicate.release().ptr();
   want_frames = frames;
+  Py_XDECREF(forward_to);
+  forward_to = forward.is_none() ? nullptr : forward.release().ptr();
+  depth = 0;
   log_words.clear();
   handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
                                           .needsInputs(true)
@@ -254,9 +298,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         return (time.process_time() - start) / args.steps / len(layers) * 1e6
 
-    def observed(frames: bool):
+    def observed(frames: bool, forward=None):
         def run() -> float:
-            ext.start(library, frames)
+            ext.start(library, frames, forward)
             try:
                 return per_fill()
             finally:
@@ -269,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
             return per_fill()
 
     cases = {"plain": per_fill, "pass-through mode": lambda: _under(pass_through_mode()(), per_fill),
-             "C++ observer": observed(False), "C++ observer + user frame": observed(True)}
+             "C++ observer": observed(False), "C++ observer + user frame": observed(True),
+             "C++ observer -> Python per op": observed(False, _forwarded)}
     if args.device == "cuda":
         cases["kvverify record (today)"] = recorded
     best = {name: float("inf") for name in cases}
@@ -278,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
             best[name] = min(best[name], run())
 
     # What the observer logged is what the recorder needs: check it once, small.
-    ext.start(library, True)
+    ext.start(library, True, None)
     layers[3][0:8].fill_(1)  # <- checked fill
     blob, _ = ext.stop()
     entries = decode(ext, blob, frames=True)
@@ -300,10 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         layer.reshape(-1).add_(1)
         torch.native_channel_shuffle(layer.view(1, 96, 4, 4), 2)
 
+    forwarded = []
+    ext.start(library, False, lambda name, inputs, outputs: forwarded.append((name, inputs, outputs)))
+    layers[5][0:8].fill_(2)
+    ext.stop()
+    fill_call = forwarded[-1] if forwarded else ("", [], [])
+    live = (len(fill_call[1]) == 2 and isinstance(fill_call[1][0], torch.Tensor) and fill_call[1][1] == 2
+            and fill_call[1][0].data_ptr() == layers[5][0:8].data_ptr() and fill_call[2][0] is fill_call[1][0])
+
     seen = []
     with _Seeing(seen):
         mixed(layers[4])
-    ext.start(library, False)
+    ext.start(library, False, None)
     mixed(layers[4])
     kept = replay_keeps(decode(ext, ext.stop()[0], frames=False))
     checks = {
@@ -314,9 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         "stream logged": fill["stream"] if args.device == "cuda" else None,
         "dispatch mode sees": seen,
         "replay keeps": kept,
+        "forwarded": [name for name, _, _ in forwarded],
+        "forwarded fill has its live view and value": live,
     }
     ok = ("aten::slice.Tensor" in names and checks["fill at the view's address"] and checks["fill bytes"]
-          and fill["at"] == f"{Path(__file__).name}:{_line_of('# <- checked fill')}" and kept == seen)
+          and fill["at"] == f"{Path(__file__).name}:{_line_of('# <- checked fill')}" and kept == seen
+          and checks["forwarded"] == ["aten::slice", "aten::fill_"] and live)
 
     plain = best["plain"]
     print(f"per layer[0:8].fill_(1) on {args.device}, CPU time, best of {args.repeats} x {args.steps} x 32:")
@@ -394,7 +450,7 @@ class Observed:
         self.ext, self.library = ext, library
 
     def __enter__(self):
-        self.ext.start(self.library, True)
+        self.ext.start(self.library, True, None)
 
     def __exit__(self, *exc):
         self.ext.stop()
@@ -419,6 +475,11 @@ def engine_loops(ext, library, steps: int, repeats: int) -> dict:
                 seconds[how].append(time_loop(shape, make()))
         out[load] = {how: statistics.median(s) / steps * 1e3 for how, s in seconds.items()}
     return out
+
+
+def _forwarded(name: str, inputs: list, outputs: list) -> None:
+    """What the observer calls per outermost op in its forwarding mode: nothing more, so that the
+    figure is the bridge's own cost (GIL, the arguments as Python objects, the call)."""
 
 
 def _under(context, run):

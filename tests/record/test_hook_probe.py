@@ -28,6 +28,9 @@ def test_probe_logs_the_fill_with_its_address_and_line(tmp_path):
     assert "aten::native_channel_shuffle" in check["replay keeps"]  # composite, but with a CPU kernel
     assert check["fill at the view's address"] is True and check["fill bytes"] is True
     assert check["fill located"].startswith("record_hook_probe.py:")
-    assert set(figures["per_fill_us"]) == {"plain", "pass-through mode", "C++ observer", "C++ observer + user frame"}
+    assert check["forwarded"] == ["aten::slice", "aten::fill_"]  # the outermost ops only, not as_strided
+    assert check["forwarded fill has its live view and value"] is True
+    assert set(figures["per_fill_us"]) == {"plain", "pass-through mode", "C++ observer", "C++ observer + user frame",
+                                           "C++ observer -> Python per op"}
     assert all(us > 0 for us in figures["per_fill_us"].values())
     assert "log check: ok" in p.stdout
