@@ -117,11 +117,25 @@ class OpInfo:
 
 def _tensors(value) -> Iterable[torch.Tensor]:
     if isinstance(value, Tensor):
-        yield value
+        yield from _strided(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
             if isinstance(v, Tensor):
-                yield v
+                yield from _strided(v)
+
+
+_SPARSE_PARTS = {torch.sparse_coo: ("_indices", "_values"),
+                 torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+                 torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
+
+
+def _strided(t: torch.Tensor) -> tuple:
+    """The strided tensors holding ``t``'s bytes: ``t`` itself, or a sparse tensor's indices and
+    values (a sparse tensor has no storage of its own)."""
+    parts = _SPARSE_PARTS.get(t.layout)
+    return (t,) if parts is None else tuple(getattr(t, part)() for part in parts)
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
@@ -295,9 +309,9 @@ class RecordingMode(TorchDispatchMode):
         for k, name, is_write, metadata_only in info.tensor_args:
             value = args[k] if k < n_args else kwargs.get(name)
             if isinstance(value, Tensor):
-                tensors = (value,)
+                tensors = (value,) if value.layout == torch.strided else _strided(value)
             elif isinstance(value, (list, tuple)):
-                tensors = [v for v in value if isinstance(v, Tensor)]
+                tensors = list(_tensors(value))
             else:
                 continue
             for t in tensors:

@@ -393,3 +393,22 @@ def test_in_place_view_ops_change_a_tensors_metadata_and_write_none_of_its_bytes
         gpu.unsqueeze_(0).t_()
     assert [op["op"] for op in ops_of(rec)] == ["copy"]
     assert rec.check().safe
+
+
+def test_ops_on_sparse_tensors_are_recorded_over_their_indices_and_values(fake):
+    # a sparse tensor has no storage of its own: asking for it failed every op on one (a recorder
+    # error, and an incomplete recording)
+    gpu = fake.device(1, dtype=torch.float32)
+    load = fake.stream()
+    with record(fake) as rec:
+        sparse = torch.eye(4).to_sparse()
+        with fake.use(load):
+            sparse.values()[:1].copy_(gpu, non_blocking=True)  # D2H into the sparse tensor's values
+        doubled = sparse * 2  # reads them before the copy is known to be done
+        read = here(-1)
+        doubled.coalesce()
+    assert rec.complete(), rec.summary().notes
+    (race,) = rec.check().races
+    ops = rec.trace()["ops"]
+    assert (ops[race.first]["op"], ops[race.second]["op"], race.kind) == ("copy", "host_read", "RAW")
+    assert (ops[race.second]["name"], short_at(ops[race.second]["at"])) == ("aten.mul.Tensor", read)
