@@ -117,11 +117,25 @@ class OpInfo:
 
 def _tensors(value) -> Iterable[torch.Tensor]:
     if isinstance(value, Tensor):
-        yield value
+        yield from _strided(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
             if isinstance(v, Tensor):
-                yield v
+                yield from _strided(v)
+
+
+_SPARSE_PARTS = {torch.sparse_coo: ("_indices", "_values"),
+                 torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+                 torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+                 torch.sparse_bsc: ("ccol_indices", "row_indices", "values")}
+
+
+def _strided(t: torch.Tensor) -> tuple:
+    """The strided tensors holding ``t``'s bytes: ``t`` itself, or a sparse tensor's indices and
+    values (a sparse tensor has no storage of its own)."""
+    parts = _SPARSE_PARTS.get(t.layout)
+    return (t,) if parts is None else tuple(getattr(t, part)() for part in parts)
 
 
 def _flat(t: torch.Tensor) -> np.ndarray:
@@ -203,12 +217,14 @@ class RecordingMode(TorchDispatchMode):
         launches = not base.startswith(("empty", "new_empty", "_empty"))
         handler = RecordingMode._generic
         view = not fresh and all(metadata_only and not is_write for _, _, is_write, metadata_only in tensor_args)
-        if qualified in NO_ACCESS or (view and schema.name.startswith("aten::")):
-            handler = None  # launches nothing, or only makes a view of its input
+        if qualified in NO_ACCESS or (view and schema.name.startswith("aten::")) or torch.Tag.inplace_view in func.tags:
+            handler = None  # launches nothing, or only makes a view of its input (or changes a tensor's view of it)
         elif qualified == "aten::copy_":
             handler = RecordingMode._copy
         elif qualified == "aten::_to_copy":
             handler = RecordingMode._to_copy
+        elif qualified in ("aten::_foreach_copy_", "aten::_foreach_copy"):
+            handler = RecordingMode._foreach_copy
         elif qualified in self.swap_ops and not _is_swap_schema(schema):
             self.rec.notes[f"{qualified} was named as a batched swap, but its schema ({schema}) is not the swap's "
                            "(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int src_access_order | bool "
@@ -293,9 +309,9 @@ class RecordingMode(TorchDispatchMode):
         for k, name, is_write, metadata_only in info.tensor_args:
             value = args[k] if k < n_args else kwargs.get(name)
             if isinstance(value, Tensor):
-                tensors = (value,)
+                tensors = (value,) if value.layout == torch.strided else _strided(value)
             elif isinstance(value, (list, tuple)):
-                tensors = [v for v in value if isinstance(v, Tensor)]
+                tensors = list(_tensors(value))
             else:
                 continue
             for t in tensors:
@@ -357,6 +373,29 @@ class RecordingMode(TorchDispatchMode):
         non_blocking = bool(_argument(info, args, kwargs, "non_blocking", False))
         self._transfer(info, args[0], out, non_blocking, args, kwargs, out, fresh=True)
 
+    def _foreach_copy(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        """``torch._foreach_copy_(dsts, srcs, non_blocking)`` (and its out-of-place form): one
+        ``copy_`` per pair (torch runs the pairs across host and device as ``copy_`` does)."""
+        at = self.rec.locate(HANDLER_DEPTH)
+        non_blocking = bool(_argument(info, args, kwargs, "non_blocking", False))
+        fresh = info.qualified == "aten::_foreach_copy"
+        srcs, dsts = _argument(info, args, kwargs, "src"), out if fresh else args[0]
+        where = self.platform.where
+        for src, dst in zip(srcs, dsts):
+            ws, wd = where(src), where(dst)
+            if fresh and wd is not None:
+                self._fresh(dst, wd, at, info.origin, may_pin=False)
+            if ws is not None and wd is not None and ws != wd:
+                self._cross(info, src, dst, ws, wd, non_blocking, at)
+                continue
+            reads = [s for s in ((self.span(src, ws, at),) if ws else ()) if s is not None]
+            writes = [s for s in ((self.span(dst, wd, at),) if wd else ()) if s is not None]
+            if "device" in (ws, wd):
+                stream = self.platform.stream_key(dst if wd == "device" else src)
+                self._emit(info, stream, reads, writes, [], [], at)
+            else:
+                self._emit(info, None, [], [], reads, writes, at)
+
     def _transfer(self, info: OpInfo, src, dst, non_blocking: bool, args, kwargs, out, fresh: bool = False) -> None:
         """``dst`` gets ``src``'s elements: a copy when one side is host memory and the other
         device memory, otherwise a kernel or a host access like any op. Called by a handler."""
@@ -370,6 +409,13 @@ class RecordingMode(TorchDispatchMode):
         if fresh:
             # torch pins the output of a non-blocking copy to the host (``_to_copy``)
             self._fresh(dst, wd, at, info.origin, may_pin=True)
+        self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1)
+
+    def _cross(self, info: OpInfo, src, dst, ws: str, wd: str, non_blocking: bool, at: str | None,
+               bumps: int = 1) -> None:
+        """A copy between host (``ws`` or ``wd``: ``"host"``) and device memory, and the stream
+        synchronization a blocking one implies. ``bumps``: 1 where ``dst`` is written in place
+        (its version counter moves once the op returns), 0 for a new tensor."""
         device_side = src if ws == "device" else dst
         stream = self.platform.stream_key(device_side)
         src_span, dst_span = self.span(src, ws, at), self.span(dst, wd, at)
@@ -388,7 +434,7 @@ class RecordingMode(TorchDispatchMode):
         if ws == "host" and src.dtype == torch.int64:
             # copy_ writes dst in place: torch bumps its version counter once this op returns
             # (ADInplaceOrView runs above the dispatcher hook); _to_copy's output stays at 0
-            self._remember_pointers(dst, src, bumps=0 if fresh else 1)
+            self._remember_pointers(dst, src, bumps=bumps)
 
     def _values(self, t: torch.Tensor) -> np.ndarray:
         """An int64 tensor's values as a numpy array (a device tensor: from the host copy that

@@ -95,10 +95,14 @@ class Recording:
         return self
 
     def stop(self) -> None:
-        """Stop recording (idempotent)."""
+        """Stop recording (idempotent). Raises RecordingError on another thread than the one that
+        started it (torch's dispatch modes are per thread: only that one can leave it)."""
         global _active
         if not self.running:
             return
+        if threading.get_ident() != self.thread:
+            raise RecordingError(f"stop() the recording on the thread that started it ({self.thread}), not on this "
+                                 f"one ({threading.get_ident()}): the recording is still running")
         with _lock:
             try:
                 self._mode.__exit__(None, None, None)

@@ -351,3 +351,64 @@ def test_memory_found_unknown_is_not_looked_up_again_at_every_swap(fake):
             kvswap(ptrs(gpu.data_ptr()), ptrs(lost.data_ptr()), ptrs(BLOCK), 1)
     assert len(looked) == 2  # the first swap: the device source, then the unknown destination
     assert {c["dst"][0] for op in ops_of(rec, "copy_batch") for c in op["copies"]} == {f"unresolved {lost.data_ptr():#x}"}
+
+
+def test_a_foreach_copy_between_host_and_device_is_one_copy_per_pair_and_a_pending_source_rewrite_races(fake):
+    # torch._foreach_copy_ runs each pair across host and device as copy_ does (a cudaMemcpyAsync on
+    # the current stream): a kernel and a host read at the call would hide the pending read of the
+    # pinned staging buffers
+    gpu = [fake.device(BLOCK) for _ in range(2)]
+    staging = [fake.pinned(BLOCK) for _ in range(2)]
+    load = fake.stream()
+    with record(fake) as rec:
+        with fake.use(load):
+            torch._foreach_copy_(gpu, staging, non_blocking=True)
+            copied = here(-1)
+        staging[1].fill_(2)  # H3: the copy may not have read it yet
+        rewritten = here(-1)
+    ops = ops_of(rec)
+    assert [op["op"] for op in ops] == ["copy", "copy", "host_write"]
+    assert {op["name"] for op in ops[:2]} == {"aten._foreach_copy_.default"}
+    (race,) = rec.check().races
+    assert (ops[race.first]["src"][0], race.kind) == (ops[2]["ranges"][0][0], "WAR")
+    assert short_at(ops[race.first]["at"]) == copied and short_at(ops[race.second]["at"]) == rewritten
+    with record(fake) as rec:
+        with fake.use(load):
+            torch._foreach_copy_(staging, gpu)  # blocking D2H: both copies, then the stream's sync
+        staging[0].sum()
+    assert [op["op"] for op in ops_of(rec)] == ["copy", "copy", "sync_stream", "host_read"]
+    assert rec.check().safe
+
+
+def test_in_place_view_ops_change_a_tensors_metadata_and_write_none_of_its_bytes(fake):
+    gpu = fake.device(BLOCK)
+    staging = fake.pinned(BLOCK)
+    load = fake.stream()
+    with record(fake, keep_all=True) as rec:
+        with fake.use(load):
+            gpu.copy_(staging, non_blocking=True)
+        staging.unsqueeze_(0)  # the copy is pending: these touch no byte of its source
+        staging.squeeze_(0)
+        staging.as_strided_((BLOCK,), (1,))
+        gpu.unsqueeze_(0).t_()
+    assert [op["op"] for op in ops_of(rec)] == ["copy"]
+    assert rec.check().safe
+
+
+def test_ops_on_sparse_tensors_are_recorded_over_their_indices_and_values(fake):
+    # a sparse tensor has no storage of its own: asking for it failed every op on one (a recorder
+    # error, and an incomplete recording)
+    gpu = fake.device(1, dtype=torch.float32)
+    load = fake.stream()
+    with record(fake) as rec:
+        sparse = torch.eye(4).to_sparse()
+        with fake.use(load):
+            sparse.values()[:1].copy_(gpu, non_blocking=True)  # D2H into the sparse tensor's values
+        doubled = sparse * 2  # reads them before the copy is known to be done
+        read = here(-1)
+        doubled.coalesce()
+    assert rec.complete(), rec.summary().notes
+    (race,) = rec.check().races
+    ops = rec.trace()["ops"]
+    assert (ops[race.first]["op"], ops[race.second]["op"], race.kind) == ("copy", "host_read", "RAW")
+    assert (ops[race.second]["name"], short_at(ops[race.second]["at"])) == ("aten.mul.Tensor", read)

@@ -232,3 +232,31 @@ def test_the_locator_names_each_call_site_and_never_another_codes_line(monkeypat
         code = compile("\n" * k + "def f(locate):\n    return locate()\n", "made.py", "exec").co_consts[0]
         assert types.FunctionType(code, {})(loc.locate) == f"made.py:{k + 2} in f"
         del code
+
+
+def test_a_recording_stopped_from_another_thread_refuses_and_keeps_recording_its_own(fake):
+    # the dispatch mode is the starting thread's: stopping elsewhere would leave it recording
+    # that thread forever while the recording says it stopped
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    rec = record.recording(platform=fake)
+    rec.start()
+    errors = []
+
+    def stop():
+        try:
+            rec.stop()
+        except RecordingError as exc:
+            errors.append(str(exc))
+
+    worker = threading.Thread(target=stop)
+    worker.start()
+    worker.join()
+    (error,) = errors
+    assert error.startswith("stop() the recording on the thread that started it") and rec.running
+    fake.device(8).fill_(1)  # still recorded
+    rec.stop()
+    assert not rec.running and _get_current_dispatch_mode_stack() == []
+    assert [op["op"] for op in rec.recorder.ops] == ["kernel"]
+    with record.recording(platform=fake):  # a new one may start
+        pass
