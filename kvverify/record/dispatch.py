@@ -386,7 +386,7 @@ class RecordingMode(TorchDispatchMode):
             if fresh and wd is not None:
                 self._fresh(dst, wd, at, info.origin, may_pin=False)
             if ws is not None and wd is not None and ws != wd:
-                self._cross(info, src, dst, ws, wd, non_blocking, at)
+                self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1)
                 continue
             reads = [s for s in ((self.span(src, ws, at),) if ws else ()) if s is not None]
             writes = [s for s in ((self.span(dst, wd, at),) if wd else ()) if s is not None]
