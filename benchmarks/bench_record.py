@@ -51,16 +51,21 @@ def pass_through_mode() -> type:
     return PassThrough
 
 
-def engine_shapes(layers=32, in_flight=16, blocks_per_transfer=8, block_bytes=16 << 10, steps=100, hidden=8192,
-                  tokens=512) -> dict:
-    """The two compute loads of the engine-style loop, as ``kvverify.record.demo.Shape``: ``light``
-    and ``model`` (a ``tokens x hidden`` fp16 matmul per layer too)."""
+LOOP = dict(layers=32, in_flight=16, blocks_per_transfer=8, block_bytes=16 << 10, steps=100, hidden=8192, tokens=512)
+"""The engine-style loop's defaults (the issue's: 32 layers, 16 transfers in flight); each is an option too."""
+
+
+def engine_shapes(**overrides) -> dict:
+    """The two compute loads of the engine-style loop (``LOOP``, with ``overrides``), as
+    ``kvverify.record.demo.Shape``: ``light`` and ``model`` (a ``tokens x hidden`` fp16 matmul
+    per layer too)."""
     from kvverify.record import demo
 
-    n = blocks_per_transfer
-    common = dict(layers=layers, in_flight=in_flight, blocks_per_transfer=n, block_bytes=block_bytes,
-                  gpu_blocks=12 * n, cpu_blocks=8 * n, steps=steps)
-    return {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=hidden, tokens=tokens)}
+    loop = LOOP | overrides
+    n = loop["blocks_per_transfer"]
+    common = dict(layers=loop["layers"], in_flight=loop["in_flight"], blocks_per_transfer=n,
+                  block_bytes=loop["block_bytes"], gpu_blocks=12 * n, cpu_blocks=8 * n, steps=loop["steps"])
+    return {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=loop["hidden"], tokens=loop["tokens"])}
 
 
 def time_loop(shape, context) -> float:
@@ -217,13 +222,9 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, default=32)
-    parser.add_argument("--in-flight", type=int, default=16)
-    parser.add_argument("--blocks-per-transfer", type=int, default=8)
-    parser.add_argument("--block-bytes", type=int, default=16384)
-    parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--hidden", type=int, default=8192, help="the model load's matmul width")
-    parser.add_argument("--tokens", type=int, default=512)
+    for name, value in LOOP.items():
+        parser.add_argument("--" + name.replace("_", "-"), type=int, default=value,
+                            help="the model load's matmul width" if name == "hidden" else None)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--host-only", action="store_true", help="only the recorder's cost per op on the host")
@@ -254,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from kvverify.check import check
 
-    loads = engine_shapes(args.layers, args.in_flight, args.blocks_per_transfer, args.block_bytes, args.steps,
-                          args.hidden, args.tokens)
+    loads = engine_shapes(**{name: getattr(args, name) for name in LOOP})
     results = {}
     for name, shape in loads.items():
         warm = dataclasses.replace(shape, steps=3)

@@ -204,16 +204,13 @@ void start(py::object predicate, bool frames, py::object forward) {
                                           .scopes({at::RecordScope::FUNCTION}));
 }
 
-py::tuple stop() {
+py::bytes stop() {
   TORCH_CHECK(handle != 0, "the observer is off");
   at::removeCallback(handle);
   handle = 0;
-  size_t n = log_words.size();
-  py::tuple out(2);
-  out[0] = py::bytes(reinterpret_cast<const char*>(log_words.data()), n * sizeof(uint64_t));
-  out[1] = n;
+  py::bytes log(reinterpret_cast<const char*>(log_words.data()), log_words.size() * sizeof(uint64_t));
   log_words.clear();
-  return out;
+  return log;
 }
 
 py::object op_name(uint64_t word) { return py::str(reinterpret_cast<const char*>(word)); }
@@ -298,23 +295,15 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize()
         return (time.process_time() - start) / args.steps / len(layers) * 1e6
 
-    def observed(frames: bool, forward=None):
-        def run() -> float:
-            ext.start(library, frames, forward)
-            try:
-                return per_fill()
-            finally:
-                ext.stop()
-        return run
-
     def recorded() -> float:
         from kvverify.record import recording
         with recording():
             return per_fill()
 
     cases = {"plain": per_fill, "pass-through mode": lambda: _under(pass_through_mode()(), per_fill),
-             "C++ observer": observed(False), "C++ observer + user frame": observed(True),
-             "C++ observer -> Python per op": observed(False, _forwarded)}
+             "C++ observer": lambda: _under(Observed(ext, library, frames=False), per_fill),
+             "C++ observer + user frame": lambda: _under(Observed(ext, library), per_fill),
+             "C++ observer -> Python per op": lambda: _under(Observed(ext, library, False, _forwarded), per_fill)}
     if args.device == "cuda":
         cases["kvverify record (today)"] = recorded
     best = {name: float("inf") for name in cases}
@@ -323,10 +312,9 @@ def main(argv: list[str] | None = None) -> int:
             best[name] = min(best[name], run())
 
     # What the observer logged is what the recorder needs: check it once, small.
-    ext.start(library, True, None)
-    layers[3][0:8].fill_(1)  # <- checked fill
-    blob, _ = ext.stop()
-    entries = decode(ext, blob, frames=True)
+    with Observed(ext, library) as observed:
+        layers[3][0:8].fill_(1)  # <- checked fill
+    entries = decode(ext, observed.log, frames=True)
     names = [e["name"] for e in entries if e["kind"] == "start"]
     fill = next(e for e in entries if e["kind"] == "start" and e["name"] == "aten::fill_.Scalar")
     view_address = layers[3][0:8].data_ptr()
@@ -346,9 +334,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.native_channel_shuffle(layer.view(1, 96, 4, 4), 2)
 
     forwarded = []
-    ext.start(library, False, lambda name, inputs, outputs: forwarded.append((name, inputs, outputs)))
-    layers[5][0:8].fill_(2)
-    ext.stop()
+    with Observed(ext, library, False, lambda name, inputs, outputs: forwarded.append((name, inputs, outputs))):
+        layers[5][0:8].fill_(2)
     fill_call = forwarded[-1] if forwarded else ("", [], [])
     live = (len(fill_call[1]) == 2 and isinstance(fill_call[1][0], torch.Tensor) and fill_call[1][1] == 2
             and fill_call[1][0].data_ptr() == layers[5][0:8].data_ptr() and fill_call[2][0] is fill_call[1][0])
@@ -356,9 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     seen = []
     with _Seeing(seen):
         mixed(layers[4])
-    ext.start(library, False, None)
-    mixed(layers[4])
-    kept = replay_keeps(decode(ext, ext.stop()[0], frames=False))
+    with Observed(ext, library, frames=False) as observed:
+        mixed(layers[4])
+    kept = replay_keeps(decode(ext, observed.log, frames=False))
     checks = {
         "ops": names,
         "fill at the view's address": fill["tensors"][0][0] == view_address,
@@ -444,16 +431,19 @@ class _Seeing:
 
 
 class Observed:
-    """The observer, with frames, as a context manager."""
+    """The observer on this thread while the block runs: logging (with the user's frame where
+    ``frames``), or, given ``forward``, calling it per outermost op; ``log``: the log's bytes."""
 
-    def __init__(self, ext, library) -> None:
-        self.ext, self.library = ext, library
+    def __init__(self, ext, library, frames: bool = True, forward=None) -> None:
+        self.ext, self.library, self.frames, self.forward = ext, library, frames, forward
+        self.log = b""
 
-    def __enter__(self):
-        self.ext.start(self.library, True, None)
+    def __enter__(self) -> Observed:
+        self.ext.start(self.library, self.frames, self.forward)
+        return self
 
-    def __exit__(self, *exc):
-        self.ext.stop()
+    def __exit__(self, *exc) -> None:
+        self.log = self.ext.stop()
 
 
 def engine_loops(ext, library, steps: int, repeats: int) -> dict:

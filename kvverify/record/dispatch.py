@@ -309,9 +309,9 @@ class RecordingMode(TorchDispatchMode):
         for k, name, is_write, metadata_only in info.tensor_args:
             value = args[k] if k < n_args else kwargs.get(name)
             if isinstance(value, Tensor):
-                tensors = (value,) if value.layout == torch.strided else _strided(value)
+                tensors = _strided(value)
             elif isinstance(value, (list, tuple)):
-                tensors = list(_tensors(value))
+                tensors = _tensors(value)
             else:
                 continue
             for t in tensors:
@@ -388,11 +388,11 @@ class RecordingMode(TorchDispatchMode):
             if ws is not None and wd is not None and ws != wd:
                 self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1)
                 continue
-            reads = [s for s in ((self.span(src, ws, at),) if ws else ()) if s is not None]
-            writes = [s for s in ((self.span(dst, wd, at),) if wd else ()) if s is not None]
+            # not across host and device: as any op, a kernel on device memory or a host access
+            reads = [s for s in (ws and self.span(src, ws, at),) if s]
+            writes = [s for s in (wd and self.span(dst, wd, at),) if s]
             if "device" in (ws, wd):
-                stream = self.platform.stream_key(dst if wd == "device" else src)
-                self._emit(info, stream, reads, writes, [], [], at)
+                self._emit(info, self.platform.stream_key(dst if wd == "device" else src), reads, writes, [], [], at)
             else:
                 self._emit(info, None, [], [], reads, writes, at)
 
