@@ -21,6 +21,7 @@
 #include <fcntl.h>
 #include <torch/library.h>
 
+#include "context.h"
 #include "message.h"
 #include <unistd.h>
 
@@ -127,7 +128,8 @@ void check_pointers(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, cons
   const int64_t* dp = d.data_ptr<int64_t>();
   const int64_t* zp = z.data_ptr<int64_t>();
   int device = -1;
-  if (for_kernel) C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  bind_primary_context(device);
   for (int64_t i = 0; i < n; ++i) {
     const std::string src = operand_problem(get, static_cast<uintptr_t>(sp[i]), static_cast<uint64_t>(zp[i]), for_kernel, device);
     TORCH_CHECK_VALUE(src.empty(), kvverify::cat("src_ptrs[", i, "] = ", sp[i], " (", zp[i], " bytes) ", src));

@@ -16,6 +16,7 @@
 #include <cudaTypedefs.h>
 #include <torch/library.h>
 
+#include "context.h"
 #include "copy_kernel.h"
 #include "message.h"
 
@@ -168,8 +169,10 @@ void copy_loop(const int64_t* s, const int64_t* d, const int64_t* z, int64_t n, 
 }
 
 void copy_batch(const int64_t* s, const int64_t* d, const int64_t* z, int64_t n, int64_t order,
-                cudaStream_t stream) {
+                const c10::cuda::CUDAStream& current) {
   const DriverApi& api = driver_api();
+  bind_primary_context(current.device_index());
+  const cudaStream_t stream = current.stream();
   CUmemcpyAttributes attr = {};
   attr.srcAccessOrder = static_cast<CUmemcpySrcAccessOrder>(order);
   size_t attr_index = 0;
@@ -214,11 +217,11 @@ void swap_blocks_batch(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, c
   const int64_t n = validate(src_ptrs, dst_ptrs, sizes);
   if (n == 0) return;
   const Pointers p = contiguous(src_ptrs, dst_ptrs, sizes);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+  const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream();
   if (driver_api().has_batch()) {
     copy_batch(p.s(), p.d(), p.z(), n, src_access_order, stream);
   } else {
-    copy_loop(p.s(), p.d(), p.z(), n, stream);
+    copy_loop(p.s(), p.d(), p.z(), n, stream.stream());
   }
 }
 

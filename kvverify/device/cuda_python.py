@@ -36,11 +36,12 @@ def swap_blocks_batch(src_ptrs: Sequence[int], dst_ptrs: Sequence[int], sizes: S
     import torch
 
     driver = _driver()
+    current = torch.cuda.current_stream()
+    _bind_primary_context(driver, current.device.index)
     attr = driver.CUmemcpyAttributes()
     attr.srcAccessOrder = driver.CUmemcpySrcAccessOrder(int(order))
     dsts = [driver.CUdeviceptr(p) for p in dst_ptrs]
     srcs = [driver.CUdeviceptr(p) for p in src_ptrs]
-    current = torch.cuda.current_stream()
 
     def issue(stream: torch.cuda.Stream) -> None:
         out = driver.cuMemcpyBatchAsync(
@@ -62,6 +63,22 @@ def swap_blocks_batch(src_ptrs: Sequence[int], dst_ptrs: Sequence[int], sizes: S
     side.wait_stream(current)
     issue(side)
     current.wait_stream(side)
+
+
+def _bind_primary_context(driver, device: int) -> None:
+    """Make ``device``'s primary context current on this thread where none is: the runtime binds
+    it only at a thread's first runtime call that needs it (CUDA Runtime API, "Interactions with the
+    CUDA Driver API"), and a worker thread's first driver call would fail with
+    CUDA_ERROR_INVALID_VALUE. Raises RuntimeError when the runtime refuses the device."""
+    from cuda.bindings import runtime
+
+    err, ctx = driver.cuCtxGetCurrent()
+    if err == driver.CUresult.CUDA_SUCCESS and int(ctx) != 0:
+        return
+    (err,) = runtime.cudaSetDevice(device)
+    if err != runtime.cudaError_t.cudaSuccess:
+        raise RuntimeError(f"cudaSetDevice({device}) failed: {err.name}: cannot make the device's context current on "
+                           "this thread")
 
 
 MEMORY_TYPES = {1: "host", 2: "device", 3: "array", 4: "unified"}  # CUmemorytype values

@@ -109,6 +109,42 @@ def test_backends_agree_on_the_same_batch():
     assert np.array_equal(a, b) and not np.all(a == 0xA5)
 
 
+@pytest.mark.parametrize("path", [*PATHS, "kernel"])
+def test_a_fresh_worker_thread_can_swap(path):
+    """A thread whose first CUDA work is the op (an engine's transfer thread): the driver API needs
+    the device's context current there, which no runtime call has made yet."""
+    import threading
+
+    src = Pool("pinned", 1, 4096)
+    dst = Pool("device", 1, 4096)
+    outcome = {}
+
+    def transfer():
+        try:
+            sizes = torch.tensor([4096], dtype=torch.int64)
+            src_ptrs, dst_ptrs = torch.tensor([src.ptr], dtype=torch.int64), torch.tensor([dst.ptr], dtype=torch.int64)
+            if path == "kernel":
+                ops.swap_blocks_batch(src_ptrs, dst_ptrs, sizes, SrcAccessOrder.ANY, method="kernel")
+            else:
+                run_path(path, src_ptrs, dst_ptrs, sizes, SrcAccessOrder.ANY)
+            torch.cuda.current_stream().synchronize()
+            outcome["ok"] = True
+        except Exception as exc:  # reported below, with the thread's message
+            outcome["error"] = f"{type(exc).__name__}: {exc}"
+
+    try:
+        expected = src.fill(np.random.default_rng(3).integers(0, 256, 4096, dtype=np.uint8))
+        worker = threading.Thread(target=transfer)
+        worker.start()
+        worker.join()
+        assert outcome == {"ok": True}, outcome.get("error")
+        torch.cuda.synchronize()
+        assert np.array_equal(dst.bytes(), expected)
+    finally:
+        src.free()
+        dst.free()
+
+
 def test_opcheck():
     buf = torch.arange(1024, dtype=torch.uint8, device="cuda")
     out = torch.zeros(1024, dtype=torch.uint8, device="cuda")
