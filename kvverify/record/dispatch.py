@@ -19,7 +19,10 @@ schema's alias annotations (``Tensor(a!)`` is written, ``Tensor(a)`` only aliase
 - kvverify's harness kernels (``write_blocks``, ``read_blocks``, ``verify_blocks``,
   ``checksum_blocks``): their accesses through the block pointers they are given;
 - ``kvverify::host_alloc`` / ``host_register`` (``kvverify.device.host_memory``): new pinned /
-  registered host memory; ``host_free`` / ``host_unregister`` retire it.
+  registered host memory; ``host_free`` / ``host_unregister``: a ``free`` of it (device work still
+  pending on it races with the release);
+- ``Tensor.record_stream(s)``: the caching allocator's fence for the block (``Recorder.memory_freed``);
+- fresh outputs through ``Recorder.allocated``, which writes the allocators' ordering of reused bytes.
 
 Pointers held in a CUDA tensor are known from the host copy that filled it; where none was seen,
 the tensor is read back (a synchronizing copy the trace does not show).
@@ -39,16 +42,17 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvverify.record.memory import Span
 from kvverify.record.recorder import CopyArrays, Recorder
+from kvverify.record.threads import NOT_RECORDED
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
 
 DEFAULT_SWAP_OPS = ("kvverify::swap_blocks_batch",)
-RECORDER_ERROR = "NOT RECORDED (a recorder error; the trace misses these ops):"
+RECORDER_ERROR = f"{NOT_RECORDED} (a recorder error; the trace misses these ops):"
 SWAP_ORDER_ARGS = ("src_access_order", "is_src_access_order_any")
 # kvverify's harness kernels: each reaches ``block_bytes`` at every address of ``block_ptrs``.
 POINTER_KERNELS = {"kvverify::write_blocks": "writes", "kvverify::read_blocks": "reads",
                    "kvverify::verify_blocks": "reads", "kvverify::checksum_blocks": "reads"}
 # Ops that launch nothing on the device and touch no data.
-NO_ACCESS = frozenset(("aten::record_stream", "aten::is_pinned", "aten::set_", "aten::resize_", "aten::resize_as_",
+NO_ACCESS = frozenset(("aten::is_pinned", "aten::set_", "aten::resize_", "aten::resize_as_",
                        "kvverify::check_pointers", "kvverify::spin", "kvverify::batch_api_available",
                        "kvverify::driver_version"))
 FACTORY = re.compile(r"(new_.*|.*_like)$")  # tensor arguments give only shape and dtype
@@ -68,6 +72,10 @@ class Platform:
 
     def stream_key(self, t: torch.Tensor | None) -> object:
         """``Recorder.stream_key`` of the current stream of ``t``'s device (None: current device)."""
+        raise NotImplementedError
+
+    def stream_key_of(self, stream) -> object:
+        """``Recorder.stream_key`` of a stream object (``torch.Stream``, ``torch.cuda.Stream``)."""
         raise NotImplementedError
 
     def is_pinned(self, t: torch.Tensor) -> bool:
@@ -219,6 +227,8 @@ class RecordingMode(TorchDispatchMode):
         view = not fresh and all(metadata_only and not is_write for _, _, is_write, metadata_only in tensor_args)
         if qualified in NO_ACCESS or (view and schema.name.startswith("aten::")) or torch.Tag.inplace_view in func.tags:
             handler = None  # launches nothing, or only makes a view of its input (or changes a tensor's view of it)
+        elif qualified == "aten::record_stream":
+            handler = RecordingMode._record_stream
         elif qualified == "aten::copy_":
             handler = RecordingMode._copy
         elif qualified == "aten::_to_copy":
@@ -291,7 +301,7 @@ class RecordingMode(TorchDispatchMode):
             space = DEVICE_SPACE
         else:
             space = HOST_SPACE["pinned"] if may_pin and self.platform.is_pinned(t) else HOST_SPACE["pageable"]
-        self.rec.memory.fresh(storage.data_ptr(), nbytes, space, origin, at)
+        self.rec.allocated(storage.data_ptr(), nbytes, space, origin, at)
 
     def _accesses(self, info: OpInfo, args: tuple, kwargs: dict, out, at: str | None, may_pin: bool = False):
         """The op's device stream (or None) and its ranges: device reads, device writes, host
@@ -431,6 +441,10 @@ class RecordingMode(TorchDispatchMode):
                             [span] if rest[1] == "writes" else [], at)
         if not non_blocking:
             self.rec.synchronized_by_op(stream, at)
+        else:
+            host = src_span[0] if ws == "host" else dst_span[0]
+            if self.rec.memory.allocations[host].space == HOST_SPACE["pinned"]:
+                self.rec.host_copy_fenced(host)
         if ws == "host" and src.dtype == torch.int64:
             # copy_ writes dst in place: torch bumps its version counter once this op returns
             # (ADInplaceOrView runs above the dispatcher hook); _to_copy's output stays at 0
@@ -557,6 +571,11 @@ class RecordingMode(TorchDispatchMode):
             stream = self.platform.stream_key(None)
         self._emit(info, stream, reads, writes, host_reads, host_writes, at)
 
+    def _record_stream(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        t, stream = args[0], _argument(info, args, kwargs, "s")
+        if self.platform.where(t) == "device":
+            self.rec.stream_used(t.untyped_storage().data_ptr(), self.platform.stream_key_of(stream))
+
     def _host_memory(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         at = self.rec.locate(HANDLER_DEPTH)
         if info.qualified == "kvverify::host_alloc":
@@ -564,10 +583,15 @@ class RecordingMode(TorchDispatchMode):
         else:
             address = int(_argument(info, args, kwargs, "ptr"))
             nbytes, space = int(_argument(info, args, kwargs, "nbytes")), HOST_SPACE["registered"]
-        self.rec.memory.fresh(address, nbytes, space, info.qualified, at)
+        self.rec.allocated(address, nbytes, space, info.qualified, at)
 
     def _host_release(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        self.rec.memory.retire(int(_argument(info, args, kwargs, "ptr")))
+        # cudaFreeHost / cudaHostUnregister order nothing of their own in the trace format's terms:
+        # device work still pending on the bytes races with the release
+        memory = self.rec.memory
+        released = memory.retire(int(_argument(info, args, kwargs, "ptr")))
+        if released is not None:
+            self.rec.released([(released.index, 0, released.size)], info.name, self.rec.locate(HANDLER_DEPTH))
 
 
 def _is_swap_schema(schema) -> bool:

@@ -127,7 +127,8 @@ class MemoryMap:
         self.version += 1
         return a
 
-    def _overlapping(self, base: int, end: int) -> list[Allocation]:
+    def overlapping(self, base: int, end: int) -> list[Allocation]:
+        """The live allocations that hold a byte of ``[base, end)``, by address."""
         i = bisect.bisect_right(self._bases, base) - 1
         out = []
         if i >= 0 and self._live[i].end > base:
@@ -143,7 +144,7 @@ class MemoryMap:
         """Memory allocated just now: retire every live allocation it overlaps, return the new one.
 
         Raises ValueError for an unknown space or ``size <= 0``."""
-        for old in self._overlapping(base, base + size):
+        for old in self.overlapping(base, base + size):
             self._drop(old)
         return self._new(base, size, space, origin, at, label)
 
@@ -165,7 +166,7 @@ class MemoryMap:
                     self.version += 1
             return holder
         hi = base + size
-        overlapping = self._overlapping(base, hi)
+        overlapping = self.overlapping(base, hi)
         for a in overlapping:
             if not a.placeholder:  # a live allocation past base: this one ends where that one begins
                 hi = min(hi, a.base)
@@ -238,7 +239,7 @@ class MemoryMap:
         allocation (``host_pageable``). A range that runs past a live allocation gets a placeholder
         of its own, outside the map (it is a bug of the program, reported as such)."""
         end = address + length
-        around = self._overlapping(address - 1, end + 1)
+        around = self.overlapping(address - 1, end + 1)
         if any(not a.placeholder and a.base < end and address < a.end for a in around):
             a = Allocation(len(self.allocations), int(address), int(length), "host_pageable", UNRESOLVED_ORIGIN, at)
             self.allocations.append(a)

@@ -15,6 +15,20 @@ it was first recorded). An event handle that CUDA creates again after a destroy 
 Work reported while an op runs (torch records an event after a non-blocking copy, a blocking
 copy synchronizes its stream) is held back until the op itself is in the log: the event then
 captures the copy, as it does on the device.
+
+Lifetimes (trace format 1.2): the allocators' own ordering is written as ops, so that bytes a new
+owner receives can be one buffer with their old owner's (``kvverify.record.writer``):
+
+- torch's caching allocator hands a freed block out again on the stream it was freed on (stream
+  order covers that), and after ``Tensor.record_stream(s)`` only once an event it recorded on ``s``
+  at the free has completed: a ``record`` on each such stream at the free, a ``query_event`` that
+  returned true at the reuse;
+- torch's pinned host allocator records an event on the stream of each non-blocking copy from or
+  to one of its blocks and hands the block out again once those events have completed: the same
+  ``query_event`` at the reuse; copies it does not see (a raw pointer in a batched swap) get no
+  event, and their bytes are reused under them;
+- memory released with no ordering of its own (``cudaFreeHost`` of kvverify's host memory, a pool
+  of the program's own: ``kvverify.record.free`` / ``reuse``) is a ``free`` op.
 """
 
 from __future__ import annotations
@@ -74,6 +88,10 @@ class Recorder:
         self._in_op = False
         self._held: list[dict] | None = None  # ops reported while an op runs
         self._short: dict[str, str] = {}  # at -> short_at(at), for the names of new events
+        self._stream_uses: dict[int, dict] = {}  # allocation index -> streams of record_stream (keys, in order)
+        # freed blocks the caching allocator holds back: (base, end, events recorded at the free)
+        self._fences: list[tuple[int, int, tuple[str, ...]]] = []
+        self._host_fences: dict[int, list[str]] = {}  # pinned allocation index -> events torch's pinned allocator waits for
 
     # -- names -------------------------------------------------------------------------------
 
@@ -197,16 +215,79 @@ class Recorder:
         """``cudaDeviceSynchronize``."""
         self._emit({"op": "sync_device", "at": self.locate()})
 
-    # -- memory (allocator callbacks) ------------------------------------------------------
+    # -- memory (allocator callbacks, allocations the dispatcher sees) -----------------------
 
     def memory_allocated(self, address: int) -> None:
         """The caching allocator handed out a block at ``address``: whatever the map held
-        there is gone (the block's size comes with the tensor that receives it)."""
+        there is gone (the block's size comes with the tensor that receives it: ``allocated``)."""
         self.memory.retire(address)
 
     def memory_freed(self, address: int) -> None:
-        """The caching allocator took the block at ``address`` back."""
-        self.memory.retire(address)
+        """The caching allocator took the block at ``address`` back. Where the program called
+        ``record_stream`` on it, the allocator records an event on each of those streams now and
+        hands the block out again only once they completed (PyTorch, ``CUDACachingAllocator``:
+        ``insert_events`` / ``process_events``): written as a ``record`` per stream here and a
+        true ``query_event`` at the reuse (``allocated``)."""
+        freed = self.memory.retire(address)
+        if freed is None:
+            return
+        uses = self._stream_uses.pop(freed.index, None)
+        if not uses:
+            return
+        at = self.locate()
+        events = []
+        for stream in uses:
+            self._event_serial += 1
+            event = f"free{self._event_serial} ({self._short_at(at)})"
+            self._emit({"op": "record", "event": event, "stream": self.stream(stream, at), "at": at,
+                        "name": "caching allocator: record_stream event at the free"})
+            events.append(event)
+        self._fences.append((freed.base, freed.end, tuple(events)))
+
+    def stream_used(self, address: int, stream: object) -> None:
+        """``Tensor.record_stream(stream)`` on the tensor whose storage starts at ``address``."""
+        a = self.memory.find(address)
+        if a is not None:
+            self._stream_uses.setdefault(a.index, {})[stream] = None
+
+    def host_copy_fenced(self, allocation: int) -> None:
+        """The op being logged is a non-blocking copy from or to pinned ``allocation``: the events
+        recorded while it ran are torch's pinned allocator's (``CachingHostAllocator_recordEvent``),
+        which it waits for before handing the block out again."""
+        events = [op["event"] for op in self._held or () if op["op"] == "record"]
+        if events:
+            self._host_fences.setdefault(allocation, []).extend(events)
+
+    def allocated(self, base: int, size: int, space: str, origin: str, at: str | None):
+        """Memory just handed to a new owner (an op's fresh output, new host memory); returns its
+        ``Allocation``. Where an allocator reuses bytes only after events completed, the host has
+        learnt so: a true ``query_event`` of each, logged before the new owner's first access."""
+        end = base + size
+        if self._fences:
+            keep = []
+            for fence in self._fences:
+                if fence[0] < end and base < fence[1]:
+                    self._queried_true(fence[2], at)
+                else:
+                    keep.append(fence)
+            self._fences = keep
+        if self._host_fences:
+            for old in self.memory.overlapping(base, end):
+                events = self._host_fences.pop(old.index, None)
+                if events:
+                    self._queried_true(events, at)
+        return self.memory.fresh(base, size, space, origin, at)
+
+    def _queried_true(self, events, at: str | None) -> None:
+        for event in events:
+            self.issued({"op": "query_event", "event": event, "result": True, "at": at,
+                         "name": "allocator: the block's events completed before it was handed out again"})
+
+    def released(self, spans: Sequence[Span], name: str | None, at: str | None) -> None:
+        """The host thread releases ``spans`` now (trace format 1.2 ``free``): device work on them
+        that is not ordered before this point races with it (use after free)."""
+        if spans:
+            self.issued({"op": "free", "ranges": tuple(spans), "name": name, "at": at})
 
     # -- device work and host accesses ----------------------------------------------------------
 

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
 from kvverify.record.recorder import Recorder
+from kvverify.record.threads import NOT_RECORDED, OTHER_THREAD_WORK, OtherThreads
 from kvverify.record.writer import Summary, build
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
@@ -85,6 +86,8 @@ class Recording:
                 platform.uninstall()
                 raise
             self._platform_in_use = platform
+            self._others = OtherThreads(self.recorder.notes, self.thread, platform.where)
+            self._others.start()
             self._built = self._verdict = None
             self.running = True
             _active = self
@@ -105,6 +108,7 @@ class Recording:
                                  f"one ({threading.get_ident()}): the recording is still running")
         with _lock:
             try:
+                self._others.stop()
                 self._mode.__exit__(None, None, None)
             finally:
                 gc.unfreeze()
@@ -137,6 +141,7 @@ class Recording:
         if self._built is None:
             doc, summary = build(self.recorder, keep_all=self.keep_all)
             summary.notes += [f"{what}: {n}" for what, n in sorted(self.recorder.notes.items())]
+            summary.notes += self._others.lines()
             self._built = (doc, summary)
         return self._built
 
@@ -163,11 +168,10 @@ class Recording:
             f.write("\n")
 
     def complete(self) -> bool:
-        """False when the recorder failed on some op (the summary names them): a SAFE verdict
+        """False when the recording missed device work it knows of (the summary names it): an op
+        the recorder failed on, device work or host accesses of another thread. A SAFE verdict
         then covers only what was recorded."""
-        from kvverify.record.dispatch import RECORDER_ERROR
-
-        return not any(note.startswith(RECORDER_ERROR) for note in self.summary().notes)
+        return not any(note.startswith(NOT_RECORDED) for note in self.summary().notes)
 
     def report(self, source: str | None = None) -> str:
         """The checker's report of the trace, then the summary of the recording."""
@@ -195,9 +199,15 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
 # -- annotations ---------------------------------------------------------------------------------
 
 
-def _current() -> Recording | None:
+def _current(what: str = "") -> Recording | None:
+    """The recording of this thread; None outside one. An annotation (``what``) made on another
+    thread while one runs is noted as missed: the trace cannot place it."""
     rec = _active
-    if rec is None or not rec.running or threading.get_ident() != rec.thread:
+    if rec is None or not rec.running:
+        return None
+    if threading.get_ident() != rec.thread:
+        if what:
+            rec.recorder.notes[f"{OTHER_THREAD_WORK} {what} from thread {threading.current_thread().name!r}"] += 1
         return None
     return rec
 
@@ -216,13 +226,14 @@ def _address_range(obj) -> tuple[int, int]:
                     "or an (address, bytes) pair")
 
 
-def _spans(rec: Recording, objs: tuple, at: str | None) -> list:
+def _spans(rec: Recording, objs: tuple, at: str | None, device: bool = False) -> list:
+    """The spans of ``objs`` (see ``host_write``); ``device``: CUDA tensors are allowed too."""
     memory = rec.recorder.memory
     out = []
     for obj in objs:
         if hasattr(obj, "untyped_storage"):  # a tensor
             where = rec._platform_in_use.where(obj)
-            if where != "host":
+            if where is None or (where == "device" and not device):
                 raise ValueError(f"host_write / host_read take host memory; this tensor is on {obj.device}")
             span = rec._mode.span(obj, where, at)
             if span is not None:
@@ -241,7 +252,7 @@ def _spans(rec: Recording, objs: tuple, at: str | None) -> list:
 
 
 def _host_access(kind: str, objs: tuple, name: str | None) -> None:
-    rec = _current()
+    rec = _current(f"kvverify.record.{kind}")
     if rec is None:
         return
     at = rec.recorder.locate()
@@ -266,6 +277,35 @@ def host_read(*objs, name: str | None = None) -> None:
     _host_access("host_read", objs, name)
 
 
+def _release(what: str, objs: tuple, name: str | None) -> None:
+    rec = _current(f"kvverify.record.{what}")
+    if rec is None:
+        return
+    at = rec.recorder.locate()
+    rec.recorder.released(_spans(rec, objs, at, device=True), name or what, at)
+
+
+def free(*objs, name: str | None = None) -> None:
+    """These bytes are released now, with no ordering of their own (trace format 1.2 ``free``):
+    device work on them that is not ordered before this point races with it, kind ``FREE`` (use
+    after free). For memory the recorder cannot see released: a pool of the program's own that
+    frees a slot, an unmap, a raw free.
+
+    ``objs``: tensors (CPU or CUDA; views name exactly their elements' span), numpy arrays,
+    ``HostBuffer`` objects or ``(address, bytes)`` pairs. Outside a recording: does nothing. Raises
+    TypeError for an object whose bytes cannot be told.
+    """
+    _release("free", objs, name)
+
+
+def reuse(*objs, name: str | None = None) -> None:
+    """A pool of the program's own hands these bytes to a new owner now (a KV block given to another
+    request, a host slot to another backup): written as ``free`` (see there), so that the old
+    owner's device work not ordered before the hand-over races with it, as with the new owner's
+    accesses after it. Call it where the pool hands the block out. As ``free`` otherwise."""
+    _release("reuse", objs, name)
+
+
 def host_buffer(obj, kind: str = "pinned", *, name: str | None = None) -> None:
     """Declare memory the recorder cannot learn of by itself (allocated by ctypes, another
     library's ``cudaHostAlloc``), so that swaps into it resolve to a named buffer.
@@ -277,7 +317,7 @@ def host_buffer(obj, kind: str = "pinned", *, name: str | None = None) -> None:
     space = DEVICE_SPACE if kind == "device" else HOST_SPACE.get(kind)
     if space is None:
         raise ValueError(f"unknown memory kind {kind!r}; use one of {', '.join([*HOST_SPACE, 'device'])}")
-    rec = _current()
+    rec = _current("kvverify.record.host_buffer")
     if rec is None:
         return
     if hasattr(obj, "untyped_storage"):

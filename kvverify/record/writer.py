@@ -1,4 +1,12 @@
-"""From a recorder's op log to a trace document (``docs/trace-format.md``, version 1).
+"""From a recorder's op log to a trace document (``docs/trace-format.md``, version 1.2).
+
+Bytes are one buffer for as long as the recording knows them: allocations of one memory space that
+share an address (the caching allocator's block handed to a new tensor, a pinned block torch's
+host allocator reuses, host memory freed and allocated again) are written as one buffer that
+covers them all, each op's ranges at their offset in it. What orders a new owner after an old one
+is then what the program and the allocators did, written as ops (``kvverify.record.recorder``):
+stream order on the block's stream, the allocators' events, synchronization; where nothing does, the
+checker reports the race, as it should (a freed block reused under a copy still reading it).
 
 Only what can matter is written. Two accesses can race only if something other than kernels
 in program order touches the bytes, so a buffer is kept when a copy or a batched swap touches it,
@@ -81,8 +89,46 @@ def _spans(op: dict) -> Iterable[tuple]:
     elif kind == "copy":
         yield op["src"]
         yield op["dst"]
-    elif kind in ("host_read", "host_write"):
+    elif kind in ("host_read", "host_write", "free"):
         yield from op["ranges"]
+
+
+def _shared_bytes(allocations: list[Allocation], final: list[tuple[Allocation, int]]) -> list[tuple[Allocation, int]]:
+    """Per allocation index: the allocation whose buffer holds its bytes, and its offset there.
+
+    Allocations that end up in themselves (not placeholders merged into later memory) and overlap
+    in address within one memory space (placeholders only with placeholders) share a buffer, named after the first of them made, whose
+    ``size`` grows to cover all (the returned allocations are copies: the recorder's stay as they
+    were)."""
+    from dataclasses import replace
+
+    roots = [a for a in allocations if final[a.index][0] is a]
+    holder: dict[int, tuple[Allocation, int]] = {}
+    by_space: dict[tuple, list[Allocation]] = {}
+    for a in roots:
+        # a placeholder beside a live allocation marks a range that ran past its end: kept apart
+        by_space.setdefault((a.space, a.placeholder), []).append(a)
+    for group in by_space.values():
+        group.sort(key=lambda a: (a.base, a.index))
+        start = 0
+        while start < len(group):
+            end, hi = start + 1, group[start].end
+            while end < len(group) and group[end].base < hi:
+                hi = max(hi, group[end].end)
+                end += 1
+            members = group[start:end]
+            first = min(members, key=lambda a: a.index)
+            lo = members[0].base
+            shared = first if len(members) == 1 else replace(first, base=lo, size=hi - lo)
+            for a in members:
+                holder[a.index] = (shared, a.base - lo)
+            start = end
+    out = []
+    for a in allocations:
+        root, delta = final[a.index]
+        shared, shift = holder[root.index]
+        out.append((shared, delta + shift))
+    return out
 
 
 def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]:
@@ -95,8 +141,9 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
     allocations = recorder.memory.allocations
     summary = Summary(ops_recorded=len(recorder.ops), allocations_seen=len(allocations),
                       unresolved=recorder.memory.still_unresolved())
-    # Where each allocation ended up (placeholders merge into memory learnt later), by index.
-    final = [a.final() for a in allocations]
+    # Where each allocation's bytes are written, by index: placeholders merge into memory learnt
+    # later, and allocations that share addresses into one buffer.
+    final = _shared_bytes(allocations, [a.final() for a in allocations])
     finals = np.array([f[0].index for f in final], dtype=np.int64)
     shifts = np.array([f[1] for f in final], dtype=np.int64)
     copied: set[int] = set()
@@ -111,7 +158,8 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
             continue
         if kind in ("wait_event", "sync_event", "query_event"):
             used_events.add(op["event"])
-        target = {"kernel": on_device, "copy": copied, "host_read": on_host, "host_write": on_host}.get(kind)
+        target = {"kernel": on_device, "copy": copied, "host_read": on_host, "host_write": on_host,
+                  "free": on_host}.get(kind)
         if target is not None:
             target.update(final[span[0]][0].index for span in _spans(op))
     keep = copied | (on_host & on_device)
@@ -147,7 +195,7 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
                 summary.kernels_summarized += 1
                 continue
             out = {"op": kind, "stream": op["stream"], "reads": reads, "writes": writes}
-        elif kind in ("host_read", "host_write"):
+        elif kind in ("host_read", "host_write", "free"):
             ranges = kept(op["ranges"])
             if not ranges:
                 continue
@@ -196,7 +244,8 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
         for c in out.get("copies", ()):
             used_buffers.add(c["src"][0])
             used_buffers.add(c["dst"][0])
-    buffers = {names[i]: {"space": allocations[i].space, "bytes": allocations[i].size}
+    sizes = {a.index: a.size for a, _ in final}
+    buffers = {names[i]: {"space": allocations[i].space, "bytes": sizes[i]}
                for i in sorted(names) if names[i] in used_buffers}
     summary.ops_written = len(ops)
     summary.buffers_written = len(buffers)

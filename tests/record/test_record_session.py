@@ -21,7 +21,7 @@ from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
 from kvverify.record.hooks import (
     CudaPlatform,
-    observed_event_class,
+    patch_method,
     thread_guard,
 )
 from kvverify.record.recorder import Recorder
@@ -137,10 +137,11 @@ def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(m
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0])  # what install() asks once CUDA is up
     rec = Recorder(lambda: "prog.py:1 in f")
     before = {r: list(r.callback_list) for r in (gpu_trace.EventRecordCallbacks, gpu_trace.MemoryAllocationCallbacks)}
-    query, generic = torch.cuda.Event.query, torch.Event
+    query, generic, generic_query = torch.cuda.Event.query, torch.Event, torch.Event.__dict__["query"]
     platform.install(rec, thread_guard(threading.get_ident(), lambda: False, rec.notes))
     try:
-        assert torch.cuda.Event.query is not query and torch.Event is not generic
+        assert torch.cuda.Event.query is not query and torch.Event is generic
+        assert torch.Event.__dict__["query"] is not generic_query
         gpu_trace.EventCreationCallbacks.fire_callbacks(0xE0)
         gpu_trace.EventRecordCallbacks.fire_callbacks(0xE0, 0x5100)
         gpu_trace.EventWaitCallbacks.fire_callbacks(0xE0, 0)  # the legacy default stream
@@ -160,16 +161,39 @@ def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(m
     assert rec.ops[2]["stream"] == "default (cuda:1)" and rec.ops[3]["stream"] == rec.ops[0]["stream"]
     assert rec.memory.find(0x9000) is None
     assert {r: list(r.callback_list) for r in before} == before
-    assert torch.cuda.Event.query is query and torch.Event is generic
+    assert torch.cuda.Event.query is query and torch.Event is generic and torch.Event.__dict__["query"] is generic_query
 
 
-def test_the_generic_event_class_reports_its_queries_and_passes_isinstance_checks():
+def test_the_generic_event_class_reports_its_queries_and_stays_the_same_type():
+    """torch.Event is a C type whose attributes cannot be set: its query is observed in place, and
+    every event stays exactly a torch.Event (torch's C++ checks the exact type in elapsed_time)."""
     seen = []
-    Event = observed_event_class(torch.Event, lambda e, result: seen.append(result))
-    e = Event(device="cpu")
-    assert e.query() is True and seen == [True]
-    assert isinstance(torch.Event(device="cpu"), Event) and isinstance(e, torch.Event)
-    assert issubclass(torch.cuda.Event, Event) == issubclass(torch.cuda.Event, torch.Event)
+    original = torch.Event.__dict__["query"]
+
+    def query(event):
+        result = original(event)
+        seen.append((type(event), result))
+        return result
+
+    with pytest.raises(TypeError):
+        torch.Event.query = query  # why patch_method exists
+    cls_before, mro_before = torch.Event, torch.Event.__mro__
+    undo = patch_method(torch.Event, "query", query, original)
+    try:
+        e = torch.Event(device="cpu")
+        assert e.query() is True and seen == [(torch.Event, True)]
+        assert type(e) is torch.Event and torch.Event is cls_before and torch.Event.__mro__ == mro_before
+        assert torch.Event.query.__name__ == "query" and torch.Event.query.__doc__ == original.__doc__
+    finally:
+        undo()
+    assert torch.Event.__dict__["query"] is original
+    torch.Event(device="cpu").query()
+    assert len(seen) == 1  # undone: no longer observed
+
+
+def test_patch_method_refuses_a_method_it_cannot_find():
+    with pytest.raises(RecordingError, match="cannot reach the dictionary"):
+        patch_method(torch.Event, "query", lambda e: True, object())
 
 
 def test_the_guard_drops_reports_from_other_threads_and_while_busy():

@@ -1,0 +1,186 @@
+"""Lifetimes (trace format 1.2): bytes an allocator hands to a new owner are one buffer with their old
+owner's, ordered only by what the program and the allocators did: stream order on the block's
+stream, ``record_stream`` events, the pinned allocator's copy events; memory released with no
+ordering of its own is a ``free``. The recorder is fed as torch's callbacks and the dispatcher feed
+it on a GPU (``kvverify.record.hooks``, ``dispatch``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from fake_cuda import FakeCuda
+
+import kvverify.record as record
+from kvverify.check import check
+from kvverify.record.recorder import CopyArrays, Recorder
+from kvverify.record.writer import build
+
+COMPUTE, SIDE = 0x7F00, 0x7F10  # stream handles
+BLOCK = 1 << 20
+EVENT = 0xE000
+
+
+class Lines:
+    """Every op is issued at the next line of prog.py, in ``step``."""
+
+    def __init__(self):
+        self.line = 0
+
+    def __call__(self, depth: int = 1):
+        self.line += 1
+        return f"prog.py:{self.line} in step"
+
+
+def races(rec: Recorder):
+    doc, _ = build(rec)
+    return doc, check(doc).races
+
+
+def freed_under_a_side_copy(*, record_stream: bool, sync: bool = False):
+    """A block made on compute and read by a D2H on a side stream is freed; its bytes go to a new
+    tensor the compute stream writes (meta-pytorch/torchrec#4231's shape)."""
+    rec = Recorder(Lines())
+    old = rec.allocated(0x10000, BLOCK, "device", "output of aten.empty", rec.locate())
+    host = rec.allocated(0x900000, BLOCK, "host_pinned", "output of aten.empty", rec.locate())
+    rec.kernel(COMPUTE, "fill", [], [(old.index, 0, BLOCK)], rec.locate())
+    rec.event_created(EVENT)
+    rec.event_recorded(EVENT, COMPUTE)
+    rec.event_waited(EVENT, SIDE)
+    rec.copy(SIDE, "copy_", (old.index, 0, BLOCK), (host.index, 0, BLOCK), rec.locate())
+    if record_stream:
+        rec.stream_used(0x10000, SIDE)
+    rec.memory_freed(0x10000)
+    if sync:
+        rec.device_synchronized()
+    rec.memory_allocated(0x10000)
+    new = rec.allocated(0x10000, BLOCK, "device", "output of aten.empty", rec.locate())
+    rec.kernel(COMPUTE, "fill", [], [(new.index, 0, BLOCK)], rec.locate())
+    return rec
+
+
+def test_a_block_freed_under_a_side_streams_copy_and_reused_races_with_the_new_owners_write():
+    doc, found = races(freed_under_a_side_copy(record_stream=False))
+    assert len(doc["buffers"]) == 2  # the old and the new owner's bytes are one buffer
+    pair = {(r.first, r.second, r.kind) for r in found}
+    copy = next(i for i, op in enumerate(doc["ops"]) if op["op"] == "copy")
+    write = max(i for i, op in enumerate(doc["ops"]) if op["op"] == "kernel")
+    assert (copy, write, "WAR") in pair
+
+
+def test_record_stream_is_the_allocators_event_at_the_free_and_its_completion_at_the_reuse():
+    doc, found = races(freed_under_a_side_copy(record_stream=True))
+    assert not found
+    record_op, query = (op for op in doc["ops"] if op.get("name", "").startswith(("caching", "allocator")))
+    assert record_op["op"] == "record" and record_op["stream"].startswith("stream") and query["op"] == "query_event"
+    assert query["result"] is True and query["event"] == record_op["event"]
+
+
+def test_a_synchronization_before_the_reuse_orders_it_too():
+    _, found = races(freed_under_a_side_copy(record_stream=False, sync=True))
+    assert not found
+
+
+def test_reuse_on_the_blocks_own_stream_is_stream_ordered():
+    rec = Recorder(Lines())
+    old = rec.allocated(0x10000, BLOCK, "device", "t", rec.locate())
+    host = rec.allocated(0x900000, BLOCK, "host_pinned", "t", rec.locate())
+    rec.copy(COMPUTE, "copy_", (old.index, 0, BLOCK), (host.index, 0, BLOCK), rec.locate())
+    rec.memory_freed(0x10000)
+    new = rec.allocated(0x10000 + 4096, 4096, "device", "t", rec.locate())  # a part of the block
+    rec.kernel(COMPUTE, "fill", [], [(new.index, 0, 4096)], rec.locate())
+    rec.host_access("host_read", [(host.index, 0, BLOCK)], "read", rec.locate())
+    doc, found = races(rec)
+    buffer = doc["ops"][-2]["writes"][0]
+    assert buffer[1] == 4096 and doc["buffers"][buffer[0]]["bytes"] == BLOCK
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in found] == \
+        [("RAW", "copy", "host_read")]  # the unsynchronized read, not the reuse
+
+
+def pinned_temporary(*, copied_by_torch: bool):
+    """A pinned temporary from torch's host allocator is the source of an H2D on a side stream and
+    dropped; the allocator hands its block to a new tensor the host writes (pytorch/pytorch#130785,
+    LMCache's raw-pointer form)."""
+    rec = Recorder(Lines())
+    temp = rec.allocated(0x900000, 4096, "host_pinned", "output of aten._pin_memory", rec.locate())
+    gpu = rec.allocated(0x10000, 4096, "device", "t", rec.locate())
+    rec.begin_op()
+    if copied_by_torch:  # copy_(non_blocking=True): torch records the allocator's event on the stream
+        rec.copy(SIDE, "copy_", (temp.index, 0, 4096), (gpu.index, 0, 4096), rec.locate())
+        rec.event_created(EVENT)
+        rec.event_recorded(EVENT, SIDE)
+        rec.host_copy_fenced(temp.index)
+    else:  # a batched swap of raw pointers: the allocator knows nothing of it
+        copies = CopyArrays(*(np.array([v], dtype=np.int64) for v in (temp.index, 0, gpu.index, 0, 4096)))
+        rec.copy_batch(SIDE, "swap_blocks_batch", "STREAM", copies, rec.locate())
+    rec.end_op()
+    new = rec.allocated(0x900000, 4096, "host_pinned", "output of aten._pin_memory", rec.locate())
+    rec.host_access("host_write", [(new.index, 0, 4096)], "fill", rec.locate())
+    return races(rec)
+
+
+def test_a_pinned_block_reused_under_a_raw_pointer_copy_races_with_the_new_owners_host_write():
+    doc, found = pinned_temporary(copied_by_torch=False)
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in found] == \
+        [("WAR", "copy_batch", "host_write")]
+
+
+def test_the_pinned_allocator_waits_for_the_event_torchs_own_copy_recorded():
+    doc, found = pinned_temporary(copied_by_torch=True)
+    assert not found
+    assert [op["op"] for op in doc["ops"]] == ["copy", "record", "query_event", "host_write"]
+
+
+def test_allocations_at_one_address_in_different_spaces_stay_apart():
+    rec = Recorder(Lines())
+    a = rec.allocated(0x10000, 4096, "host_pageable", "t", rec.locate())
+    rec.memory.retire(0x10000)
+    b = rec.allocated(0x10000, 4096, "host_pinned", "t", rec.locate())
+    gpu = rec.allocated(0x90000, 4096, "device", "t", rec.locate())
+    rec.copy(SIDE, "copy_", (a.index, 0, 4096), (gpu.index, 0, 4096), rec.locate())
+    rec.copy(SIDE, "copy_", (b.index, 0, 4096), (gpu.index, 0, 4096), rec.locate())
+    doc, _ = races(rec)
+    assert sorted(v["space"] for v in doc["buffers"].values()) == ["device", "host_pageable", "host_pinned"]
+
+
+# -- through the dispatcher, on the CPU stand-in ---------------------------------------------------
+
+
+@pytest.fixture
+def fake():
+    return FakeCuda()
+
+
+def test_annotations_and_device_work_of_another_thread_make_the_recording_incomplete(fake):
+    import threading
+
+    gpu = fake.device(4096)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        worker = threading.Thread(target=lambda: (gpu.add_(1), record.host_write((0x1000, 8))), name="offloader")
+        worker.start()
+        worker.join()
+    notes = rec.summary().notes
+    assert not rec.complete()
+    assert any("aten.add_" in n and "'offloader'" in n for n in notes), notes
+    assert any("kvverify.record.host_write" in n and "'offloader'" in n for n in notes), notes
+    # after the recording, the thread's hooks do nothing and nothing is noted
+    after = threading.Thread(target=lambda: gpu.add_(1))
+    after.start()
+    after.join()
+    assert rec.recorder.notes == rec.recorder.notes.copy() and len(notes) == len(rec.summary().notes)
+
+
+def test_threads_running_when_the_recording_starts_are_named_in_the_summary(fake):
+    import threading
+
+    stop = threading.Event()
+    idle = threading.Thread(target=stop.wait, name="engine-loop")
+    idle.start()
+    try:
+        with record.recording(platform=fake, skip=fake.skip()) as rec:
+            torch.zeros(1)
+    finally:
+        stop.set()
+        idle.join()
+    assert any("engine-loop" in line for line in rec.summary().lines())
+    assert rec.complete()  # named, not missed: nothing says it did device work
