@@ -21,10 +21,12 @@ exit status:
   N  the program's own exit status, when it failed (the trace is written and checked anyway)
   2  nothing was recorded: no CUDA device, a torch without the GPU-trace hooks, or a
      command this cannot run in-process (one line on stderr says which); or the
-     recorder failed on some ops and found no race in the rest (the summary lists them)
+     recording missed device work it knows of and found no race in the rest: ops the
+     recorder failed on, device work of other threads (the summary's NOT RECORDED lines)
 
 The program runs in this process (runpy for scripts and modules, pytest.main for pytest),
-on the thread that records: work issued from other threads is not recorded (docs/record.md).
+on the thread that records: work issued from other threads is not recorded, and where the
+recording sees that it was issued, it says so and never calls the rest SAFE (docs/record.md).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
@@ -176,7 +178,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
         print(f"kvverify record: the program exited with status {status}", file=sys.stderr)
         return status
     if verdict.safe and not rec.complete():
-        print("kvverify record: the recorder failed on some ops (listed above): SAFE covers only what was recorded",
-              file=sys.stderr)
+        print("kvverify record: the recording missed device work (the NOT RECORDED lines above: ops the recorder "
+              "failed on, work of other threads): SAFE covers only what was recorded", file=sys.stderr)
         return 2
     return 0 if verdict.safe else 1

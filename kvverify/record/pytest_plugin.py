@@ -96,6 +96,7 @@ def pytest_runtest_call(item):
         pytest.fail(f"kvverify record: the device work of {item.nodeid} races\n\n{rec.report(item.nodeid)}",
                     pytrace=False)
     if not rec.complete():
-        pytest.fail(f"kvverify record: the recorder failed on ops of {item.nodeid}; no race in the rest\n\n"
+        pytest.fail(f"kvverify record: the recording of {item.nodeid} missed device work (NOT RECORDED below); "
+                    f"no race in the rest\n\n"
                     f"{rec.report(item.nodeid)}", pytrace=False)
     return result

@@ -187,3 +187,60 @@ def test_recording_the_native_executor_gives_every_cell_its_contract_verdict():
           f"agree, {len(disagreements)} disagree, {len(errors)} errors")
     assert not errors, "\n".join(errors)
     assert not disagreements, "\n".join(disagreements)
+
+
+# -- lifetimes: the allocators' reuse of bytes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("record_stream", [False, True], ids=["freed", "record_stream"])
+def test_a_block_freed_under_a_side_streams_copy_is_one_buffer_with_its_next_owner(record_stream):
+    side = torch.cuda.Stream()
+    host = torch.empty(1 << 20, dtype=torch.uint8, pin_memory=True)
+    torch.cuda.synchronize()
+    with recording() as rec:
+        x = torch.ones(1 << 20, dtype=torch.uint8, device="cuda")
+        address = x.data_ptr()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(10_000_000)
+            host.copy_(x, non_blocking=True)
+        if record_stream:
+            x.record_stream(side)
+        del x
+        y = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")
+        reused = y.data_ptr() == address
+        y.fill_(7)
+        torch.cuda.synchronize()
+    assert reused != record_stream  # the allocator holds a block back only after record_stream
+    verdict = rec.check()
+    if record_stream:
+        assert verdict.safe, verdict.render()
+        return
+    kinds = {(r.kind, rec.trace()["ops"][r.first]["op"]) for r in verdict.races}
+    assert ("WAR", "copy") in kinds, verdict.render()
+
+
+@pytest.mark.parametrize("raw", [True, False], ids=["swap-of-raw-pointers", "copy_"])
+def test_a_pinned_temporary_dropped_under_its_copy_races_only_where_torch_did_not_see_the_copy(raw):
+    from kvverify.device import extension
+
+    swap = extension.ops().swap_blocks_batch
+    side = torch.cuda.Stream()
+    gpu = torch.empty(1 << 16, dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    with recording() as rec:
+        temp = torch.full((1 << 16,), 3, dtype=torch.uint8).pin_memory()
+        address = temp.data_ptr()
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(10_000_000)
+            if raw:
+                swap(torch.tensor([address]), torch.tensor([gpu.data_ptr()]), torch.tensor([1 << 16]), 1)
+            else:
+                gpu.copy_(temp, non_blocking=True)
+        del temp
+        again = torch.full((1 << 16,), 5, dtype=torch.uint8).pin_memory()
+        reused = again.data_ptr() == address
+        torch.cuda.synchronize()
+    assert reused == raw  # torch's pinned allocator waits for the events of the copies it saw
+    verdict = rec.check()
+    assert verdict.safe != raw, verdict.render()
