@@ -7,13 +7,16 @@ checked while it is read (:func:`check_ops`). Finding the pairs:
 - Accesses are visited in program order, which is a linear extension of happens-before (nothing
   issued later is ordered before something issued earlier), so a race is found when its *later*
   access ``b`` is visited: an earlier access ``a`` placed at ``a.until == (t, p)`` races with
-  ``b`` when ``b.after`` does not cover it, i.e. ``p > b.after[t]``.
-- An access that completes before the host's next op (host accesses, DURING_API_CALL and pageable
-  source reads) is ordered before everything issued later, so only accesses placed on a stream
-  are remembered: per buffer, per stream and per kind (read / write), in a :class:`_Lane`; one
+  ``b`` when ``b.after`` does not cover it, i.e. ``p > b.after[t]`` (nor ``a.also``, a second
+  latest moment some reads during the call have with several threads: see :class:`Side`).
+- With one host thread, an access that completes before the host's next op (host accesses, frees,
+  DURING_API_CALL and pageable source reads) is ordered before everything issued later, so only
+  accesses placed on a stream are remembered (with several threads, those placed on a thread's
+  timeline are remembered too: another thread's later ops need not follow them): per buffer, per
+  timeline and per kind (read / write), in a :class:`_Lane`; one
   *entry* per op, holding that op's ranges there, at the op's position ``k``.
-- An entry whose position the host has observed complete (the host clock covers it) is ordered
-  before everything issued later too, and is dropped: a lane holds only what is still in flight
+- An entry whose position the host has observed complete (every thread's host clock covers it) is
+  ordered before everything issued later too, and is dropped: a lane holds only what is still in flight
   as far as the host knows, which bounds memory on traces of millions of ops.
 - A lane whose latest position ``b.after`` covers, or whose bytes miss ``b``'s, is skipped at
   once. Otherwise the entries not covered (a suffix: positions grow) are compared with ``b``'s
@@ -29,7 +32,7 @@ checked while it is read (:func:`check_ops`). Finding the pairs:
 - Races inside one copy / copy_batch (rule 7) are found by a sweep over that op's ranges.
 
 Each unordered pair of ops is reported once (``first`` < ``second``, or equal inside one op),
-with the lowest overlapping range and its kind.
+with the lowest overlapping range and its kind (FREE where one is a free; two frees never race).
 """
 
 from __future__ import annotations

@@ -814,7 +814,8 @@ class _Parser:
         if not (required <= raw.keys() <= allowed):
             # an unknown key first: a misspelt one is the likely cause of a missing one
             for key in sorted(raw.keys() - allowed)[:1]:
-                self.fail(_field(key), f"unknown field for {'an' if kind[0] in 'aeiou' else 'a'} {kind} op{_did_you_mean(key, allowed)}")
+                article = "an" if kind[0] in "aeiou" else "a"
+                self.fail(_field(key), f"unknown field for {article} {kind} op{_did_you_mean(key, allowed)}")
             for key in sorted(required - raw.keys()):
                 self.fail(key, "missing")
         name = raw.get("name")

@@ -24,9 +24,10 @@ the reachability order). Each is simulated on the buffers' cells: every write st
 its own; a read observes the values it reads, a write observes the values it overwrites (so two
 unordered writes disagree even when a later write hides both). A cell also counts the frees that
 reached it, and accesses observe that count too; a free changes it and observes nothing, so two
-frees commute (no race between them, rule 9) while an access on either side of a free does not. Two executions *disagree* when an
-access observes different values or the final bytes differ. The search is a depth-first walk over
-(placed accesses, memory) states with memoisation; it stops at the first disagreement.
+frees commute (no race between them, rule 9) while an access on either side of a free does not.
+Two executions *disagree* when an access observes different values or the final bytes differ.
+The search is a depth-first walk over (placed accesses, memory) states with memoisation; it stops
+at the first disagreement.
 
 Kept small on purpose: it refuses traces with more than ``max_accesses`` access nodes.
 """

@@ -1,11 +1,12 @@
-"""The ordering rules of ``docs/trace-format.md``: the one place they are written down.
+"""The ordering rules of ``docs/trace-format.md`` (1–9, format 1.2): the one place they are written down.
 
-:class:`Ordering` walks a trace op by op, in program order, with vector clocks over the
-*timelines*: timeline 0 is the host thread, timeline ``1 + n`` is ``trace.streams[n]``. A clock
-entry ``c[t] = p`` says "everything at positions ``1..p`` of timeline ``t`` has completed".
-Positions:
+:class:`Ordering` walks a trace op by op, in trace order, with vector clocks over the
+*timelines*: timeline 0 is the host thread, timeline ``1 + n`` is ``trace.streams[n]``; with
+several host threads (format 1.2), thread ``k`` is timeline ``1 + len(streams) + k`` instead of 0
+(see :class:`Ordering`). A clock entry ``c[t] = p`` says "everything at positions ``1..p`` of
+timeline ``t`` has completed". Positions:
 
-- host: op ``i`` sits at host position ``i + 1`` (each op is one host API call);
+- host: op ``i`` sits at position ``i + 1`` of its thread (each op is one host API call);
 - stream: every kernel / copy / copy_batch gets the next position of its stream.
 
 What an op does to one buffer in one role, placed by one rule, is a :class:`Side` (a kernel's
@@ -13,8 +14,9 @@ reads, a batch's sources...: only the union of its ranges matters to other ops);
 ranges, as an :class:`Access`, has the interval its rules allow:
 
 - ``after`` (earliest): the access starts only after every position this clock covers, and
-  after the host calls before its own op: its host entry is always the op's index, so clocks
-  leave the host entry out (it is 0 in them) and :func:`happens_before` reads it from ``op``;
+  after the host calls before its own op: with one thread its host entry is always the op's
+  index, so clocks leave the host entry out (it is 0 in them) and :func:`happens_before` reads it
+  from ``op``; with several, the thread's entry is the op's index;
 - ``until`` (latest): ``(timeline, position)``; the access has completed before anything whose
   ``after`` clock covers that position.
 
@@ -28,6 +30,8 @@ chunks may exceed that base. The host's clock only grows, so a host synchronizat
 compares (and keeps) only the chunks that moved, not one entry per stream, and ``sync_device`` takes
 the streams' latest positions instead of joining every stream's clock.
 
+Rules 8 and 9 follow the host's own synchronization (a release / acquire: a lock, a queue item,
+a thread's start or join) and the release of memory (a free is a write by its thread).
 Rules and the CUDA behaviour they follow (CUDA Runtime API, "Stream synchronization behavior" and
 "API synchronization behavior"; Driver API ``cuMemcpyBatchAsync``; ``cudaEventRecord``,
 ``cudaStreamWaitEvent``, ``cudaEventSynchronize``, ``cudaEventQuery``, ``cudaStreamSynchronize``,
