@@ -4,7 +4,7 @@
 - :mod:`~kvverify.check.model`: the trace format (``docs/trace-format.md``), parsing, validation,
   :class:`TraceBuilder`, :class:`TraceText` (a trace read op by op);
 - :mod:`~kvverify.check.jsontext`: strict JSON (repeated keys, NaN) read a piece at a time;
-- :mod:`~kvverify.check.rules`: the ordering rules 1–7 as vector clocks (one definition);
+- :mod:`~kvverify.check.rules`: the ordering rules 1–9 as vector clocks (one definition);
 - :mod:`~kvverify.check.checker`: :func:`check`, the race finder;
 - :mod:`~kvverify.check.explain`: why a race is one, and a fix;
 - :mod:`~kvverify.check.oracle`: an independent enumerator of executions, the checker's oracle;
@@ -25,9 +25,11 @@ from kvverify.check import checker
 from kvverify.check.model import (
     ORDERS,
     SPACES,
+    Acquire,
     Buffer,
     Copy,
     CopyBatch,
+    Free,
     HostRead,
     HostWrite,
     Kernel,
@@ -35,6 +37,7 @@ from kvverify.check.model import (
     QueryEvent,
     Range,
     Record,
+    Release,
     SyncDevice,
     SyncEvent,
     SyncStream,
@@ -55,9 +58,11 @@ __all__ = [
     "SAFE",
     "SPACES",
     "Access",
+    "Acquire",
     "Buffer",
     "Copy",
     "CopyBatch",
+    "Free",
     "HostRead",
     "HostWrite",
     "Kernel",
@@ -67,6 +72,7 @@ __all__ = [
     "Race",
     "Range",
     "Record",
+    "Release",
     "Side",
     "SyncDevice",
     "SyncEvent",
@@ -113,7 +119,8 @@ def check(trace: Trace | Mapping | str | bytes | os.PathLike, *, max_races: int 
                 raise TraceError(f"{_excerpt(trace)} is neither a trace file nor a trace: a trace is a JSON "
                                  "object ('{...}'); pass its text, a dict or a file's path") from None
             raise
-        return checker.check_ops(text.buffers, text.streams, text.ops(), text.trace, max_races=max_races)
+        return checker.check_ops(text.buffers, text.streams, text.ops(), text.trace, max_races=max_races,
+                                 threads=text.threads)
     if not isinstance(trace, Trace):
         trace = Trace.from_json(trace)
     return checker.check(trace, max_races=max_races)

@@ -7,13 +7,16 @@ checked while it is read (:func:`check_ops`). Finding the pairs:
 - Accesses are visited in program order, which is a linear extension of happens-before (nothing
   issued later is ordered before something issued earlier), so a race is found when its *later*
   access ``b`` is visited: an earlier access ``a`` placed at ``a.until == (t, p)`` races with
-  ``b`` when ``b.after`` does not cover it, i.e. ``p > b.after[t]``.
-- An access that completes before the host's next op (host accesses, DURING_API_CALL and pageable
-  source reads) is ordered before everything issued later, so only accesses placed on a stream
-  are remembered: per buffer, per stream and per kind (read / write), in a :class:`_Lane`; one
+  ``b`` when ``b.after`` does not cover it, i.e. ``p > b.after[t]`` (nor ``a.also``, a second
+  latest moment some reads during the call have with several threads: see :class:`Side`).
+- With one host thread, an access that completes before the host's next op (host accesses, frees,
+  DURING_API_CALL and pageable source reads) is ordered before everything issued later, so only
+  accesses placed on a stream are remembered (with several threads, those placed on a thread's
+  timeline are remembered too: another thread's later ops need not follow them): per buffer, per
+  timeline and per kind (read / write), in a :class:`_Lane`; one
   *entry* per op, holding that op's ranges there, at the op's position ``k``.
-- An entry whose position the host has observed complete (the host clock covers it) is ordered
-  before everything issued later too, and is dropped: a lane holds only what is still in flight
+- An entry whose position the host has observed complete (every thread's host clock covers it) is
+  ordered before everything issued later too, and is dropped: a lane holds only what is still in flight
   as far as the host knows, which bounds memory on traces of millions of ops.
 - A lane whose latest position ``b.after`` covers, or whose bytes miss ``b``'s, is skipped at
   once. Otherwise the entries not covered (a suffix: positions grow) are compared with ``b``'s
@@ -29,7 +32,7 @@ checked while it is read (:func:`check_ops`). Finding the pairs:
 - Races inside one copy / copy_batch (rule 7) are found by a sweep over that op's ranges.
 
 Each unordered pair of ops is reported once (``first`` < ``second``, or equal inside one op),
-with the lowest overlapping range and its kind.
+with the lowest overlapping range and its kind (FREE where one is a free; two frees never race).
 """
 
 from __future__ import annotations
@@ -64,23 +67,26 @@ class _Stop(Exception):
 
 
 def check(trace: Trace, *, max_races: int | None = DEFAULT_MAX_RACES) -> Verdict:
-    """Decide whether ``trace`` races under rules 1–7 of the trace format.
+    """Decide whether ``trace`` races under rules 1–9 of the trace format.
 
     ``max_races`` bounds the number of races listed (``None``: no bound); when it is reached
     the report has ``truncated=True``. The verdict does not depend on it."""
-    return check_ops(trace.buffers, trace.streams, trace.ops, lambda: trace, max_races=max_races)
+    return check_ops(trace.buffers, trace.streams, trace.ops, lambda: trace, max_races=max_races,
+                     threads=trace.threads)
 
 
 def check_ops(buffers: Mapping[str, Buffer], streams: tuple[str, ...], ops: Iterable[Op],
-              decided: Callable[[], Trace], *, max_races: int | None = DEFAULT_MAX_RACES) -> Verdict:
+              decided: Callable[[], Trace], *, max_races: int | None = DEFAULT_MAX_RACES,
+              threads: Sequence[str] = ()) -> Verdict:
     """:func:`check` on ops as they come (an iterator that parses them, for instance): each op is
-    checked and forgotten. ``decided()`` is called once ``ops`` is exhausted and gives the
-    :class:`Trace` the verdict keeps (to name the racing ops); ``ops`` is read to its end even when
-    ``max_races`` races were found first, so that an invalid op further on is still reported.
+    checked and forgotten. ``threads``: the trace's host threads (format 1.2). ``decided()`` is
+    called once ``ops`` is exhausted and gives the :class:`Trace` the verdict keeps (to name the
+    racing ops); ``ops`` is read to its end even when ``max_races`` races were found first, so that
+    an invalid op further on is still reported.
 
     Raises what iterating ``ops`` raises (:class:`TraceError` for an invalid op)."""
     with gc_paused():
-        order = Ordering(buffers, streams)
+        order = Ordering(buffers, streams, threads)
         finder = _Finder(order, buffers, max_races)
         truncated = False
         it = iter(enumerate(ops))
@@ -315,6 +321,10 @@ class _Finder:
         the lowest overlap (in buffer declaration order)."""
         lo = max(a.offset, b.offset)
         hi = min(a.offset + a.length, b.offset + b.length)
+        if a.role == b.role == "free":   # two frees of the same bytes are no race (rule 9)
+            return
+        if a.also is not None and rules.covers(b.after, *a.also):   # ordered after all (see Side)
+            return
         key = (a.op, b.op)
         old = self.found.get(key)
         if old is None:
@@ -331,7 +341,7 @@ class _Finder:
         bits, mask = rules.CHUNK_BITS, rules.MASK
         hulls = []
         for side in sides:
-            _, _, write, after, _, _, buffer, ranges = side
+            _, _, write, after, _, _, buffer, ranges, _ = side
             if len(ranges) == 1:       # the bytes the side touches, or (many ranges) all the buffer's
                 lo = ranges[0][1]
                 hi = lo + ranges[0][2]
@@ -348,7 +358,7 @@ class _Finder:
                     self._against(lane, side, th)
         if isinstance(op, (Copy, CopyBatch)):
             _intra(op, sides, self.rank, self.record)       # rule 7, on the copies one by one
-        host = self.order.host.chunks
+        host = self.order.observed
         lane_at = self.lane_at
         for side, (lo, hi) in zip(sides, hulls):
             t, k = side.until
@@ -406,6 +416,8 @@ def _intra(op: Copy | CopyBatch, sides: list[Side], buf_rank: dict, record) -> N
 
 
 def _kind(a: Access, b: Access) -> str:
+    if a.role == "free" or b.role == "free":
+        return "FREE"
     if a.write and b.write:
         return "WAW"
     return "RAW" if a.write else "WAR"

@@ -104,7 +104,8 @@ def _run(args: argparse.Namespace) -> int:
     source = "<stdin>" if args.trace == "-" else args.trace
     try:
         text = TraceText(_read(args.trace, source, args.max_input_size))
-        verdict = check_ops(text.buffers, text.streams, text.ops(), text.trace, max_races=max_races)
+        verdict = check_ops(text.buffers, text.streams, text.ops(), text.trace, max_races=max_races,
+                           threads=text.threads)
     except _Unreadable as e:
         return _invalid(args, str(e))
     except TraceError as e:

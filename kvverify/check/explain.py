@@ -1,5 +1,6 @@
 """Explaining a race: which rule leaves two accesses unordered, in words, and one change that
-orders them. Reads what :class:`kvverify.check.rules.Ordering` kept: the control ops (records,
+orders them (rules 2, 4–9; with several host threads, whose program orders and releases the
+explanations name). Reads what :class:`kvverify.check.rules.Ordering` kept: the control ops (records,
 waits, host synchronizations) with their clocks, and the ops the checker kept for their races."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from kvverify.check.model import (
     WaitEvent,
     WaitStream,
 )
-from kvverify.check.rules import Access, Ordering, covers
+from kvverify.check.rules import HOST, Access, Ordering, covers
 
 Explanation = tuple[str, str, str]
 """``(rule, reason, fix)``."""
@@ -26,6 +27,10 @@ def explain(order: Ordering, a: Access, b: Access, overlap: Range) -> Explanatio
     if a.op == b.op:
         return _intra(order, a, b, overlap)
     ta = a.until[0]
+    if order.is_thread(ta):    # only with several threads: one thread's program order orders the rest
+        return _across_threads(order, a, b)
+    if b.role == "free":
+        return _freed_in_use(order, a, b)
     what_a = f"op {a.op} {_does(a)} on '{order.name(ta)}'"
     if a.floating:   # an ANY source read, on the stream until its copy completes
         what_a = (f"op {a.op} may read its source {_rng(a)} until the copy completes on '{order.name(ta)}' "
@@ -49,9 +54,9 @@ def _by_the_host(order: Ordering, a: Access, b: Access, what_a: str) -> Explanat
     i, j = a.op, b.op
     ta, ka = a.until
     sa = order.name(ta)
-    reason = (f"{what_a}; the host {_does(b)} at op {j} without having observed op {i} "
-              f"complete: no sync_stream, sync_device, sync_event or query_event (true) in between "
-              f"covers it (rule 4){_host_notes(order, i, j, ta, ka)}")
+    reason = (f"{what_a}; {_who(order, b)} {_does(b)} at op {j} without having observed op {i} "
+              f"complete: no sync_stream, sync_device, sync_event or query_event (true) "
+              f"{_through(order)}covers it (rule 4){_host_notes(order, i, j, ta, ka)}")
     fix = f"add `sync_stream('{sa}')` before op {j}"
     ev = _event_after(order, i, j, ta, ka)
     if ev:
@@ -59,6 +64,55 @@ def _by_the_host(order: Ordering, a: Access, b: Access, what_a: str) -> Explanat
     if a.floating and b.write:   # an ANY read the host overwrites
         fix += f", or give op {i} DURING_API_CALL order so it reads during the call"
     return "4", reason, fix
+
+
+def _freed_in_use(order: Ordering, a: Access, b: Access) -> Explanation:
+    """Op ``b.op`` frees bytes that stream work may still touch (rule 9, use after free)."""
+    i, j = a.op, b.op
+    ta, ka = a.until
+    sa = order.name(ta)
+    reason = (f"op {i} {_does(a)} on '{sa}', and {_who(order, b)} frees {_rng(b)} at op {j} without "
+              f"having observed op {i} complete (use after free, rule 9): no sync_stream, sync_device, "
+              f"sync_event or query_event (true) {_through(order)}covers it (rule 4)"
+              f"{_host_notes(order, i, j, ta, ka)}")
+    fix = (f"record an event on '{sa}' after the last use (op {i}) and synchronize it (`sync_event`, or "
+           f"`query_event` until true) before freeing at op {j}")
+    ev = _event_after(order, i, j, ta, ka)
+    if ev:
+        fix += f"; `sync_event('{ev[0]}')` would do: its record at op {ev[1]} covers op {i}"
+    return "9", reason, fix
+
+
+def _across_threads(order: Ordering, a: Access, b: Access) -> Explanation:
+    """``a`` happened in one host thread's program (a host access, a read during the call, a
+    free); nothing carries that thread's order to ``b`` (rule 8)."""
+    i, j = a.op, b.op
+    thread_a = order.name(a.until[0])
+    thread_b = order.thread_name(j)
+    b_does = _does(b) if order.is_thread(b.until[0]) else f"{_does(b)} on '{order.name(b.until[0])}'"
+    if a.role == "free":
+        what = f"op {j} {b_does} in thread '{thread_b}' in bytes that op {i} freed in thread '{thread_a}'"
+    elif b.role == "free":
+        what = f"op {i} {_does(a)} in thread '{thread_a}' and op {j} frees {_rng(b)} in thread '{thread_b}'"
+    else:
+        what = f"op {i} {_does(a)} in thread '{thread_a}' and op {j} {b_does} in thread '{thread_b}'"
+    reason = (f"{what}, and no release / acquire orders op {i} before op {j} (rule 8: a thread's program "
+              f"order reaches another thread only through an acquire of a name it released after "
+              f"op {i}, or through work it issued after op {i} that the other thread synchronized with)")
+    fix = (f"add a release / acquire (a lock, a queue item, a join) ordering thread '{thread_a}'s "
+           f"op {i} before thread '{thread_b}'s op {j}: a `release` after op {i} in '{thread_a}' and an "
+           f"`acquire` of the same name before op {j} in '{thread_b}'")
+    return ("9" if "free" in (a.role, b.role) else "8"), reason, fix
+
+
+def _who(order: Ordering, b: Access) -> str:
+    """Who touches the bytes in a host op: the host, or with several threads the op's thread."""
+    return "the host" if b.until[0] == HOST else f"thread '{order.name(b.until[0])}'"
+
+
+def _through(order: Ordering) -> str:
+    """With several threads a synchronization counts also through another thread's release (rule 8)."""
+    return "in between " if not order.threads else "in that thread, or in another before a release it acquired, "
 
 
 def _out_of_stream_order(order: Ordering, a: Access, b: Access, what_a: str) -> Explanation:
@@ -125,6 +179,8 @@ def _rng(a: Access) -> str:
 
 
 def _does(a: Access) -> str:
+    if a.role == "free":
+        return f"frees {_rng(a)}"
     if a.role == "src":
         return f"reads its source {_rng(a)}"
     if a.role == "dst":

@@ -1,7 +1,8 @@
-"""The trace model of ``docs/trace-format.md`` (version 1.1): parsing, validation, building.
+"""The trace model of ``docs/trace-format.md`` (version 1.2): parsing, validation, building.
 
-A :class:`Trace` is what a program asked a CUDA device to do, in the order the host thread
-issued it. Every op is a small frozen dataclass; a byte range is a :class:`Range` named tuple
+A :class:`Trace` is what a program asked a CUDA device to do, in the order its host threads
+issued it (format 1.2: ops may name their thread; ``release`` / ``acquire`` order threads, and
+``free`` gives bytes back). Every op is a small frozen dataclass; a byte range is a :class:`Range` named tuple
 ``(buffer, offset, length)``, which is also how :class:`TraceBuilder` takes ranges, and each copy
 of a batch a :class:`Transfer` named tuple ``(src, dst)``.
 
@@ -15,6 +16,7 @@ index and the field in one printable line of bounded length, whatever the input 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import gc
 import json
 import operator
@@ -144,6 +146,7 @@ class Kernel(NamedTuple):
     writes: tuple[Range, ...] = ()
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class Copy(NamedTuple):
@@ -155,6 +158,7 @@ class Copy(NamedTuple):
     dst: Range
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
     @property
     def copies(self) -> tuple[Transfer, ...]:
@@ -174,6 +178,7 @@ class CopyBatch(NamedTuple):
     copies: tuple[Transfer, ...]
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class Record(NamedTuple):
@@ -182,6 +187,7 @@ class Record(NamedTuple):
     stream: str
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class WaitEvent(NamedTuple):
@@ -190,6 +196,7 @@ class WaitEvent(NamedTuple):
     event: str
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class WaitStream(NamedTuple):
@@ -198,6 +205,7 @@ class WaitStream(NamedTuple):
     on: str
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class SyncEvent(NamedTuple):
@@ -205,6 +213,7 @@ class SyncEvent(NamedTuple):
     event: str
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class QueryEvent(NamedTuple):
@@ -213,6 +222,7 @@ class QueryEvent(NamedTuple):
     result: bool
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class SyncStream(NamedTuple):
@@ -220,12 +230,14 @@ class SyncStream(NamedTuple):
     stream: str
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class SyncDevice(NamedTuple):
     kind = "sync_device"   # the JSON "op" (a class attribute, no field)
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class HostWrite(NamedTuple):
@@ -233,6 +245,7 @@ class HostWrite(NamedTuple):
     ranges: tuple[Range, ...]
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
 
 
 class HostRead(NamedTuple):
@@ -240,10 +253,41 @@ class HostRead(NamedTuple):
     ranges: tuple[Range, ...]
     name: str | None = None
     at: str | None = None
+    thread: str | None = None
+
+
+class Release(NamedTuple):
+    """The thread releases host synchronization object ``sync`` (format 1.2, rule 8)."""
+
+    kind = "release"   # the JSON "op" (a class attribute, no field)
+    sync: str
+    name: str | None = None
+    at: str | None = None
+    thread: str | None = None
+
+
+class Acquire(NamedTuple):
+    """The thread acquires ``sync``: it follows every earlier release of it (format 1.2, rule 8)."""
+
+    kind = "acquire"   # the JSON "op" (a class attribute, no field)
+    sync: str
+    name: str | None = None
+    at: str | None = None
+    thread: str | None = None
+
+
+class Free(NamedTuple):
+    """The thread releases these bytes, device or host (format 1.2, rule 9)."""
+
+    kind = "free"   # the JSON "op" (a class attribute, no field)
+    ranges: tuple[Range, ...]
+    name: str | None = None
+    at: str | None = None
+    thread: str | None = None
 
 
 Op = (Kernel | Copy | CopyBatch | Record | WaitEvent | WaitStream | SyncEvent | QueryEvent
-      | SyncStream | SyncDevice | HostWrite | HostRead)
+      | SyncStream | SyncDevice | HostWrite | HostRead | Release | Acquire | Free)
 
 
 def _same_op(self, other) -> bool:
@@ -255,7 +299,7 @@ def _other_op(self, other) -> bool:
 
 
 for _op in (Kernel, Copy, CopyBatch, Record, WaitEvent, WaitStream, SyncEvent, QueryEvent, SyncStream, SyncDevice,
-            HostWrite, HostRead):
+            HostWrite, HostRead, Release, Acquire, Free):
     _op.__eq__, _op.__ne__, _op.__hash__ = _same_op, _other_op, tuple.__hash__
 
 
@@ -281,18 +325,23 @@ def op_to_json(op: Op) -> dict:
         out.update(event=op.event, result=op.result)
     elif isinstance(op, SyncStream):
         out.update(stream=op.stream)
-    elif isinstance(op, (HostWrite, HostRead)):
+    elif isinstance(op, (HostWrite, HostRead, Free)):
         out.update(ranges=[r.to_json() for r in op.ranges])
+    elif isinstance(op, (Release, Acquire)):
+        out.update(sync=op.sync)
     if op.name is not None:
         out["name"] = op.name
     if op.at is not None:
         out["at"] = op.at
+    if op.thread is not None:
+        out["thread"] = op.thread
     return out
 
 
-def describe_op(op: Op, index: int) -> str:
-    """``op 3 (copy_batch 'store' on 'offload', ANY) at offload.py:88 in store``: how reports name an
-    op (``at``, where the program issued it, when the trace has it)."""
+def describe_op(op: Op, index: int, thread: str | None = None) -> str:
+    """``op 3 (copy_batch 'store' on 'offload', ANY, thread 'loader') at offload.py:88 in store``:
+    how reports name an op (``at``, where the program issued it, when the trace has it). The
+    thread is the op's own, else ``thread`` (a trace's first thread, for ops that name none)."""
     bits = [op.kind]
     if op.name:
         bits.append(repr(op.name))
@@ -302,6 +351,9 @@ def describe_op(op: Op, index: int) -> str:
     text = " ".join(bits)
     if isinstance(op, CopyBatch):
         text += f", {op.order}"
+    thread = op.thread or thread
+    if thread is not None:
+        text += f", thread '{thread}'"
     return f"op {index} ({text})" + (f" at {op.at}" if op.at else "")
 
 
@@ -381,13 +433,16 @@ def _quote(name: str, limit: int = 60) -> str:
 
 @dataclass(frozen=True)
 class Trace:
-    """A validated trace. ``ops`` is the host thread's program order: a tuple, or (for a trace
-    read by :class:`TraceText`) a sequence that parses an op again from the text when asked."""
+    """A validated trace. ``ops`` is the order the ops were issued in (with several ``threads``,
+    one interleaving of their program orders): a tuple, or (for a trace read by
+    :class:`TraceText`) a sequence that parses an op again from the text when asked. ``threads``:
+    the host threads' names (format 1.2), empty when the trace declares none."""
 
     buffers: Mapping[str, Buffer]
     streams: tuple[str, ...]
     ops: Sequence[Op]
     version: int = VERSION
+    threads: tuple[str, ...] = ()
 
     @classmethod
     def from_json(cls, doc: Any) -> Trace:
@@ -400,27 +455,32 @@ class Trace:
             if isinstance(doc, (str, bytes, bytearray)):
                 text = TraceText(doc)
                 ops = tuple(text.ops())
-                return cls(text.buffers, text.streams, ops)
+                return cls(text.buffers, text.streams, ops, threads=text.threads)
             parser = _Parser(doc)
             ops = doc["ops"]
             if not isinstance(ops, list):
                 parser.fail("ops", f"expected an array of ops, got {_type_name(ops)}")
-            return cls(parser.buffers, parser.streams, tuple(parser.op(raw, i) for i, raw in enumerate(ops)))
+            return cls(parser.buffers, parser.streams, tuple(parser.op(raw, i) for i, raw in enumerate(ops)),
+                       threads=parser.threads)
 
     def to_json(self) -> dict:
         """The trace as a JSON-ready object (``json.dumps(trace.to_json())`` round-trips)."""
-        return {
+        out = {
             "version": self.version,
             "buffers": {name: b.to_json() for name, b in self.buffers.items()},
             "streams": list(self.streams),
-            "ops": [op_to_json(op) for op in self.ops],
         }
+        if self.threads:
+            out["threads"] = list(self.threads)
+        out["ops"] = [op_to_json(op) for op in self.ops]
+        return out
 
     def dumps(self, indent: int | None = None) -> str:
         return json.dumps(self.to_json(), indent=indent)
 
     def describe(self, index: int) -> str:
-        return describe_op(self.ops[index], index)
+        """How reports name op ``index`` (:func:`describe_op`; with its thread where the trace has threads)."""
+        return describe_op(self.ops[index], index, self.threads[0] if self.threads else None)
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -430,7 +490,8 @@ class Trace:
 # Reading JSON text
 
 
-_TOP_LEVEL = ("version", "buffers", "streams", "ops")
+_TOP_LEVEL = ("version", "buffers", "streams", "ops")   # required
+_KEYS = ("version", "buffers", "streams", "threads", "ops")   # allowed (threads: format 1.2)
 
 
 class TraceText:
@@ -439,8 +500,10 @@ class TraceText:
     :meth:`trace` then gives the :class:`Trace`, whose ops are parsed again from the text when
     asked (a report asks for a few), so a trace of millions of ops is held once, as its text.
 
-    Ops stream when ``"ops"`` follows the other three keys (as the format's example and every
-    writer put them); otherwise the ops array is decoded whole first.
+    Ops stream when ``"ops"`` follows version, buffers and streams (as the format's example and
+    every writer put them); otherwise the ops array is decoded whole first. ``threads`` belongs
+    before ``"ops"`` too: after streamed ops it is still validated, but the ops were read without
+    it (so one that names a thread is reported as naming an undeclared one).
 
     ``text``: str, or UTF-8 bytes (a byte order mark is allowed). Raises :class:`TraceError`,
     from the constructor for the header and from :meth:`ops` for an op or what follows the ops."""
@@ -462,9 +525,9 @@ class TraceText:
         try:
             self._keys = self._reader.members()
             for key in self._keys:
-                if key not in _TOP_LEVEL:
-                    raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
-                if key == "ops" and len(header) == 3 and self._reader.at_array():
+                if key not in _KEYS:
+                    raise TraceError(_unknown_top_level(key), field=_field(key))
+                if key == "ops" and header.keys() >= _REQUIRED_HEADER and self._reader.at_array():
                     self._streaming = True
                     header["ops"] = []    # read one by one, by ops()
                     break
@@ -475,6 +538,7 @@ class TraceText:
         self._ops_doc = header["ops"]      # the ops array, when it had to be decoded whole
         self.buffers: Mapping[str, Buffer] = self._parser.buffers
         self.streams: tuple[str, ...] = self._parser.streams
+        self.threads: tuple[str, ...] = self._parser.threads
         self._offsets = array("q")     # where each op starts in the text, when streaming
         self._parsed: list[Op] = []    # the ops, when not
         self._read = False
@@ -507,16 +571,20 @@ class TraceText:
                 offsets.append(start)
                 yield parse(raw, i)
                 i += 1
-            for key in self._keys:   # nothing may follow the ops but the end of the trace
-                raise TraceError(f"unknown field (a trace has {', '.join(_TOP_LEVEL)})", field=_field(key))
+            for key in self._keys:   # nothing may follow the ops but threads and the end of the trace
+                if key != "threads":
+                    raise TraceError(_unknown_top_level(key), field=_field(key))
+                self.threads = parser.threads_of(self._member(key))
         except JSONTextError as e:
             raise TraceError(f"not valid JSON: {e}", op_index=e.item, field=e.key) from None
 
     def trace(self) -> Trace:
         """The trace, once :meth:`ops` has been read to its end."""
         if self._streaming:
-            return Trace(self.buffers, self.streams, _TextOps(self.text, self._offsets, self._parser))
-        return Trace(self.buffers, self.streams, tuple(self._parsed))
+            ops = _TextOps(self.text, self._offsets, self._parser)
+        else:
+            ops = tuple(self._parsed)
+        return Trace(self.buffers, self.streams, ops, threads=self.threads)
 
 
 class _TextOps(Sequence):
@@ -557,13 +625,28 @@ def _field(key: str) -> str:
     return printable(cut(key, 60))
 
 
+_REQUIRED_HEADER = frozenset(("version", "buffers", "streams"))
+
+
+def _did_you_mean(key: Any, known: Iterable[str]) -> str:
+    """`` (did you mean 'event'?)`` for a misspelt key, naming the closest known one; else empty."""
+    if not isinstance(key, str):
+        return ""
+    close = difflib.get_close_matches(key[:100], sorted(known), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _unknown_top_level(key: str) -> str:
+    return f"unknown field (a trace has {', '.join(_TOP_LEVEL)}, optionally threads){_did_you_mean(key, _KEYS)}"
+
+
 # --------------------------------------------------------------------------------------------
 # Validation
 
 
-_COMMON = frozenset(("op", "name", "at"))
+_COMMON = frozenset(("op", "name", "at", "thread"))
 _FIELDS: dict[str, tuple[frozenset, frozenset]] = {
-    # kind: (required, optional) besides "op", "name" and "at"
+    # kind: (required, optional) besides "op", "name", "at" and "thread"
     "kernel": (frozenset(("stream",)), frozenset(("reads", "writes"))),
     "copy": (frozenset(("stream", "src", "dst")), frozenset()),
     "copy_batch": (frozenset(("stream", "order", "copies")), frozenset()),
@@ -576,8 +659,18 @@ _FIELDS: dict[str, tuple[frozenset, frozenset]] = {
     "sync_device": (frozenset(), frozenset()),
     "host_write": (frozenset(("ranges",)), frozenset()),
     "host_read": (frozenset(("ranges",)), frozenset()),
+    "release": (frozenset(("sync",)), frozenset()),
+    "acquire": (frozenset(("sync",)), frozenset()),
+    "free": (frozenset(("ranges",)), frozenset()),
 }
 _ALLOWED = {kind: required | optional | _COMMON for kind, (required, optional) in _FIELDS.items()}
+
+
+def _listed(names: set[str]) -> str:
+    """Declared names for a message: the first eight, sorted, and how many more."""
+    shown = ", ".join(_quote(x) for x in sorted(names)[:8]) or "none"
+    more = len(names) - 8
+    return shown + (f" and {more} more" if more > 0 else "")
 
 
 def _is_int(x: Any) -> bool:
@@ -600,18 +693,19 @@ class _NotPlain(Exception):
 
 
 class _Parser:
-    """Validates a trace: the header (version, buffers, streams) when made, each op by :meth:`op`."""
+    """Validates a trace: the header (version, buffers, streams, threads) when made, each op by :meth:`op`."""
 
     def __init__(self, doc: Any):
         self.buffers: dict[str, Buffer] = {}
         self.stream_set: set[str] = set()
+        self.thread_set: set[str] = set()
         self.i: int | None = None
         self.kind: str | None = None
         if not isinstance(doc, dict):
             self.fail(None, f"a trace is a JSON object, got {_type_name(doc)}")
         for key in doc:
-            if key not in _TOP_LEVEL:
-                self.fail(_field(key), f"unknown field (a trace has {', '.join(_TOP_LEVEL)})")
+            if key not in _KEYS:
+                self.fail(_field(key), _unknown_top_level(key))
         for key in _TOP_LEVEL:
             if key not in doc:
                 self.fail(key, "missing")
@@ -620,6 +714,7 @@ class _Parser:
             self.fail("version", f"unknown version {show(version)} (this checker reads version {VERSION})")
         self._buffers(doc["buffers"])
         self.streams = self._streams(doc["streams"])
+        self.threads: tuple[str, ...] = self.threads_of(doc["threads"]) if "threads" in doc else ()
         # for the fast path of range parsing, per buffer: the one str object of its name, its size
         # (host accesses look up only host buffers)
         self.plain = {name: (name, b.nbytes) for name, b in self.buffers.items()}
@@ -628,7 +723,8 @@ class _Parser:
                     "record": self._record, "wait_event": self._wait_event, "wait_stream": self._wait_stream,
                     "sync_event": self._sync_event, "query_event": self._query_event,
                     "sync_stream": self._sync_stream, "sync_device": self._sync_device,
-                    "host_write": self._host_write, "host_read": self._host_read}
+                    "host_write": self._host_write, "host_read": self._host_read, "release": self._release,
+                    "acquire": self._acquire, "free": self._free}
         # per kind: the keys it allows, and its builder
         self._kinds = {kind: (_ALLOWED[kind], build) for kind, build in builders.items()}
 
@@ -644,12 +740,11 @@ class _Parser:
             where = f"buffers.{_field(name)}"
             if not isinstance(b, dict):
                 self.fail(where, f"expected {{\"space\": ..., \"bytes\": ...}}, got {_type_name(b)}")
+            for key in sorted(set(b) - {"space", "bytes"})[:1]:
+                self.fail(f"{where}.{_field(key)}", f"unknown field{_did_you_mean(key, ('space', 'bytes'))}")
             for key in ("space", "bytes"):
                 if key not in b:
                     self.fail(f"{where}.{key}", "missing")
-            extra = sorted(set(b) - {"space", "bytes"})
-            if extra:
-                self.fail(f"{where}.{_field(extra[0])}", "unknown field")
             space, nbytes = b["space"], b["bytes"]
             if space not in SPACES:
                 self.fail(f"{where}.space", f"unknown space {show(space)} (expected one of {', '.join(SPACES)})")
@@ -668,6 +763,22 @@ class _Parser:
             self.stream_set.add(s)
         return tuple(streams)
 
+    def threads_of(self, threads: Any) -> tuple[str, ...]:
+        """The top-level ``threads`` (format 1.2): unique non-empty names, at least one. Raises
+        :class:`TraceError`."""
+        self.i = self.kind = None
+        if not isinstance(threads, list) or not threads:
+            self.fail("threads", f"expected a non-empty array of thread names, got {show(threads)}")
+        seen: set[str] = set()
+        for k, t in enumerate(threads):
+            if not isinstance(t, str) or not t:
+                self.fail(f"threads[{k}]", f"a thread name is a non-empty string, got {show(t)}")
+            if t in seen:
+                self.fail(f"threads[{k}]", f"thread {_quote(t)} is declared twice")
+            seen.add(t)
+        self.thread_set = seen
+        return tuple(threads)
+
     # -- op fields ------------------------------------------------------------------------
 
     def op(self, raw: Any, i: int) -> Op:
@@ -680,10 +791,11 @@ class _Parser:
             self.kind = kind = raw["op"]
             allowed, build = self._kinds[kind]
             if type(raw) is dict and allowed.issuperset(raw):
-                name, at = raw.get("name"), raw.get("at")
+                name, at, thread = raw.get("name"), raw.get("at"), raw.get("thread")
                 if (type(name) is str or name is None and "name" not in raw) and \
-                        (type(at) is str or at is None and "at" not in raw):
-                    return build(raw, name, at)
+                        (type(at) is str or at is None and "at" not in raw) and \
+                        (thread is None and "thread" not in raw or thread in self.thread_set):
+                    return build(raw, name, at, thread)
         except (KeyError, TypeError, TraceError):
             pass
         return self._op(raw, i)
@@ -698,75 +810,100 @@ class _Parser:
         if not isinstance(kind, str) or kind not in _FIELDS:
             self.fail("op", f"unknown op {show(kind)} (expected one of {', '.join(_FIELDS)})")
         self.kind = kind
-        required = _FIELDS[kind][0]
-        if not (required <= raw.keys() <= _ALLOWED[kind]):
+        required, allowed = _FIELDS[kind][0], _ALLOWED[kind]
+        if not (required <= raw.keys() <= allowed):
+            # an unknown key first: a misspelt one is the likely cause of a missing one
+            for key in sorted(raw.keys() - allowed)[:1]:
+                article = "an" if kind[0] in "aeiou" else "a"
+                self.fail(_field(key), f"unknown field for {article} {kind} op{_did_you_mean(key, allowed)}")
             for key in sorted(required - raw.keys()):
                 self.fail(key, "missing")
-            self.fail(_field(min(raw.keys() - _ALLOWED[kind])), f"unknown field for a {kind} op")
         name = raw.get("name")
         if "name" in raw and type(name) is not str:  # optional, and a string when given (null is not one)
             self.fail("name", f"expected a string, got {_type_name(name)}")
         at = raw.get("at")
         if "at" in raw and type(at) is not str:
             self.fail("at", f"expected a string (file:line in function), got {_type_name(at)}")
-        return self._kinds[kind][1](raw, name, at)
+        thread = raw.get("thread")
+        if "thread" in raw:
+            if type(thread) is not str:
+                self.fail("thread", f"expected a thread name, got {_type_name(thread)}")
+            if thread not in self.thread_set:
+                if not self.thread_set:
+                    self.fail("thread", f"unknown thread {_quote(thread)}: the trace declares no threads "
+                                        "(a top-level \"threads\" array, before the ops)")
+                self.fail("thread", f"unknown thread {_quote(thread)} (declared: {_listed(self.thread_set)})")
+        return self._kinds[kind][1](raw, name, at, thread)
 
-    def _kernel(self, raw: dict, name: str | None, at: str | None) -> Kernel:
+    def _kernel(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> Kernel:
         return _new(Kernel, (self._stream(raw, "stream"), self._ranges(raw, "reads", True, False),
-                             self._ranges(raw, "writes", True, False), name, at))
+                             self._ranges(raw, "writes", True, False), name, at, thread))
 
-    def _copy(self, raw: dict, name: str | None, at: str | None) -> Copy:
+    def _copy(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> Copy:
         src, dst = self._range(raw["src"], "src"), self._range(raw["dst"], "dst")
         self._same_length(src, dst, "dst")
-        return _new(Copy, (self._stream(raw, "stream"), src, dst, name, at))
+        return _new(Copy, (self._stream(raw, "stream"), src, dst, name, at, thread))
 
-    def _copy_batch(self, raw: dict, name: str | None, at: str | None) -> CopyBatch:
+    def _copy_batch(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> CopyBatch:
         stream = self._stream(raw, "stream")
         order = raw["order"]
         if order not in ORDERS:
             self.fail("order", f"unknown order {show(order)} (expected one of {', '.join(ORDERS)})")
-        return _new(CopyBatch, (stream, order, self._copies(raw["copies"]), name, at))
+        return _new(CopyBatch, (stream, order, self._copies(raw["copies"]), name, at, thread))
 
-    def _record(self, raw: dict, name: str | None, at: str | None) -> Record:
-        return _new(Record, (self._event(raw), self._stream(raw, "stream"), name, at))
+    def _record(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> Record:
+        return _new(Record, (self._event(raw), self._stream(raw, "stream"), name, at, thread))
 
-    def _wait_event(self, raw: dict, name: str | None, at: str | None) -> WaitEvent:
-        return _new(WaitEvent, (self._stream(raw, "stream"), self._event(raw), name, at))
+    def _wait_event(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> WaitEvent:
+        return _new(WaitEvent, (self._stream(raw, "stream"), self._event(raw), name, at, thread))
 
-    def _wait_stream(self, raw: dict, name: str | None, at: str | None) -> WaitStream:
-        return _new(WaitStream, (self._stream(raw, "stream"), self._stream(raw, "on"), name, at))
+    def _wait_stream(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> WaitStream:
+        return _new(WaitStream, (self._stream(raw, "stream"), self._stream(raw, "on"), name, at, thread))
 
-    def _sync_event(self, raw: dict, name: str | None, at: str | None) -> SyncEvent:
-        return _new(SyncEvent, (self._event(raw), name, at))
+    def _sync_event(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> SyncEvent:
+        return _new(SyncEvent, (self._event(raw), name, at, thread))
 
-    def _query_event(self, raw: dict, name: str | None, at: str | None) -> QueryEvent:
+    def _query_event(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> QueryEvent:
         result = raw["result"]
         if not isinstance(result, bool):
             self.fail("result", f"expected true or false, got {show(result)}")
-        return _new(QueryEvent, (self._event(raw), result, name, at))
+        return _new(QueryEvent, (self._event(raw), result, name, at, thread))
 
-    def _sync_stream(self, raw: dict, name: str | None, at: str | None) -> SyncStream:
-        return _new(SyncStream, (self._stream(raw, "stream"), name, at))
+    def _sync_stream(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> SyncStream:
+        return _new(SyncStream, (self._stream(raw, "stream"), name, at, thread))
 
-    def _sync_device(self, raw: dict, name: str | None, at: str | None) -> SyncDevice:
-        return _new(SyncDevice, (name, at))
+    def _sync_device(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> SyncDevice:
+        return _new(SyncDevice, (name, at, thread))
 
-    def _host_write(self, raw: dict, name: str | None, at: str | None) -> HostWrite:
-        return _new(HostWrite, (self._ranges(raw, "ranges", False, True), name, at))
+    def _host_write(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> HostWrite:
+        return _new(HostWrite, (self._ranges(raw, "ranges", False, True), name, at, thread))
 
-    def _host_read(self, raw: dict, name: str | None, at: str | None) -> HostRead:
-        return _new(HostRead, (self._ranges(raw, "ranges", False, True), name, at))
+    def _host_read(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> HostRead:
+        return _new(HostRead, (self._ranges(raw, "ranges", False, True), name, at, thread))
+
+    def _release(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> Release:
+        return _new(Release, (self._sync(raw), name, at, thread))
+
+    def _acquire(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> Acquire:
+        return _new(Acquire, (self._sync(raw), name, at, thread))
+
+    def _free(self, raw: dict, name: str | None, at: str | None, thread: str | None) -> Free:
+        # unlike host_write, a free may name device memory (rule 9)
+        return _new(Free, (self._ranges(raw, "ranges", False, False), name, at, thread))
 
     def _stream(self, raw: dict, field: str) -> str:
         s = raw[field]
         if not isinstance(s, str):
             self.fail(field, f"expected a stream name, got {_type_name(s)}")
         if s not in self.stream_set:
-            declared = ", ".join(_quote(x) for x in sorted(self.stream_set)[:8]) or "none"
-            more = len(self.stream_set) - 8
-            self.fail(field, f"unknown stream {_quote(s)} (declared: {declared}"
-                             + (f" and {more} more)" if more > 0 else ")"))
+            self.fail(field, f"unknown stream {_quote(s)} (declared: {_listed(self.stream_set)})")
         return s
+
+    def _sync(self, raw: dict) -> str:
+        x = raw["sync"]
+        if not isinstance(x, str) or not x:
+            self.fail("sync", f"a sync object's name is a non-empty string, got {show(x)}")
+        return x
 
     def _event(self, raw: dict) -> str:
         e = raw["event"]
@@ -823,12 +960,11 @@ class _Parser:
         where = f"copies[{k}]"
         if not isinstance(c, dict):
             self.fail(where, f"expected {{\"src\": range, \"dst\": range}}, got {_type_name(c)}")
+        for key in sorted(set(c) - {"src", "dst"})[:1]:
+            self.fail(f"{where}.{_field(key)}", f"unknown field{_did_you_mean(key, ('src', 'dst'))}")
         for key in ("src", "dst"):
             if key not in c:
                 self.fail(f"{where}.{key}", "missing")
-        extra = sorted(set(c) - {"src", "dst"})
-        if extra:
-            self.fail(f"{where}.{_field(extra[0])}", "unknown field")
         src, dst = self._range(c["src"], f"{where}.src"), self._range(c["dst"], f"{where}.dst")
         self._same_length(src, dst, f"{where}.dst")
         return Transfer(src, dst)
@@ -884,7 +1020,9 @@ def _rj(r: RangeLike) -> list:
 
 
 class TraceBuilder:
-    """Build a trace in code; each op method returns the index of the op it added.
+    """Build a trace in code; each op method returns the index of the op it added, and takes
+    ``thread=``: the host thread that issues it (one declared with :meth:`thread`; None: the
+    first thread, format 1.2).
 
     Example::
 
@@ -902,6 +1040,7 @@ class TraceBuilder:
     def __init__(self) -> None:
         self._buffers: dict[str, dict] = {}
         self._streams: list[str] = []
+        self._threads: list[str] = []
         self._ops: list[dict] = []
 
     # declarations
@@ -913,22 +1052,31 @@ class TraceBuilder:
         self._streams.append(name)
         return name
 
+    def thread(self, name: str) -> str:
+        """Declare a host thread (the first one declared owns the ops that name none)."""
+        self._threads.append(name)
+        return name
+
     # ops
-    def _add(self, op: dict, name: str | None) -> int:
+    def _add(self, op: dict, name: str | None, thread: str | None) -> int:
         if name is not None:
             op["name"] = name
+        if thread is not None:
+            op["thread"] = thread
         self._ops.append(op)
         return len(self._ops) - 1
 
     def kernel(self, stream: str, name: str | None = None, reads: Iterable[RangeLike] = (),
-               writes: Iterable[RangeLike] = ()) -> int:
+               writes: Iterable[RangeLike] = (), *, thread: str | None = None) -> int:
         return self._add({"op": "kernel", "stream": stream, "reads": [_rj(r) for r in reads],
-                          "writes": [_rj(r) for r in writes]}, name)
+                          "writes": [_rj(r) for r in writes]}, name, thread)
 
-    def copy(self, stream: str, src: RangeLike, dst: RangeLike, name: str | None = None) -> int:
-        return self._add({"op": "copy", "stream": stream, "src": _rj(src), "dst": _rj(dst)}, name)
+    def copy(self, stream: str, src: RangeLike, dst: RangeLike, name: str | None = None, *,
+             thread: str | None = None) -> int:
+        return self._add({"op": "copy", "stream": stream, "src": _rj(src), "dst": _rj(dst)}, name, thread)
 
-    def copy_batch(self, stream: str, order: str, copies: Iterable, name: str | None = None) -> int:
+    def copy_batch(self, stream: str, order: str, copies: Iterable, name: str | None = None, *,
+                   thread: str | None = None) -> int:
         """``copies``: (src, dst) pairs, :class:`Transfer` objects or ``{"src", "dst"}`` dicts."""
         out = []
         for c in copies:
@@ -939,38 +1087,54 @@ class TraceBuilder:
             else:
                 src, dst = c
             out.append({"src": _rj(src), "dst": _rj(dst)})
-        return self._add({"op": "copy_batch", "stream": stream, "order": order, "copies": out}, name)
+        return self._add({"op": "copy_batch", "stream": stream, "order": order, "copies": out}, name, thread)
 
-    def record(self, event: str, stream: str, name: str | None = None) -> int:
-        return self._add({"op": "record", "event": event, "stream": stream}, name)
+    def record(self, event: str, stream: str, name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "record", "event": event, "stream": stream}, name, thread)
 
-    def wait_event(self, stream: str, event: str, name: str | None = None) -> int:
-        return self._add({"op": "wait_event", "stream": stream, "event": event}, name)
+    def wait_event(self, stream: str, event: str, name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "wait_event", "stream": stream, "event": event}, name, thread)
 
-    def wait_stream(self, stream: str, on: str, name: str | None = None) -> int:
-        return self._add({"op": "wait_stream", "stream": stream, "on": on}, name)
+    def wait_stream(self, stream: str, on: str, name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "wait_stream", "stream": stream, "on": on}, name, thread)
 
-    def sync_event(self, event: str, name: str | None = None) -> int:
-        return self._add({"op": "sync_event", "event": event}, name)
+    def sync_event(self, event: str, name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "sync_event", "event": event}, name, thread)
 
-    def query_event(self, event: str, result: bool, name: str | None = None) -> int:
-        return self._add({"op": "query_event", "event": event, "result": result}, name)
+    def query_event(self, event: str, result: bool, name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "query_event", "event": event, "result": result}, name, thread)
 
-    def sync_stream(self, stream: str, name: str | None = None) -> int:
-        return self._add({"op": "sync_stream", "stream": stream}, name)
+    def sync_stream(self, stream: str, name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "sync_stream", "stream": stream}, name, thread)
 
-    def sync_device(self, name: str | None = None) -> int:
-        return self._add({"op": "sync_device"}, name)
+    def sync_device(self, name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "sync_device"}, name, thread)
 
-    def host_write(self, ranges: Iterable[RangeLike], name: str | None = None) -> int:
-        return self._add({"op": "host_write", "ranges": [_rj(r) for r in ranges]}, name)
+    def host_write(self, ranges: Iterable[RangeLike], name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "host_write", "ranges": [_rj(r) for r in ranges]}, name, thread)
 
-    def host_read(self, ranges: Iterable[RangeLike], name: str | None = None) -> int:
-        return self._add({"op": "host_read", "ranges": [_rj(r) for r in ranges]}, name)
+    def host_read(self, ranges: Iterable[RangeLike], name: str | None = None, *, thread: str | None = None) -> int:
+        return self._add({"op": "host_read", "ranges": [_rj(r) for r in ranges]}, name, thread)
+
+    def release(self, sync: str, name: str | None = None, *, thread: str | None = None) -> int:
+        """The thread releases ``sync`` (a lock's unlock, a queue put, a thread's start or end)."""
+        return self._add({"op": "release", "sync": sync}, name, thread)
+
+    def acquire(self, sync: str, name: str | None = None, *, thread: str | None = None) -> int:
+        """The thread acquires ``sync``: ordered after every earlier release of it (rule 8)."""
+        return self._add({"op": "acquire", "sync": sync}, name, thread)
+
+    def free(self, ranges: Iterable[RangeLike], name: str | None = None, *, thread: str | None = None) -> int:
+        """The thread releases these bytes, device or host (rule 9)."""
+        return self._add({"op": "free", "ranges": [_rj(r) for r in ranges]}, name, thread)
 
     def to_json(self) -> dict:
-        return {"version": VERSION, "buffers": {k: dict(v) for k, v in self._buffers.items()},
-                "streams": list(self._streams), "ops": [dict(op) for op in self._ops]}
+        out = {"version": VERSION, "buffers": {k: dict(v) for k, v in self._buffers.items()},
+               "streams": list(self._streams)}
+        if self._threads:
+            out["threads"] = list(self._threads)
+        out["ops"] = [dict(op) for op in self._ops]
+        return out
 
     def build(self) -> Trace:
         """Validate (raising :class:`TraceError`) and return the trace."""

@@ -3,24 +3,31 @@
 Deliberately simple and independent of :mod:`kvverify.check.rules` (no vector clocks): the ordering
 rules of ``docs/trace-format.md`` are written again, as an explicit graph of moments:
 
-- the host thread: ``call i`` → ``ret i`` → ``call i+1`` … (rule 1);
+- each host thread: ``call i`` → ``ret i`` → ``call j`` … over its own ops, ``j`` its next op
+  (rule 1; ops without a thread are the first thread's);
 - each stream: a chain of items (kernels, copies, records, waits), each from ``begin`` to ``end``;
   an item begins after its ``call`` (rule 1) and after the previous item's ``end`` (rule 2);
 - a record is an item of its stream; a wait is an item that also follows the event's latest
   record (rules 2, 3); ``wait_stream`` is a record on ``on`` and a wait on ``stream``;
 - a host synchronization makes ``ret`` follow what it observed (rule 4);
+- an ``acquire``'s ``ret`` follows the ``ret`` of every earlier ``release`` of its name (rule 8);
+  reachability makes it transitive, through every thread's program order and every stream;
 - an access is a node placed inside its window: kernel and STREAM reads / destination writes
   between ``begin`` and ``end``; DURING_API_CALL and pageable source reads between ``call`` and
   ``ret`` (and before ``end``); ANY source reads between ``call`` and ``end`` (rules 5, 6); a copy
-  to pageable memory is written in stream order like any other (rule 6 as amended). Nothing orders the nodes of one copy
-  or one batch among themselves (rule 7).
+  to pageable memory is written in stream order like any other (rule 6 as amended). Nothing
+  orders the nodes of one copy or one batch among themselves (rule 7). A ``free`` is a node
+  between its ``call`` and ``ret`` that writes its bytes (rule 9).
 
 An execution is any order of the access nodes consistent with the graph (a linear extension of
 the reachability order). Each is simulated on the buffers' cells: every write stores a value of
 its own; a read observes the values it reads, a write observes the values it overwrites (so two
-unordered writes disagree even when a later write hides both). Two executions *disagree* when an
-access observes different values or the final bytes differ. The search is a depth-first walk over
-(placed accesses, memory) states with memoisation; it stops at the first disagreement.
+unordered writes disagree even when a later write hides both). A cell also counts the frees that
+reached it, and accesses observe that count too; a free changes it and observes nothing, so two
+frees commute (no race between them, rule 9) while an access on either side of a free does not.
+Two executions *disagree* when an access observes different values or the final bytes differ.
+The search is a depth-first walk over (placed accesses, memory) states with memoisation; it stops
+at the first disagreement.
 
 Kept small on purpose: it refuses traces with more than ``max_accesses`` access nodes.
 """
@@ -34,9 +41,12 @@ from kvverify.check.model import (
     CopyBatch,
     HostRead,
     HostWrite,
+    Acquire,
+    Free,
     Kernel,
     QueryEvent,
     Record,
+    Release,
     SyncDevice,
     SyncEvent,
     SyncStream,
@@ -49,7 +59,8 @@ from kvverify.check.model import (
 @dataclass(frozen=True)
 class AccessNode:
     """One atomic access of the oracle: a kernel (all its reads and writes at once), one host
-    op, or one side (``src`` / ``dst``) of one copy."""
+    op, one free (``free``: its writes give the bytes back), or one side (``src`` / ``dst``) of
+    one copy."""
 
     id: int                                   # node id in the graph
     op: int
@@ -57,6 +68,7 @@ class AccessNode:
     rank: tuple                               # issue order: (op, copy, 0 for src / 1 for dst)
     reads: tuple[tuple[str, int, int], ...]   # (buffer, start, end)
     writes: tuple[tuple[str, int, int], ...]
+    free: bool = False
 
 
 @dataclass
@@ -94,7 +106,9 @@ class _GraphBuilder:
         self.space = {name: b.space for name, b in trace.buffers.items()}
         self.last: dict[str, int | None] = {s: None for s in trace.streams}   # last item end per stream
         self.capture: dict[str, int] = {}                                      # event -> its latest record node
-        self.prev_ret: int | None = None
+        self.first_thread = trace.threads[0] if trace.threads else None
+        self.prev_ret: dict[str | None, int] = {}         # thread -> the ret of its latest op
+        self.released: dict[str, list[int]] = {}          # sync name -> the rets of its releases so far
 
     def node(self, name: str) -> int:
         self.names.append(name)
@@ -106,11 +120,11 @@ class _GraphBuilder:
             assert u < v, "edges go forward in creation order"
             self.succ[u].append(v)
 
-    def access(self, i: int, label: str, rank: tuple, reads, writes) -> int:
+    def access(self, i: int, label: str, rank: tuple, reads, writes, free: bool = False) -> int:
         n = self.node(label)
         self.accesses.append(AccessNode(n, i, label, rank,
                                         tuple((r.buffer, r.offset, r.offset + r.length) for r in reads),
-                                        tuple((r.buffer, r.offset, r.offset + r.length) for r in writes)))
+                                        tuple((r.buffer, r.offset, r.offset + r.length) for r in writes), free))
         return n
 
     def item(self, stream: str, call: int, begin: int, end: int) -> None:
@@ -119,14 +133,17 @@ class _GraphBuilder:
         self.last[stream] = end
 
     def op(self, i: int, op) -> None:
+        thread = op.thread or self.first_thread
         call = self.node(f"call {i}")
-        self.edge(self.prev_ret, call)
+        self.edge(self.prev_ret.get(thread), call)
         later_ret = self._moments(i, op, call)      # nodes that must come before this op's ret
         ret = self.node(f"ret {i}")
         self.edge(call, ret)
         for u in later_ret:
             self.edge(u, ret)
-        self.prev_ret = ret
+        self.prev_ret[thread] = ret
+        if isinstance(op, Release):
+            self.released.setdefault(op.sync, []).append(ret)
 
     def _moments(self, i: int, op, call: int) -> list[int]:
         if isinstance(op, Kernel):
@@ -165,6 +182,12 @@ class _GraphBuilder:
                             ranges if isinstance(op, HostWrite) else ())
             self.edge(call, h)
             return [h]
+        elif isinstance(op, Free):
+            f = self.access(i, f"op {i} free", (i, 0, 0), (), op.ranges, free=True)
+            self.edge(call, f)
+            return [f]
+        elif isinstance(op, Acquire):
+            return list(self.released.get(op.sync, ()))
         return []
 
     def _copies(self, i: int, op, call: int) -> list[int]:
@@ -219,7 +242,8 @@ def _overlaps(xs, ys) -> bool:
 
 def unordered_conflicts(trace: Trace, graph: Graph | None = None) -> dict[tuple[int, int], set[str]]:
     """Pairs of ops with two conflicting access nodes that the graph leaves unordered, with the
-    kinds (RAW / WAR / WAW, by issue order) those nodes show."""
+    kinds (RAW / WAR / WAW, by issue order; FREE where one is a free; two frees never conflict)
+    those nodes show."""
     g = graph or build_graph(trace)
     reach = g.reach()
     out: dict[tuple[int, int], set[str]] = {}
@@ -230,7 +254,10 @@ def unordered_conflicts(trace: Trace, graph: Graph | None = None) -> dict[tuple[
             if reach[a.id] >> b.id & 1 or reach[b.id] >> a.id & 1:
                 continue
             kinds = set()
-            if _overlaps(a.writes, b.writes):
+            if a.free or b.free:
+                if not (a.free and b.free) and _overlaps(a.reads + a.writes, b.reads + b.writes):
+                    kinds.add("FREE")
+            elif _overlaps(a.writes, b.writes):
                 kinds.add("WAW")
             if _overlaps(a.writes, b.reads):
                 kinds.add("RAW")
@@ -296,18 +323,24 @@ class _Search:
         self.reads = [cover(a.reads) for a in nodes]
         self.writes = [cover(a.writes) for a in nodes]
         self.full = (1 << len(nodes)) - 1
-        self.initial = tuple(-1 - c for c in range(len(cells)))   # a distinct value per cell before any write
+        # per cell (value, frees so far): a distinct value per cell before any write
+        self.initial = tuple((-1 - c, 0) for c in range(len(cells)))
         self.ref: dict = {}            # what each access observed in the first execution; "final": its memory
         self.ref_path: list[int] = []
         self.seen: set = set()
         self.witness: dict = {}
 
     def step(self, x: int, mem: tuple) -> tuple[tuple, tuple]:
+        if self.nodes[x].free:
+            m = list(mem)
+            for c in self.writes[x]:
+                m[c] = (m[c][0], m[c][1] + 1)
+            return (), tuple(m)
         obs = (tuple(mem[c] for c in self.reads[x]), tuple(mem[c] for c in self.writes[x]))
         if self.writes[x]:
             m = list(mem)
             for c in self.writes[x]:
-                m[c] = x            # the value this write stores: its own
+                m[c] = (x, m[c][1])            # the value this write stores: its own
             mem = tuple(m)
         return obs, mem
 

@@ -18,10 +18,12 @@ class Race:
 
     ``first`` < ``second`` are op indices (equal for two copies of one copy_batch or for a copy
     whose source and destination overlap). ``kind`` is RAW / WAR / WAW by issue order (the
-    earlier-issued access first; inside one op, by copy index, source before destination).
+    earlier-issued access first; inside one op, by copy index, source before destination), or
+    FREE when one of the two ops is a ``free`` (use after free, rule 9).
     ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer declaration order;
     ranges one op lists back to back count as one);
-    ``rule`` the number of the rule that leaves them unordered ("2", "4", "5", "6" or "7");
+    ``rule`` the number of the rule that leaves them unordered ("2", "4", "5", "6", "7", "8" for
+    two host threads, "9" for a free);
     ``reason`` says why in words and ``fix`` gives one concrete change that orders them.
     ``first_at`` / ``second_at``: where the program issued the two ops (their ``at``), if the trace
     says."""

@@ -62,6 +62,12 @@ def _kind(a_write: bool, b_write: bool) -> str:
     return "WAW" if a_write and b_write else ("RAW" if a_write else "WAR")
 
 
+def _frees(a, b) -> str | None:
+    """Rule 9: a pair with a free is of kind FREE; "no race" (None) for two frees."""
+    frees = (a.role == "free") + (b.role == "free")
+    return None if frees == 2 else ("FREE" if frees else _kind(a.write, b.write))
+
+
 def reference(trace: Trace) -> dict[tuple[int, int], tuple[tuple[int, int], set[str]]]:
     """Per racing op pair: the lowest overlap as (buffer rank, first byte) and the kinds seen there."""
     rank = {name: n for n, name in enumerate(trace.buffers)}
@@ -79,8 +85,8 @@ def reference(trace: Trace) -> dict[tuple[int, int], tuple[tuple[int, int], set[
     for a, b in itertools.combinations(accesses, 2):     # a issued before b
         lo, hi = max(a.offset, b.offset), min(a.offset + a.length, b.offset + b.length)
         if (a.op != b.op and a.buffer == b.buffer and lo < hi and (a.write or b.write)
-                and not happens_before(a, b)):
-            note((a.op, b.op), a.buffer, lo, _kind(a.write, b.write))
+                and not happens_before(a, b) and (kind := _frees(a, b))):
+            note((a.op, b.op), a.buffer, lo, kind)
     for j, op in enumerate(trace.ops):      # rule 7: copies of one op, a copy's own two sides
         if isinstance(op, (Copy, CopyBatch)):
             sides = [(c, 0, src, False) for c, (src, _) in enumerate(op.copies)]

@@ -300,3 +300,124 @@ def test_name_and_at_are_strings_when_given_and_null_is_not_one(key):
         Trace.from_json(json.dumps(doc))  # the text reader too
     del doc["ops"][0][key]
     assert Trace.from_json(doc).ops[0].name is None  # left out, it is fine
+
+
+# -- format 1.2: threads, release / acquire, free ----------------------------------------------------
+
+
+def _threaded(**top) -> dict:
+    doc = copy.deepcopy(DOC)
+    ops = doc.pop("ops")
+    doc.update({"threads": ["main", "loader"], **top})
+    doc["ops"] = ops          # after threads, as writers put them (text streams the ops)
+    doc["ops"] += [{"op": "release", "sync": "q", "thread": "main"},
+                   {"op": "acquire", "sync": "q", "thread": "loader"},
+                   {"op": "free", "ranges": [["gpu", 0, 8], ["cpu", 0, 8]], "thread": "loader"}]
+    return doc
+
+
+def test_threads_release_acquire_and_free_parse_and_round_trip():
+    t = Trace.from_json(_threaded())
+    assert t.threads == ("main", "loader")
+    assert t.ops[12:] == (model.Release("q", thread="main"), model.Acquire("q", thread="loader"),
+                          model.Free((Range("gpu", 0, 8), Range("cpu", 0, 8)), thread="loader"))
+    assert t.ops[0].thread is None              # the first thread's
+    assert Trace.from_json(t.to_json()) == t and Trace.from_json(t.dumps()) == t
+    assert t.to_json()["threads"] == ["main", "loader"]
+    assert t.describe(0) == "op 0 (kernel 'write_kv' on 'compute', thread 'main')"
+    assert t.describe(14) == "op 14 (free, thread 'loader')"
+
+
+def test_the_builder_writes_threads_and_the_new_ops():
+    b = TraceBuilder()
+    b.buffer("gpu", "device", 64)
+    b.stream("s")
+    b.thread("main")
+    b.thread("loader")
+    b.kernel("s", "k", writes=[("gpu", 0, 8)], thread="loader")
+    b.release("q", thread="loader")
+    b.acquire("q", name="get")
+    b.free([("gpu", 0, 8)])
+    doc = b.to_json()
+    assert doc["threads"] == ["main", "loader"] and list(doc) == ["version", "buffers", "streams", "threads", "ops"]
+    assert doc["ops"][1:] == [{"op": "release", "sync": "q", "thread": "loader"},
+                              {"op": "acquire", "sync": "q", "name": "get"},
+                              {"op": "free", "ranges": [["gpu", 0, 8]]}]
+    assert b.build().ops[0].thread == "loader"
+
+
+@pytest.mark.parametrize("doc, op_index, field, words", [
+    (_threaded(threads="main"), None, "threads", "non-empty array of thread names"),
+    (_threaded(threads=[]), None, "threads", "non-empty array"),
+    (_threaded(threads=["main", ""]), None, "threads[1]", "non-empty string"),
+    (_threaded(threads=["main", 3]), None, "threads[1]", "non-empty string"),
+    (_threaded(threads=["main", "main"]), None, "threads[1]", "declared twice"),
+    (_threaded(threads=["main"]), 13, "thread", "unknown thread 'loader' (declared: 'main')"),
+    ({**DOC, "ops": [{"op": "sync_device", "thread": "main"}]}, 0, "thread",
+     "the trace declares no threads"),
+    ({**_threaded(), "ops": [{"op": "sync_device", "thread": 1}]}, 0, "thread", "expected a thread name"),
+    ({**_threaded(), "ops": [{"op": "release"}]}, 0, "sync", "missing"),
+    ({**_threaded(), "ops": [{"op": "acquire", "sync": ""}]}, 0, "sync", "non-empty string"),
+    ({**_threaded(), "ops": [{"op": "acquire", "sync": ["q"]}]}, 0, "sync", "non-empty string"),
+    ({**_threaded(), "ops": [{"op": "release", "sync": "q", "ranges": []}]}, 0, "ranges",
+     "unknown field for a release op"),
+    ({**_threaded(), "ops": [{"op": "free"}]}, 0, "ranges", "missing"),
+    ({**_threaded(), "ops": [{"op": "free", "ranges": [["gpu", 0, 9000]]}]}, 0, "ranges[0]", "past the end"),
+    ({**_threaded(), "ops": [{"op": "free", "ranges": "gpu"}]}, 0, "ranges", "expected an array"),
+    ({"thread": ["main"], **_threaded()}, None, "thread", "did you mean 'threads'?"),
+])
+def test_invalid_1_2_forms_name_op_index_and_field(doc, op_index, field, words):
+    for given in (doc, json.dumps(doc)):      # decoded, and read from text
+        with pytest.raises(TraceError) as e:
+            Trace.from_json(given)
+        err = e.value
+        assert (err.op_index, err.field) == (op_index, field), str(err)
+        assert words in str(err)
+
+
+def test_a_repeated_thread_key_is_invalid():
+    text = '{"version": 1, "buffers": {}, "streams": [], "threads": ["a"], "ops": [{"op": "sync_device", ' \
+           '"thread": "a", "thread": "a"}]}'
+    with pytest.raises(TraceError, match="repeat"):
+        Trace.from_json(text)
+
+
+@pytest.mark.parametrize("op, field, line", [
+    ({"op": "record", "evnt": "e", "stream": "compute"}, "evnt",
+     "op 3 (record), field 'evnt': unknown field for a record op (did you mean 'event'?)"),
+    ({"op": "kernel", "stream": "compute", "wrtes": []}, "wrtes",
+     "op 3 (kernel), field 'wrtes': unknown field for a kernel op (did you mean 'writes'?)"),
+    ({"op": "acquire", "snyc": "q"}, "snyc",
+     "op 3 (acquire), field 'snyc': unknown field for an acquire op (did you mean 'sync'?)"),
+    ({"op": "sync_device", "zzz": 1}, "zzz", "op 3 (sync_device), field 'zzz': unknown field for a sync_device op"),
+    ({"op": "copy_batch", "stream": "compute", "order": "ANY", "copies": [{"src": ["gpu", 0, 4], "dts": ["cpu", 0, 4]}]},
+     "copies[0].dts", "op 3 (copy_batch), field 'copies[0].dts': unknown field (did you mean 'dst'?)"),
+])
+def test_a_misspelt_key_is_named_with_the_closest_known_one(op, field, line):
+    doc = copy.deepcopy(DOC)
+    doc["ops"][3] = op
+    for given in (doc, json.dumps(doc)):
+        with pytest.raises(TraceError) as e:
+            Trace.from_json(given)
+        assert (e.value.op_index, e.value.field, str(e.value)) == (3, field, line)
+
+
+def test_a_misspelt_buffer_key_is_named_too():
+    doc = copy.deepcopy(DOC)
+    doc["buffers"]["x"] = {"space": "device", "byts": 8}
+    with pytest.raises(TraceError, match=r"field 'buffers.x.byts': unknown field \(did you mean 'bytes'\?\)"):
+        Trace.from_json(doc)
+
+
+def test_threads_after_streamed_ops_are_validated_and_apply_to_ops_that_name_none():
+    head = '{"version": 1, "buffers": {"cpu": {"space": "host_pinned", "bytes": 8}}, "streams": [], "ops": '
+    ops = '[{"op": "host_write", "ranges": [["cpu", 0, 8]]}, {"op": "host_read", "ranges": [["cpu", 0, 8]]}]'
+    trace = Trace.from_json(head + ops + ', "threads": ["main", "other"]}')
+    assert trace.threads == ("main", "other")
+    with pytest.raises(TraceError, match="declared twice") as e:
+        Trace.from_json(head + ops + ', "threads": ["main", "main"]}')
+    assert e.value.field == "threads[1]"
+    named = ops.replace('"op": "host_read"', '"op": "host_read", "thread": "other"')
+    with pytest.raises(TraceError, match="before the ops") as e:
+        Trace.from_json(head + named + ', "threads": ["main", "other"]}')
+    assert (e.value.op_index, e.value.field) == (1, "thread")
