@@ -151,6 +151,24 @@ def fake():
     return FakeCuda()
 
 
+def test_free_and_reuse_annotations_are_free_ops_at_the_line_that_made_them(fake):
+    gpu = fake.device(4, 4096)
+    cpu = fake.pinned(4, 4096)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        side = fake.stream()
+        with fake.use(side):
+            cpu[1].copy_(gpu[1], non_blocking=True)
+        record.reuse(cpu[1])  # a pool hands the slot on while the copy may still write it
+        record.free(gpu[2], name="unmap")
+    doc = rec.trace()
+    frees = [op for op in doc["ops"] if op["op"] == "free"]
+    assert [op["name"] for op in frees] == ["reuse", "unmap"]
+    assert frees[0]["ranges"][0][1:] == [4096, 4096] and "test_record_lifetimes.py" in frees[0]["at"]
+    found = rec.check().races
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second].get("name")) for r in found] == \
+        [("FREE", "copy", "reuse")]
+
+
 def test_annotations_and_device_work_of_another_thread_make_the_recording_incomplete(fake):
     import threading
 
