@@ -186,6 +186,15 @@ class RecordingMode(TorchDispatchMode):
         self._internal = internal
         self._infos: dict[int, OpInfo] = {}
         self._pointers: OrderedDict[int, tuple] = OrderedDict()  # data_ptr -> (allocation, version, values)
+        self.active = True  # false once the recording stopped: the modes of threads still running pass through
+
+    def fork(self) -> RecordingMode:
+        """A mode for another thread (torch keeps modes per thread) that shares this one's state:
+        what it learnt of ops and of pointer tables, and whether the recording still runs."""
+        child = RecordingMode.__new__(RecordingMode)
+        child.__dict__.update(self.__dict__)
+        child._parent = self
+        return child
 
     # -- dispatch ---------------------------------------------------------------------------
 
@@ -193,20 +202,27 @@ class RecordingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         info = self._infos.get(id(func))  # OpOverloads live as long as torch: id() skips their Python __hash__
         if info is None:
-            info = self._infos[id(func)] = self._describe(func)
-        if info.handler is None:
+            with self.rec.exclusive():
+                info = self._infos[id(func)] = self._describe(func)
+        if info.handler is None or not self.is_active():
             return func(*args, **kwargs)
         rec = self.rec
         rec.begin_op()
         try:
             out = func(*args, **kwargs)
-            try:
-                info.handler(self, info, args, kwargs, out)
-            except Exception as exc:  # the program must run on: the summary says what is missing
-                rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
+            with rec.exclusive():
+                try:
+                    info.handler(self, info, args, kwargs, out)
+                except Exception as exc:  # the program must run on: the summary says what is missing
+                    rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
         finally:
-            rec.end_op()
+            with rec.exclusive():
+                rec.end_op()
         return out
+
+    def is_active(self) -> bool:
+        """Whether the recording this mode belongs to still runs."""
+        return getattr(self, "_parent", self).active
 
     def _describe(self, func) -> OpInfo:
         schema = func._schema

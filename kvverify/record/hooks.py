@@ -34,6 +34,7 @@ import numpy as np
 
 from kvverify.errors import RecordingError
 from kvverify.record.dispatch import Platform
+from kvverify.record.patching import patch_method
 from kvverify.record.recorder import DEFAULT_STREAMS, Recorder
 from kvverify.record.threads import OTHER_THREAD_WORK
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
@@ -241,50 +242,22 @@ class CudaPlatform(Platform):
                 self._undo.pop()()
 
 
-def patch_method(cls: type, name: str, fn: Callable, original) -> Callable[[], None]:
-    """Put ``fn`` in place of ``cls.<name>`` (``original``) in the type's own dictionary, for a type
-    defined in C whose attributes cannot be set (``torch.Event``); returns what undoes it.
-
-    The dictionary is reached as the one object ``cls.__dict__`` (a read-only proxy) refers to,
-    and ``PyType_Modified`` drops the interpreter's method cache for the type, as setting an
-    attribute would. Every instance keeps its type, so C++ checks of the exact type still pass.
-    ``fn`` carries ``original``'s name and docstring. Raises RecordingError where the dictionary
-    cannot be reached this way (an interpreter other than CPython).
-    """
-    import ctypes
-    import gc
-
-    found = [d for d in gc.get_referents(cls.__dict__) if isinstance(d, dict) and d.get(name) is original]
-    if len(found) != 1:
-        raise RecordingError(f"cannot reach the dictionary of {cls.__qualname__} to observe {name}(): "
-                             "this interpreter does not expose it as CPython does")
-    table = found[0]
-    modified = ctypes.pythonapi.PyType_Modified
-    modified.argtypes = [ctypes.py_object]
-    fn.__name__, fn.__qualname__, fn.__doc__ = name, f"{cls.__qualname__}.{name}", original.__doc__
-    table[name] = fn
-    modified(cls)
-
-    def undo() -> None:
-        table[name] = original
-        modified(cls)
-
-    return undo
-
-
-def thread_guard(thread: int, busy: Callable[[], bool], notes) -> Callable[[Callable], Callable]:
-    """A ``guard`` for ``install``: the wrapped callback runs only on thread ``thread`` and while
-    ``busy()`` is false; calls from other threads are counted in ``notes`` (a Counter)."""
+def thread_guard(recorder: Recorder, busy: Callable[[], bool]) -> Callable[[Callable], Callable]:
+    """A ``guard`` for ``install``: the wrapped callback runs on the threads ``recorder`` follows
+    (``Recorder.threads``), unless ``busy()`` (the recorder's own work on that thread), holding the
+    recorder; calls from other threads are noted as missed work (``NOT_RECORDED``)."""
 
     def guard(fn: Callable) -> Callable:
         def cb(*args):
-            if threading.get_ident() != thread:
-                notes[f"{OTHER_THREAD_WORK} torch's stream, event and allocator reports from thread "
-                      f"{threading.current_thread().name!r}"] += 1
+            if threading.get_ident() not in recorder.threads:
+                with recorder.exclusive():
+                    recorder.notes[f"{OTHER_THREAD_WORK} torch's stream, event and allocator reports from thread "
+                                   f"{threading.current_thread().name!r}"] += 1
                 return None
             if busy():
                 return None
-            return fn(*args)
+            with recorder.exclusive():
+                return fn(*args)
 
         return cb
 

@@ -34,11 +34,13 @@ owner receives can be one buffer with their old owner's (``kvverify.record.write
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kvverify.record.memory import MemoryMap, Span
+from kvverify.record.threads import INSIDE
 
 LEGACY_STREAM, PER_THREAD_STREAM = 0, 2
 """``cudaStreamLegacy`` (torch's default stream, handle 0) and ``cudaStreamPerThread``: one per device."""
@@ -60,6 +62,28 @@ class CopyArrays:
     size: object
 
 
+class _Exclusive:
+    """``Recorder.exclusive()``: a reentrant lock whose methods are bound before a recording
+    observes the lock types' (``kvverify.record.threads``), and the thread's ``busy`` flag."""
+
+    def __init__(self) -> None:
+        lock = threading.RLock()
+        self._acquire, self._release = lock.acquire, lock.release
+        self._was = threading.local()
+
+    def __enter__(self) -> None:
+        self._acquire()
+        stack = getattr(self._was, "stack", None)
+        if stack is None:
+            stack = self._was.stack = []
+        stack.append(getattr(INSIDE, "busy", False))
+        INSIDE.busy = True
+
+    def __exit__(self, *exc) -> None:
+        INSIDE.busy = self._was.stack.pop()
+        self._release()
+
+
 def short_at(at: str | None) -> str:
     """``offload.py:41`` from ``tests/offload.py:41 in store``: how names point at code."""
     if not at:
@@ -74,6 +98,11 @@ class Recorder:
     ``locate(depth)`` starts looking ``depth`` frames above its caller (default 1: the caller).
     Stream keys are hashable values chosen by the caller: a handle (``int``), or ``(handle,
     device)`` for the per-device special handles (see ``stream_key``).
+
+    Host threads (trace format 1.2): the thread that makes the recorder is the first; others are
+    added with ``thread_started``, and each op they log carries their name (``"thread"``). Ops are
+    logged in the order they were observed; what several threads report goes through
+    ``exclusive()``, which the hooks and the dispatcher take around their work.
     """
 
     def __init__(self, locate: Callable[..., str | None]) -> None:
@@ -85,8 +114,10 @@ class Recorder:
         self._events: dict[int, str] = {}  # handle -> name of its current incarnation
         self._event_serial = 0
         self._stream_serial = 0
-        self._in_op = False
-        self._held: list[dict] | None = None  # ops reported while an op runs
+        self._local = threading.local()  # per thread: in_op, held (ops reported while an op runs)
+        self.first = threading.get_ident()
+        self.threads: dict[int, str] = {self.first: threading.current_thread().name}
+        self._exclusive = _Exclusive()
         self._short: dict[str, str] = {}  # at -> short_at(at), for the names of new events
         self._stream_uses: dict[int, dict] = {}  # allocation index -> streams of record_stream (keys, in order)
         # freed blocks the caching allocator holds back: (base, end, events recorded at the free)
@@ -130,32 +161,64 @@ class Recorder:
             short = self._short[at] = short_at(at)
         return short
 
+    # -- threads -----------------------------------------------------------------------------
+
+    def thread_started(self, ident: int, name: str) -> str:
+        """Record the thread ``ident`` from now on, under ``name`` (made unique); returns it."""
+        taken = set(self.threads.values())
+        unique, k = name, 1
+        while unique in taken:
+            k += 1
+            unique = f"{name} #{k}"
+        self.threads[ident] = unique
+        return unique
+
+    def exclusive(self) -> _Exclusive:
+        """A context manager: this thread holds the recorder while it logs (reentrant), and is
+        inside the recorder's own code meanwhile (``kvverify.record.threads.busy()``)."""
+        return self._exclusive
+
     # -- the log -----------------------------------------------------------------------------
 
+    def _log(self, op: dict) -> None:
+        ident = threading.get_ident()
+        if ident != self.first:
+            op["thread"] = self.threads[ident]
+        self.ops.append(op)
+
+    def _held(self) -> list[dict]:
+        """What this thread reported while its current op runs."""
+        return getattr(self._local, "held", None) or []
+
     def _emit(self, op: dict) -> None:
-        if self._in_op:
-            if self._held is None:
-                self._held = []
-            self._held.append(op)
+        local = self._local
+        if getattr(local, "in_op", False):
+            local.held.append(op)
         else:
-            self.ops.append(op)
+            self._log(op)
 
     def begin_op(self) -> None:
-        """An op starts running: hold back what is reported until ``end_op``."""
-        self._in_op = True
+        """An op starts running on this thread: hold back what it reports until ``end_op``."""
+        self._local.in_op = True
+        self._local.held = []
 
     def end_op(self) -> None:
         """The op is in the log (or failed): release what was reported while it ran."""
-        self._in_op = False
-        if self._held is not None:
-            held, self._held = self._held, None
-            for op in held:
-                self.ops.append(op)
+        local = self._local
+        local.in_op = False
+        held, local.held = local.held, None
+        for op in held or ():
+            self._log(op)
 
     def issued(self, op: dict) -> None:
         """Log device work or a host access built by the dispatcher hook (``op`` in the format of
         this module: spans instead of ranges). Goes before anything held back."""
-        self.ops.append(op)
+        self._log(op)
+
+    def host_synchronized(self, kind: str, sync: str) -> None:
+        """This thread released (``kind="release"``) or acquired (``"acquire"``) the host
+        synchronization object named ``sync`` (trace format 1.2, rule 8)."""
+        self._log({"op": kind, "sync": sync, "at": None})
 
     # -- streams, events, synchronization (GPU-trace callbacks and patched methods) ------------
 
@@ -196,7 +259,7 @@ class Recorder:
         """The op being logged synchronizes ``stream`` (a blocking copy does, through
         ``at::cuda::memcpy_and_sync``): logged once, whether or not torch reported it meanwhile."""
         name = self.stream(stream, at)
-        if any(op["op"] == "sync_stream" and op["stream"] == name for op in self._held or ()):
+        if any(op["op"] == "sync_stream" and op["stream"] == name for op in self._held()):
             return
         self._emit({"op": "sync_stream", "stream": name, "at": at})
 
@@ -254,7 +317,7 @@ class Recorder:
         """The op being logged is a non-blocking copy from or to pinned ``allocation``: the events
         recorded while it ran are torch's pinned allocator's (``CachingHostAllocator_recordEvent``),
         which it waits for before handing the block out again."""
-        events = [op["event"] for op in self._held or () if op["op"] == "record"]
+        events = [op["event"] for op in self._held() if op["op"] == "record"]
         if events:
             self._host_fences.setdefault(allocation, []).extend(events)
 
@@ -295,8 +358,8 @@ class Recorder:
                at: str | None) -> None:
         """A kernel on ``stream``: its accesses happen in stream order (spans: allocation index,
         offset and length in bytes)."""
-        self.ops.append({"op": "kernel", "stream": self._streams.get(stream) or self.stream(stream, at), "name": name,
-                         "reads": tuple(reads), "writes": tuple(writes), "at": at})
+        self._log({"op": "kernel", "stream": self._streams.get(stream) or self.stream(stream, at), "name": name,
+                   "reads": tuple(reads), "writes": tuple(writes), "at": at})
 
     def copy(self, stream: object, name: str, src: Span, dst: Span, at: str | None) -> None:
         """One stream-ordered copy (cudaMemcpyAsync); ``src`` and ``dst`` have one length."""

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
 from kvverify.record.recorder import Recorder
-from kvverify.record.threads import NOT_RECORDED, OTHER_THREAD_WORK, OtherThreads
+from kvverify.record.threads import INSIDE, NOT_RECORDED, OTHER_THREAD_WORK, ThreadCapture, busy
 from kvverify.record.writer import Summary, build
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
@@ -45,7 +45,6 @@ class Recording:
         self.keep_all = keep_all
         self._platform = platform
         self._skip = skip
-        self._busy = 0
         self.recorder: Recorder | None = None
         self._mode = None
         self._built: tuple[dict, Summary] | None = None
@@ -77,7 +76,7 @@ class Recording:
 
             self.recorder = Recorder(Locator(self._skip).locate)
             self.thread = threading.get_ident()
-            guard = hooks.thread_guard(self.thread, lambda: self._busy > 0, self.recorder.notes)
+            guard = hooks.thread_guard(self.recorder, busy)
             try:
                 platform.install(self.recorder, guard)
                 self._mode = RecordingMode(self.recorder, platform, self.swap_ops, internal=self.internal)
@@ -86,8 +85,8 @@ class Recording:
                 platform.uninstall()
                 raise
             self._platform_in_use = platform
-            self._others = OtherThreads(self.recorder.notes, self.thread, platform.where)
-            self._others.start()
+            self._threads = ThreadCapture(self.recorder, self._enter_thread)
+            self._threads.start()
             self._built = self._verdict = None
             self.running = True
             _active = self
@@ -108,7 +107,8 @@ class Recording:
                                  f"one ({threading.get_ident()}): the recording is still running")
         with _lock:
             try:
-                self._others.stop()
+                self._threads.stop()
+                self._mode.active = False  # the modes of threads still running record nothing more
                 self._mode.__exit__(None, None, None)
             finally:
                 gc.unfreeze()
@@ -124,12 +124,20 @@ class Recording:
 
     @contextlib.contextmanager
     def internal(self):
-        """Work of the recorder itself: the hooks report nothing meanwhile."""
-        self._busy += 1
+        """Work of the recorder itself on this thread: the hooks report nothing meanwhile."""
+        was = busy()
+        INSIDE.busy = True
         try:
             yield
         finally:
-            self._busy -= 1
+            INSIDE.busy = was
+
+    def _enter_thread(self):
+        """In a thread the program started while recording, before its ``run()``: record its ops
+        with a dispatch mode of its own (modes are per thread); returns what its end calls."""
+        mode = self._mode.fork()
+        mode.__enter__()
+        return lambda: mode.__exit__(None, None, None)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -141,7 +149,7 @@ class Recording:
         if self._built is None:
             doc, summary = build(self.recorder, keep_all=self.keep_all)
             summary.notes += [f"{what}: {n}" for what, n in sorted(self.recorder.notes.items())]
-            summary.notes += self._others.lines()
+            summary.notes += self._threads.lines()
             self._built = (doc, summary)
         return self._built
 
@@ -205,9 +213,10 @@ def _current(what: str = "") -> Recording | None:
     rec = _active
     if rec is None or not rec.running:
         return None
-    if threading.get_ident() != rec.thread:
+    if threading.get_ident() not in rec.recorder.threads:
         if what:
-            rec.recorder.notes[f"{OTHER_THREAD_WORK} {what} from thread {threading.current_thread().name!r}"] += 1
+            with rec.recorder.exclusive():
+                rec.recorder.notes[f"{OTHER_THREAD_WORK} {what} from thread {threading.current_thread().name!r}"] += 1
         return None
     return rec
 
@@ -256,7 +265,8 @@ def _host_access(kind: str, objs: tuple, name: str | None) -> None:
     if rec is None:
         return
     at = rec.recorder.locate()
-    rec.recorder.host_access(kind, _spans(rec, objs, at), name, at)
+    with rec.recorder.exclusive():
+        rec.recorder.host_access(kind, _spans(rec, objs, at), name, at)
 
 
 def host_write(*objs, name: str | None = None) -> None:
@@ -282,7 +292,8 @@ def _release(what: str, objs: tuple, name: str | None) -> None:
     if rec is None:
         return
     at = rec.recorder.locate()
-    rec.recorder.released(_spans(rec, objs, at, device=True), name or what, at)
+    with rec.recorder.exclusive():
+        rec.recorder.released(_spans(rec, objs, at, device=True), name or what, at)
 
 
 def free(*objs, name: str | None = None) -> None:
@@ -325,4 +336,6 @@ def host_buffer(obj, kind: str = "pinned", *, name: str | None = None) -> None:
         address, nbytes = storage.data_ptr(), storage.nbytes()
     else:
         address, nbytes = _address_range(obj)
-    rec.recorder.memory.fresh(address, nbytes, space, "declared with host_buffer", rec.recorder.locate(), name)
+    at = rec.recorder.locate()
+    with rec.recorder.exclusive():
+        rec.recorder.memory.fresh(address, nbytes, space, "declared with host_buffer", at, name)

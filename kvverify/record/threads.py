@@ -1,106 +1,169 @@
-"""What the recording cannot see: device work issued by threads other than the recording one.
+"""Host threads (trace format 1.2): every thread a recording starts is recorded, with the host
+synchronization that orders its work against the others'.
 
-The dispatch mode that records ops is per thread (torch keeps modes in thread-local state), and so
-are the recorder's hooks. A worker thread's transfers would be missing from the trace, and a trace
-that misses work must not be called SAFE. ``OtherThreads`` makes such work visible as *missed*:
+The dispatch mode that records ops, and the recorder's hooks, are per thread (torch keeps modes in
+thread-local state). ``ThreadCapture`` extends a recording to the threads the program starts while
+it runs, and writes what orders them as ``release`` / ``acquire`` ops (rule 8):
 
-- threads started while the recording runs get a pass-through dispatch mode (through
-  ``threading.setprofile``, which runs a function in each new thread before its ``run()``) that
-  notes every op on CUDA tensors and every op of kvverify's library they dispatch;
-- torch's GPU-trace callbacks from any other thread are noted by the hooks' guard
-  (``kvverify.record.hooks.thread_guard``);
-- threads already running when the recording started are named in the summary: the dispatcher
-  work they do is seen by neither (native capture is what sees it).
+- ``Thread.start`` releases a name the new thread acquires before its ``run()``; the thread's end
+  releases one its ``join()`` acquires (``Thread._bootstrap_inner``, where every thread begins and
+  ends, is wrapped while recording; the new thread gets its own recording dispatch mode there);
+- locks: ``acquire`` / ``release`` (and ``with``) of ``threading.Lock`` and ``threading.RLock``,
+  observed on their C types in place (``patching.patch_method``: every lock stays what it is), one
+  sync name per lock object; ``queue.Queue``, ``threading.Event``, ``Condition``, ``Semaphore``
+  and ``concurrent.futures`` are built on them, so a queue's item, an event's ``set`` and a
+  future's result order the threads as they do in the program. Host bookkeeping (a flag, a list)
+  that no lock guards orders nothing: the trace says so, and so does the checker.
 
-Each note starts with ``NOT_RECORDED``: ``Recording.complete()`` is then false, and ``kvverify
-record`` exits 2 rather than call the rest SAFE.
+What stays unseen is named: threads already running when the recording started (the summary lists
+them; their device work is seen only through torch's event and allocator callbacks, noted as
+missed), and device work outside torch's dispatcher (native capture sees it). Each note of missed
+work starts with ``NOT_RECORDED``: ``Recording.complete()`` is then false, and ``kvverify record``
+exits 2 rather than call the rest SAFE.
 """
 
 from __future__ import annotations
 
-import functools
-import sys
 import threading
-from collections import Counter
+import weakref
+from collections.abc import Callable
 
 NOT_RECORDED = "NOT RECORDED"
-OTHER_THREAD_WORK = (f"{NOT_RECORDED} (device work of another thread; record from the thread that issues it, "
-                     "or see docs/record.md):")
+OTHER_THREAD_WORK = (f"{NOT_RECORDED} (device work of a thread the recording does not follow: one that was "
+                     "running before it started; see docs/record.md):")
+
+INSIDE = threading.local()  # .busy: this thread is in the recorder's own code, whose locks are not the program's
+_LOCK_TYPES = (type(threading.Lock()), getattr(threading, "_CRLock", None) or type(threading.RLock()))
+_ACQUIRES = ("acquire", "acquire_lock", "__enter__", "_acquire_restore")
+_RELEASES = ("release", "release_lock", "__exit__", "_release_save")
 
 
-class OtherThreads:
-    """Watches the threads beside ``recording_thread`` while it records; notes go to ``notes``;
-    ``where`` tells device tensors (``kvverify.record.dispatch.Platform.where``)."""
+def busy() -> bool:
+    """True while this thread runs the recorder's own code."""
+    return getattr(INSIDE, "busy", False)
 
-    def __init__(self, notes: Counter, recording_thread: int, where) -> None:
-        self.notes = notes
-        self.recording_thread = recording_thread
-        self.where = where  # the platform's: "device", "host" or None for a tensor
+
+class ThreadCapture:
+    """Follows the threads a recording starts and the locks between them.
+
+    ``recorder``: the ``kvverify.record.recorder.Recorder`` (its ``threads``, ``exclusive()``,
+    ``host_synchronized``); ``enter_thread``: called in each new thread before its ``run()``, returns
+    what to call at its end (the session pushes a dispatch mode there and pops it then).
+    """
+
+    def __init__(self, recorder, enter_thread: Callable[[], Callable[[], None]]) -> None:
+        self.recorder = recorder
+        self.enter_thread = enter_thread
         self.active = False
-        self._previous = None
         self.running_before: list[str] = []
+        self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Thread -> its start and end names
+        self._syncs: dict[int, tuple[object, str]] = {}  # id(lock) -> (lock, name): held, so no id is reused
+        self._undo: list[Callable[[], None]] = []
+
+    # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin watching: name the threads running now, hook the threads started from now on."""
-        self.running_before = sorted(t.name for t in threading.enumerate()
-                                     if t.ident != self.recording_thread and t.is_alive())
-        self._previous = threading.getprofile()
-        threading.setprofile(self._enter)
+        """Name the threads running now; from now on, follow new threads and every lock."""
+        from kvverify.record.patching import patch_method
+
+        current = threading.get_ident()
+        self.running_before = sorted(t.name for t in threading.enumerate() if t.ident != current and t.is_alive())
+        self._wrap_thread()
+        for cls in _LOCK_TYPES:
+            for name in (*_ACQUIRES, *_RELEASES):
+                original = cls.__dict__.get(name)
+                if original is not None:
+                    self._undo.append(patch_method(cls, name, self._observed(name, original), original))
         self.active = True
 
     def stop(self) -> None:
-        """Stop watching (threads started meanwhile keep a mode that does nothing from now on)."""
+        """Stop following (threads started meanwhile record nothing more)."""
         self.active = False
-        threading.setprofile(self._previous)
+        while self._undo:
+            self._undo.pop()()
 
     def lines(self) -> list[str]:
-        """What the summary says of threads this recording did not see."""
+        """What the summary says of threads this recording did not follow."""
         if not self.running_before:
             return []
-        return [f"threads running beside the recording one when it started, whose dispatcher work is not seen: "
-                f"{', '.join(self.running_before)}"]
+        return ["threads running beside the recording one when it started, whose dispatcher work is not seen: "
+                + ", ".join(self.running_before)]
 
-    def _enter(self, frame, event, arg):
-        # runs once, in the new thread, before its run(): hand the profiler back, then watch
-        sys.setprofile(self._previous)
-        _witness_class()(self).__enter__()
-        if self._previous is not None:
-            return self._previous(frame, event, arg)
-        return None
+    # -- threads -----------------------------------------------------------------------------
 
-    def noted(self, what: str) -> None:
-        self.notes[f"{OTHER_THREAD_WORK} {what} from thread {threading.current_thread().name!r}"] += 1
+    def _wrap_thread(self) -> None:
+        cls = threading.Thread
+        start, bootstrap, join = cls.start, cls._bootstrap_inner, cls.join
+        capture = self
 
+        def started(thread) -> None:
+            # in the parent, before the thread can run: what it did so far happens before the thread
+            if capture._following():
+                n = len(capture._names) + 1
+                capture._names[thread] = (f"start of thread {n} ({thread.name})", f"end of thread {n} ({thread.name})")
+                capture._sync("release", capture._names[thread][0])
+            start(thread)
 
-@functools.cache
-def _witness_class():
-    from torch.utils._python_dispatch import TorchDispatchMode
+        def bootstrap_inner(thread) -> None:
+            names = capture._names.get(thread)
+            if names is None or not capture.active:
+                return bootstrap(thread)
+            with capture.recorder.exclusive():
+                capture.recorder.thread_started(threading.get_ident(), thread.name)
+            capture._sync("acquire", names[0])
+            leave = capture.enter_thread()
+            try:
+                return bootstrap(thread)
+            finally:
+                leave()
+                capture._sync("release", names[1])
 
-    class Witness(TorchDispatchMode):
-        """Passes every op through; while the recording runs, notes those that are device work."""
+        def joined(thread, timeout=None):
+            out = join(thread, timeout)
+            names = capture._names.get(thread)
+            if names is not None and not thread.is_alive():
+                capture._sync("acquire", names[1])
+            return out
 
-        def __init__(self, owner: OtherThreads) -> None:
-            super().__init__()
-            self.owner = owner
+        for name, fn, original in (("start", started, start), ("_bootstrap_inner", bootstrap_inner, bootstrap),
+                                   ("join", joined, join)):
+            fn.__name__, fn.__qualname__, fn.__doc__ = original.__name__, original.__qualname__, original.__doc__
+            setattr(cls, name, fn)
+            self._undo.append(lambda name=name, original=original: setattr(cls, name, original))
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if self.owner.active and _device_work(func, args, kwargs, self.owner.where):
-                self.owner.noted(str(func))
-            return func(*args, **kwargs)
+    # -- locks -------------------------------------------------------------------------------
 
-    return Witness
+    def _observed(self, name: str, original) -> Callable:
+        capture = self
+        if name in _RELEASES:
+            def release(lock, *args):
+                # logged before the lock is free: an acquire elsewhere comes later in the trace
+                capture._lock("release", lock)
+                return original(lock, *args)
+            return release
 
+        def acquire(lock, *args, **kwargs):
+            got = original(lock, *args, **kwargs)
+            if got is not False:  # __enter__ returns the lock's own answer; _acquire_restore None
+                capture._lock("acquire", lock)
+            return got
+        return acquire
 
-def _device_work(func, args, kwargs, where) -> bool:
-    """An op of kvverify's library (swaps, kernels: raw pointers), or one on device tensors."""
-    import torch
+    def _lock(self, kind: str, lock) -> None:
+        # with one thread followed, its locks order nothing its program order and the start of the
+        # next thread (a release it acquires) do not
+        threads = self.recorder.threads
+        if not self.active or len(threads) < 2 or busy() or threading.get_ident() not in threads:
+            return
+        with self.recorder.exclusive():
+            entry = self._syncs.get(id(lock))
+            if entry is None:
+                entry = self._syncs[id(lock)] = (lock, f"lock{len(self._syncs) + 1}")
+            self.recorder.host_synchronized(kind, entry[1])
 
-    if func.namespace == "kvverify":
-        return True
-    for value in (*args, *kwargs.values()):
-        items = value if isinstance(value, (list, tuple)) else (value,)
-        if any(isinstance(t, torch.Tensor) and where(t) == "device" for t in items):
-            return True
-    return False
+    def _sync(self, kind: str, name: str) -> None:
+        with self.recorder.exclusive():
+            self.recorder.host_synchronized(kind, name)
 
+    def _following(self) -> bool:
+        return self.active and threading.get_ident() in self.recorder.threads

@@ -43,6 +43,8 @@ class Summary:
     buffers_written: int = 0
     allocations_seen: int = 0
     records_dropped: int = 0  # records of events nothing uses
+    syncs_dropped: int = 0  # host synchronization between ops of one thread only
+    threads: int = 1  # host threads the trace names
     queries_collapsed: int = 0  # repeated false queries of one event
     unresolved: list[Unresolved] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -187,8 +189,12 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
 
     ops: list[dict] = []
     polled: set[str] = set()  # events answered "not yet" since the last op other than a query
-    for op in recorder.ops:
+    crossing = _crossing(recorder.ops)
+    for k, op in enumerate(recorder.ops):
         kind = op["op"]
+        if kind in ("release", "acquire") and k not in crossing:
+            summary.syncs_dropped += 1
+            continue
         if kind == "kernel":
             reads, writes = kept(op["reads"]), kept(op["writes"])
             if not reads and not writes:
@@ -228,6 +234,8 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
             out.pop("name", None)
         if op.get("at"):
             out["at"] = op["at"]
+        if op.get("thread"):
+            out["thread"] = op["thread"]
         ops.append(out)
 
     used_buffers: set[str] = set()
@@ -249,5 +257,36 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
                for i in sorted(names) if names[i] in used_buffers}
     summary.ops_written = len(ops)
     summary.buffers_written = len(buffers)
-    doc = {"version": 1, "buffers": buffers, "streams": list(streams), "ops": ops}
+    doc = {"version": 1, "buffers": buffers, "streams": list(streams)}
+    others = {out["thread"] for out in ops if "thread" in out}
+    if others:  # trace format 1.2: the recording thread first, then the others in the order they came
+        doc["threads"] = [t for t in recorder.threads.values() if t in others or t == recorder.threads[recorder.first]]
+    doc["ops"] = ops
+    summary.threads = 1 + len(others)
     return doc, summary
+
+
+def _crossing(log: list[dict]) -> set[int]:
+    """Positions of the ``release`` / ``acquire`` ops that order two threads: a release that an
+    acquire of another thread comes after, an acquire that comes after a release of another thread.
+    The others order nothing program order does not (rule 8 within one thread), and a recording
+    logs every lock of the process: they are left out."""
+    releasers: dict[str, set] = {}  # sync name -> threads that released it so far
+    keep: set[int] = set()
+    pending: dict[str, list[tuple[int, object]]] = {}  # sync name -> releases not yet known to cross
+    for k, op in enumerate(log):
+        kind = op["op"]
+        if kind not in ("release", "acquire"):
+            continue
+        sync, thread = op["sync"], op.get("thread")
+        if kind == "release":
+            releasers.setdefault(sync, set()).add(thread)
+            pending.setdefault(sync, []).append((k, thread))
+            continue
+        if releasers.get(sync, set()) - {thread}:
+            keep.add(k)
+            rest = []
+            for position, by in pending.get(sync, ()):
+                (keep.add(position) if by != thread else rest.append((position, by)))
+            pending[sync] = rest
+    return keep

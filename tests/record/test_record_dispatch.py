@@ -247,7 +247,7 @@ def test_host_accesses_to_pinned_memory_are_kept_only_where_a_copy_touches_it(fa
     assert kinds == ["host_write", "copy"]
 
 
-def test_stream_and_event_reports_from_other_threads_are_not_recorded(fake):
+def test_a_thread_started_while_recording_is_followed_and_its_join_orders_what_it_observed(fake):
     import threading
 
     gpu = fake.device(BLOCK)
@@ -255,13 +255,61 @@ def test_stream_and_event_reports_from_other_threads_are_not_recorded(fake):
     with record(fake) as rec:
         cpu.copy_(gpu, non_blocking=True)
         end = fake.event()
-        worker = threading.Thread(target=lambda: (end.record(), end.synchronize()))
+        worker = threading.Thread(target=lambda: (end.record(), end.synchronize()), name="waiter")
         worker.start()
         worker.join()
         cpu.sum()
-    assert not rec.check().safe  # the other thread's sync is no order of this thread's program
+    doc = rec.trace()
+    assert doc["threads"] == [threading.current_thread().name, "waiter"]
+    waiter = [op for op in doc["ops"] if op.get("thread") == "waiter"]
+    assert [op["op"] for op in waiter if op["op"] not in ("release", "acquire")] == ["record", "sync_event"]
+    assert waiter[0]["op"] == "acquire" and waiter[0]["sync"].startswith("start of thread")
+    assert waiter[-1]["op"] == "release" and waiter[-1]["sync"].startswith("end of thread")
+    assert rec.check().safe and rec.complete(), rec.check().render()
+
+
+def test_host_bookkeeping_without_a_lock_orders_nothing(fake):
+    """The worker observes the copy complete and sets a flag; the main thread spins on the flag and
+    reads the host bytes: no lock, queue or join orders the read after the worker's sync."""
+    import threading
+
+    gpu = fake.device(BLOCK)
+    cpu = fake.pinned(BLOCK)
+    done = []
+    with record(fake) as rec:
+        cpu.copy_(gpu, non_blocking=True)
+        end = fake.event()
+        end.record()
+        worker = threading.Thread(target=lambda: (end.synchronize(), done.append(True)), name="poller")
+        worker.start()
+        while not done:
+            pass
+        cpu.sum()
+        worker.join()
+    races = rec.check().races
+    assert [(r.kind, rec.trace()["ops"][r.second]["op"]) for r in races] == [("RAW", "host_read")]
+
+
+def test_device_work_of_a_thread_running_before_the_recording_is_noted_as_missed(fake):
+    import threading
+
+    go, stop = threading.Event(), threading.Event()
+
+    def engine_loop():
+        go.wait()
+        fake.event().record()
+        stop.set()
+
+    old = threading.Thread(target=engine_loop, name="engine-loop")
+    old.start()
+    with record(fake) as rec:
+        go.set()
+        stop.wait()
+    old.join()
+    notes = rec.summary().notes
     assert not rec.complete()
-    assert any("another thread" in note and repr(worker.name) in note for note in rec.summary().notes)
+    assert any("'engine-loop'" in n and n.startswith("NOT RECORDED") for n in notes), notes
+    assert any("engine-loop" in line for line in rec.summary().lines() if "running beside" in line)
 
 
 def test_pointer_tensors_on_the_device_are_known_from_the_copy_that_filled_them(fake):

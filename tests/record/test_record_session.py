@@ -19,11 +19,8 @@ from kvverify.check import check
 from kvverify.device.extension import cuda_refusal
 from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
-from kvverify.record.hooks import (
-    CudaPlatform,
-    patch_method,
-    thread_guard,
-)
+from kvverify.record.hooks import CudaPlatform, thread_guard
+from kvverify.record.patching import patch_method
 from kvverify.record.recorder import Recorder
 
 BLOCK = 4096
@@ -64,14 +61,22 @@ def test_recordings_do_not_nest_and_results_wait_for_the_end(fake):
         record.recording(platform=fake).trace()
 
 
-def test_annotations_do_nothing_outside_a_recording_and_on_other_threads(fake):
+def test_annotations_do_nothing_outside_a_recording_and_are_noted_on_threads_it_does_not_follow(fake):
     data = np.zeros(64, dtype=np.uint8)
     record.host_write(data)  # no recording: nothing happens, nothing raises
+    go = threading.Event()
+    old = threading.Thread(target=lambda: (go.wait(), record.host_write(data)), name="old")
+    old.start()  # before the recording: not followed
     with record.recording(platform=fake) as rec:
-        t = threading.Thread(target=record.host_write, args=(data,))
-        t.start()
-        t.join()
-    assert rec.recorder.ops == []
+        go.set()
+        old.join()
+        new = threading.Thread(target=record.host_write, args=(data,), name="new")
+        new.start()  # while recording: followed
+        new.join()
+    assert [op["op"] for op in rec.recorder.ops if op.get("thread") == "new" and op["op"] == "host_write"] == \
+        ["host_write"]
+    assert not rec.complete()
+    assert [n for n in rec.recorder.notes if "kvverify.record.host_write from thread 'old'" in n]
 
 
 def test_host_annotations_make_numpy_writes_visible_and_a_declared_buffer_keeps_its_name(fake):
@@ -138,7 +143,7 @@ def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(m
     rec = Recorder(lambda: "prog.py:1 in f")
     before = {r: list(r.callback_list) for r in (gpu_trace.EventRecordCallbacks, gpu_trace.MemoryAllocationCallbacks)}
     query, generic, generic_query = torch.cuda.Event.query, torch.Event, torch.Event.__dict__["query"]
-    platform.install(rec, thread_guard(threading.get_ident(), lambda: False, rec.notes))
+    platform.install(rec, thread_guard(rec, lambda: False))
     try:
         assert torch.cuda.Event.query is not query and torch.Event is generic
         assert torch.Event.__dict__["query"] is not generic_query
@@ -196,19 +201,23 @@ def test_patch_method_refuses_a_method_it_cannot_find():
         patch_method(torch.Event, "query", lambda e: True, object())
 
 
-def test_the_guard_drops_reports_from_other_threads_and_while_busy():
-    notes = Counter()
+def test_the_guard_drops_reports_from_threads_it_does_not_follow_and_while_busy():
+    rec = Recorder(lambda: "prog.py:1 in f")
     busy = [False]
     calls = []
-    cb = thread_guard(threading.get_ident(), lambda: busy[0], notes)(calls.append)
+    cb = thread_guard(rec, lambda: busy[0])(calls.append)
     cb(1)
     busy[0] = True
     cb(2)
     busy[0] = False
-    t = threading.Thread(target=cb, args=(3,))
+    t = threading.Thread(target=cb, args=(3,), name="stranger")
     t.start()
     t.join()
-    assert calls == [1] and sum(notes.values()) == 1
+    followed = threading.Thread(target=lambda: (rec.thread_started(threading.get_ident(), "follower"), cb(4)))
+    followed.start()
+    followed.join()
+    assert calls == [1, 4]
+    assert [n for n in rec.notes if "'stranger'" in n and n.startswith("NOT RECORDED")] == list(rec.notes)
 
 
 def test_the_platform_tells_device_from_host_memory():
@@ -281,6 +290,6 @@ def test_a_recording_stopped_from_another_thread_refuses_and_keeps_recording_its
     fake.device(8).fill_(1)  # still recorded
     rec.stop()
     assert not rec.running and _get_current_dispatch_mode_stack() == []
-    assert [op["op"] for op in rec.recorder.ops] == ["kernel"]
+    assert [op["op"] for op in rec.recorder.ops if op["op"] not in ("release", "acquire")] == ["kernel"]
     with record.recording(platform=fake):  # a new one may start
         pass
