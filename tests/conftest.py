@@ -10,9 +10,9 @@ import pytest
 @functools.cache
 def gpu_unavailable_reason() -> str | None:
     """Why GPU tests cannot run here, or None when they can (the check probe and bench refuse by)."""
-    from kvverify.device import extension
+    from kvverify import device
 
-    return extension.gpu_refusal()
+    return device.gpu_refusal()
 
 
 def pytest_collection_modifyitems(config, items):

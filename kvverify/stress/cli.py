@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvverify import annotate
-from kvverify.device import extension
+from kvverify import device
 from kvverify.stress import distributed
 from kvverify.stress.campaign import DATA_MODES, CampaignError
 from kvverify.stress.render import say
@@ -273,7 +273,7 @@ def _launch(args) -> int:
     """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run)."""
     n = args.gpus
     if n == "all":
-        reason = extension.gpu_refusal()
+        reason = device.gpu_refusal()
         if reason is not None:
             raise _StartError(f"--gpus all: {reason}")
         import torch
@@ -389,7 +389,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         say(err, f"kvverify stress: {note}")
     if args.dump_traces and ranks.leader:
         _dump_traces(planned, Path(args.dump_traces))
-    reason = "--no-gpu was given" if args.no_gpu else extension.gpu_refusal()
+    reason = "--no-gpu was given" if args.no_gpu else device.gpu_refusal()
     if reason is None:
         reason = distributed.bind_device(ranks)
     mine = distributed.shard(planned, c, layout, ranks.world)[ranks.rank] if args.shard else planned
@@ -483,8 +483,8 @@ def _plot(report, path: str) -> None:
 
 
 def _device_index() -> int | None:
-    device = distributed.current_device()
-    return None if device is None else device.index
+    current = distributed.current_device()
+    return None if current is None else current.index
 
 
 def _report(args, c, layout, planned, gathered):
