@@ -1,7 +1,7 @@
 """The package's layout is its architecture (docs/architecture.md): these tests keep it so.
 
 - imports flow one way: cli → paths (check, scenarios, stress, record, measure) → device / check →
-  leaves (terms, errors, units, geometry, annotate, stats); no import cycle between modules;
+  leaves (terms, errors, units, geometry, annotate, stats, screen); no import cycle between modules;
 - no module uses another module's private names;
 - ``kvverify check`` and ``kvverify --help`` import neither torch, numpy, scipy nor rich (in a
   fresh interpreter, as hypothesis checks its own lazy imports);
@@ -22,16 +22,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "kvverify"
 ROOT = PACKAGE.parent
 
 LEAVES = {"kvverify.terms", "kvverify.errors", "kvverify.units", "kvverify.geometry", "kvverify.annotate",
-          "kvverify.stats"}
+          "kvverify.stats", "kvverify.screen"}
 # What each part may import besides itself (a part is a folder, or a leaf module).
 ALLOWED = {
     "kvverify.terms": set(),
     "kvverify.errors": set(),
     "kvverify.units": set(),
     "kvverify.stats": set(),
-    "kvverify.annotate": set(),
+    "kvverify.screen": set(),
+    "kvverify.annotate": {"kvverify.screen"},
     "kvverify.geometry": {"kvverify.errors"},
-    "kvverify.check": {"kvverify.terms", "kvverify.errors", "kvverify.units"},
+    "kvverify.check": {"kvverify.terms", "kvverify.errors", "kvverify.units", "kvverify.screen"},
     "kvverify.device": LEAVES,
     "kvverify.scenarios": LEAVES | {"kvverify.check"},
     "kvverify.stress": LEAVES | {"kvverify.check", "kvverify.scenarios", "kvverify.device"},

@@ -8,6 +8,7 @@ library skip with the reason when no C compiler or NVTX headers exist.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -277,6 +278,25 @@ def fresh_annotate():
     annotate._reset_for_tests()
     yield annotate
     annotate._reset_for_tests()
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("columns", [20, 37, 63, 80, 100, 299])
+def test_the_missing_package_warning_never_breaks_its_command(fresh_annotate, monkeypatch, columns):
+    """On a terminal of any width the warning wraps, but the command to copy stays on one line."""
+    monkeypatch.setitem(sys.modules, "nvtx", None)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    fresh_annotate.configure(True)
+    lines = sys.stderr.getvalue().splitlines()
+    assert any("`pip install nvtx`" in line for line in lines), lines
+    # only a word longer than the terminal (the exception's name) or the command may pass its width
+    assert all(len(line) <= columns or " " not in line.strip() or "`pip install nvtx`" in line
+               for line in lines), lines
 
 
 @pytest.mark.parametrize("enabled", [True, False])

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from kvverify import annotate
 from kvverify import device
-from kvverify.stress import distributed
+from kvverify.stress import distributed, render
 from kvverify.stress.campaign import DATA_MODES, CampaignError
 from kvverify.stress.render import say
 from kvverify.stress.report import (
@@ -207,8 +207,6 @@ def _check_folder(option: str, path: str | None) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
-
     # Each stream held by the adversarial executor's gate must not share a hardware work queue
     # with a stream it waits for; CUDA's default is 8 queues per process, 32 the most. Read when
     # the process first initializes CUDA, which happens later in this run.
@@ -216,10 +214,10 @@ def run(args) -> int:
 
     # The width is the terminal's, else COLUMNS, else rich's 80; only --details in a log without
     # COLUMNS gets 200, so that its table keeps one line per cell.
-    console = Console(stderr=args.json == "-")
+    console = render.console(stderr=args.json == "-")
     if args.details and not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=args.json == "-", width=200)
-    err = Console(stderr=True)
+        console = render.console(stderr=args.json == "-", width=200)
+    err = render.console(stderr=True)
     try:
         under_torchrun = distributed.from_env()
         if args.gpus is not None and under_torchrun is not None:
@@ -377,7 +375,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     """Plan, run (where a device is) and report one model preset's campaign; return its exit status.
     ``shown``: the contract verdicts already printed without a device, and the preset they were
     printed for."""
-    from kvverify.stress import memory, planning, render
+    from kvverify.stress import memory, planning
 
     try:
         params, note = planning.fit_params(c, layout)

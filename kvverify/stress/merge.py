@@ -290,13 +290,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from kvverify.stress import render as terminal
 
     # As stress: the terminal's width, else COLUMNS, else rich's 80; --details in a log without
     # COLUMNS gets 200, so that its table keeps one line per cell.
-    console = Console(stderr=args.json == "-")
+    console = terminal.console(stderr=args.json == "-")
     if args.details and not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=args.json == "-", width=200)
+        console = terminal.console(stderr=args.json == "-", width=200)
     try:
         docs = [read(path) for path in args.reports]
         merged = merge(docs, args.reports)
