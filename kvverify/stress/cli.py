@@ -438,9 +438,10 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         if every:
             say(console, _throughput_line(every))
         render.render_gpus(report, console)
-        say(console, f"NVTX: {annotate.state()}")
-        if annotate.is_active():
-            say(console, annotate.HOST_SIDE_NOTE)
+        if report.ran():  # the ranges mark device work: where none ran, their state says nothing
+            say(console, f"NVTX: {annotate.state()}")
+            if annotate.is_active():
+                say(console, annotate.HOST_SIDE_NOTE)
     for r in report.cells:
         if r.error:
             err.print(f"kvverify stress: cell not run: {r.error}", markup=False, highlight=False, soft_wrap=True)

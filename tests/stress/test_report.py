@@ -304,8 +304,10 @@ def test_headline_cannot_tell_without_counterparts_or_any_cells():
 
 
 def test_headline_on_paper_when_nothing_ran():
+    """Nothing observed: the contracts' prediction, which the headline never words as a result."""
     h = make_report(results(observe=lambda contract, executor: None)).headline()
-    assert h.holds is True and "on paper" in h.text
+    assert h.holds is None and h.text.startswith("on paper only: no cell ran. The contracts predict that ANY")
+    assert "YES" not in h.text and "ANY cells are SAFE on paper" in h.text
 
 
 def test_headline_and_summary_speak_only_of_the_cells_that_ran():
