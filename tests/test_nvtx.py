@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -373,9 +374,12 @@ def test_overhead_benchmark_runs(tmp_path):
     pytest.importorskip("nvtx")
     out = tmp_path / "overhead.json"
     bench = ns.REPO / "benchmarks" / "bench_nvtx_overhead.py"
+    work = tmp_path / "tmp"
+    work.mkdir()
     result = subprocess.run([sys.executable, str(bench), "--n", "2000", "--json", str(out)],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=str(work)))
     assert result.returncode == 0, result.stderr
+    assert not list(work.iterdir())  # its recorder library and logs are gone with the run
     summary = json.loads(out.read_text())
     no_tool = summary["modes"]["no-tool"]["ns_per_range"]
     assert set(no_tool) == {"run", "cell", "trial", "phase"}
