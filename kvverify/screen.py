@@ -5,8 +5,9 @@ stays whole, so that a search finds a message in one piece. No line ends in spac
 backquotes (a command or a path meant for copying) is never broken, even where it makes its line
 longer than the terminal.
 
-Standard library only: ``kvverify check`` prints through it. ``StripTrailingSpaces`` is the same
-rule for the rich consoles of ``kvverify stress`` and ``kvverify merge``, which wrap by themselves.
+Standard library only: ``kvverify check`` prints through it. The rich consoles of ``kvverify
+stress`` and ``kvverify merge`` wrap by themselves (to ``COLUMNS`` when piped, as their tests and
+logs expect); ``StripTrailingSpaces`` takes the spaces off their lines.
 """
 
 from __future__ import annotations
