@@ -569,15 +569,6 @@ class StressReport:
                 unsafe_quiescent.append(r.cell.label)
         n_safe = sum(r.safe for r in any_cells)
         subject = "ANY was safe exactly for the host-source loads whose source stayed untouched"
-        not_run = len(every_any) - len(any_cells)
-        if not ran and not undecided:
-            return self._predicted(any_cells, n_safe, safe_extra, unsafe_quiescent)
-        if not ran:
-            tally = f"{n_safe} of {len(any_cells)} ANY cells safe, on paper only: no cell ran"
-        elif not_run:
-            tally = f"{n_safe} of the {len(any_cells)} ANY cells that ran safe; {not_run} not run"
-        else:
-            tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
         if undecided:
             text = (
                 f"cannot tell whether {subject}: {len(undecided)} ANY load cell(s) lack "
@@ -586,6 +577,13 @@ class StressReport:
             return Headline(
                 None, text, tuple(safe_extra), tuple(unsafe_quiescent), tuple(undecided)
             )
+        if not ran:
+            return self._predicted(any_cells, n_safe, safe_extra, unsafe_quiescent)
+        not_run = len(every_any) - len(any_cells)
+        if not_run:
+            tally = f"{n_safe} of the {len(any_cells)} ANY cells that ran safe; {not_run} not run"
+        else:
+            tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
         if not safe_extra and not unsafe_quiescent:
             return Headline(True, f"YES: {subject} ({tally})")
         parts = []
