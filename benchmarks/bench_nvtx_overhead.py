@@ -88,29 +88,23 @@ def child(mode: str, n: int) -> dict:
     return {"mode": mode, "state": annotate.state(), "ns": per_kind}
 
 
-def measure(mode: str, n: int, recorder: Path | None = None) -> dict:
+def measure(mode: str, n: int, recorder: Path | None = None, work: Path | None = None) -> dict:
     env = dict(os.environ)
     env.pop("NVTX_INJECTION64_PATH", None)
-    log = None
     if mode == "recorder":
-        log = tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False)
         env["NVTX_INJECTION64_PATH"] = str(recorder)
-        env["KVVERIFY_NVTX_LOG"] = log.name
-    try:
-        out = subprocess.run([sys.executable, __file__, "--child", mode, "--n", str(n)],
-                             env=env, check=True, capture_output=True, text=True).stdout
-    finally:
-        if log is not None:
-            os.unlink(log.name)
+        env["KVVERIFY_NVTX_LOG"] = str(work / "recorder.jsonl")
+    out = subprocess.run([sys.executable, __file__, "--child", mode, "--n", str(n)],
+                         env=env, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def build_recorder() -> Path | None:
+def build_recorder(work: Path) -> Path | None:
     sys.path.insert(0, str(REPO / "tests"))
     try:
         import nvtx_support
 
-        return nvtx_support.build_injection_library(Path(tempfile.mkdtemp(prefix="kvverify-nvtx-")))
+        return nvtx_support.build_injection_library(work)
     except Exception as exc:  # no compiler / headers: skip that mode
         print(f"(recorder mode skipped: {exc})")
         return None
@@ -154,10 +148,16 @@ def main(argv=None) -> int:
         print(json.dumps(child(args.child, args.n)))
         return 0
 
-    recorder = build_recorder()
+    # the recorder library and the smoke's report live only as long as the run
+    with tempfile.TemporaryDirectory(prefix="kvverify-nvtx-") as work:
+        return _measure_and_report(args, Path(work))
+
+
+def _measure_and_report(args, work: Path) -> int:
+    recorder = build_recorder(work)
     results = [measure("no-tool", args.n), measure("off", args.n)]
     if recorder is not None:
-        results.append(measure("recorder", max(1000, args.n // 20), recorder))
+        results.append(measure("recorder", max(1000, args.n // 20), recorder, work))
 
     print(f"ns per range (one `with` block: push + pop), best of 5 x {args.n}, empty loop subtracted")
     print(f"{'mode':10} " + " ".join(f"{k:>9}" for k in KINDS) + "   state")
@@ -166,7 +166,7 @@ def main(argv=None) -> int:
 
     measured, report = None, Path(args.report) if args.report else None
     if args.smoke_cmd:
-        report = Path(tempfile.mkdtemp(prefix="kvverify-nvtx-")) / "stress.json"
+        report = work / "stress.json"
         measured = time_smoke(args.smoke_cmd, args.repeats, report)
     cells, trials, report_seconds = args.cells, args.cells * args.trials, None
     if report is not None:

@@ -247,9 +247,9 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(json.dumps(r, indent=2) + "\n")
         return 0
-    from kvverify.device import extension
+    from kvverify import device
 
-    reason = extension.gpu_refusal()
+    reason = device.gpu_refusal()
     if reason:
         print(f"bench_record: {reason}", file=sys.stderr)
         return 2

@@ -87,14 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args(argv)
 
-    from kvverify.device import extension
+    from kvverify import device
     from kvverify.record import demo
 
     forms = {"safe": None, **{m: m for m in demo.MISTAKES}}
     unknown = sorted(set(args.forms or ()) - set(forms))
     if unknown:
         parser.error(f"unknown form(s) {', '.join(unknown)}; forms: {', '.join(forms)}")
-    reason = extension.gpu_refusal()
+    reason = device.gpu_refusal()
     if reason:
         print(f"compare_csan: {reason}", file=sys.stderr)
         return 2

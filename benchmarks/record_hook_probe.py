@@ -221,13 +221,15 @@ py::object code_object(uint64_t word) {
 """
 
 
-def build():
+def build(build_directory: Path | None = None):
+    """The observer, compiled into ``build_directory`` (None: torch's cache, ~/.cache/torch_extensions)."""
     from torch.utils.cpp_extension import load_inline
 
     # NDEBUG as libtorch's own build: RecordFunction's debug-only checks read a flag only a debug
     # libtorch sets
     return load_inline("kvverify_record_hook_probe", cpp_sources=SOURCE, extra_cflags=["-O2", "-DNDEBUG"],
-                       functions=["start", "stop", "op_name", "code_object"], verbose=False)
+                       functions=["start", "stop", "op_name", "code_object"], verbose=False,
+                       build_directory=None if build_directory is None else str(build_directory))
 
 
 def decode(ext, blob: bytes, frames: bool) -> list[dict]:
@@ -269,13 +271,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--loop-steps", type=int, default=100, help="steps of the engine loop (CUDA only; 0: none)")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument("--build-dir", type=Path, help="compile the observer here (default: torch's extension cache)")
     args = parser.parse_args(argv)
 
     import torch
 
     from kvverify.record.frames import Locator
 
-    ext = build()
+    if args.build_dir is not None:
+        args.build_dir.mkdir(parents=True, exist_ok=True)
+    ext = build(args.build_dir)
     locator = Locator()
     library = locator._library  # the recorder's own rule for which files are library code
     layers = [torch.zeros(96, 16, device=args.device) for _ in range(32)]

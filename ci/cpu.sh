@@ -3,6 +3,8 @@
 # build: 5.6 GB in a virtual environment, 3.2 GB of it CUDA libraries), the build tools, and this package with its test
 # and plot extras; it builds the extension (it must compile and link: nvcc 13.0 here) and runs the
 # CPU suite. GPU tests are collected and skipped; pytest's "no tests ran" (exit 5) fails the job.
+# Then the tests that read what a terminal shows run again at another width (no test may depend on
+# the width), and the job fails if the tests left anything outside pytest's temporary folders.
 #
 #   KVVERIFY_CPU_ONLY=1 bash ci/cpu.sh   on a host without nvcc: no extension; its tests skip
 set -euo pipefail
@@ -12,4 +14,26 @@ MAX_JOBS="${MAX_JOBS:-2}" python3 -m pip install -q --no-build-isolation -e ".[t
 if [ "${KVVERIFY_CPU_ONLY:-}" != 1 ]; then
   python3 -c "import torch, kvverify._C; print('kvverify._C built for torch', torch.__version__)"
 fi
+
+# A temporary folder and a torch extension cache of the suite's own: whatever lands there outside
+# pytest's folder (pytest-of-$USER) is something a test left behind.
+scratch="$(mktemp -d)"
+trap 'rm -rf "$scratch"' EXIT
+mkdir "$scratch/tmp"
+export TMPDIR="$scratch/tmp" TORCH_EXTENSIONS_DIR="$scratch/torch_extensions"
+
 python3 -m pytest -q -p no:cacheprovider "$@"
+
+# The command line, help, report and warning screens, again at a width the first run did not have.
+WIDTH_TESTS=(tests/test_screen.py tests/test_nvtx.py tests/test_cli.py tests/check/test_checker_cli.py
+             tests/stress/test_render.py tests/stress/test_merge.py tests/stress/test_merge_hostile.py
+             tests/stress/test_rounds.py tests/record/test_record_cli.py tests/measure/test_probe_bench_cli.py)
+other=37
+if [ "${COLUMNS:-}" = 37 ]; then other=100; fi
+COLUMNS=$other python3 -m pytest -q -p no:cacheprovider "${WIDTH_TESTS[@]}"
+
+left="$(find "$TMPDIR" "$TORCH_EXTENSIONS_DIR" -mindepth 1 -maxdepth 1 ! -name "pytest-of-*" 2>/dev/null || true)"
+if [ -n "$left" ]; then
+  printf 'ci/cpu.sh: the tests left these outside pytest'"'"'s temporary folders:\n%s\n' "$left" >&2
+  exit 1
+fi

@@ -254,13 +254,12 @@ def _warn_missing_once(exc: BaseException) -> None:
     if _warned_missing:
         return
     _warned_missing = True
-    import shutil
-    import textwrap
+    from kvverify import screen
 
     text = ("kvverify: NVTX annotation is off: the nvtx package cannot be imported "
             f"({type(exc).__name__}: {exc}); the run goes on without NVTX ranges "
             "(install it with `pip install nvtx`).")
-    print(textwrap.fill(text, width=shutil.get_terminal_size().columns), file=sys.stderr, flush=True)
+    print(screen.fit(text, sys.stderr), file=sys.stderr, flush=True)
 
 
 def configure(enabled: bool) -> None:

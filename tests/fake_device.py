@@ -98,13 +98,13 @@ def install_for_stress(monkeypatch) -> torch.device:
     present, the platform is the stand-in's, the runner executes on its device."""
     import functools
 
-    from kvverify.device import extension
+    from kvverify import device as kvverify_device
     from kvverify.stress import cli as stress_cli
     from kvverify.stress import running
     from kvverify.stress.report import Platform
 
     device = install(monkeypatch)
-    monkeypatch.setattr(extension, "gpu_refusal", lambda: None)
+    monkeypatch.setattr(kvverify_device, "gpu_refusal", lambda: None)
     monkeypatch.setattr(stress_cli, "_platform", lambda gpu: Platform(gpu="stand-in"))
     monkeypatch.setattr(running, "execute", functools.partial(running.execute, device=device))
     return device

@@ -138,3 +138,12 @@ def test_gpu_sh_names_its_steps(tmp_path):
                        env=dict(os.environ, OUT=str(tmp_path)), check=False)
     assert p.returncode == 2
     assert "on request: sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge hook-probe" in p.stderr
+
+
+def test_cpu_sh_reruns_existing_width_tests_and_checks_what_tests_leave():
+    script = (ROOT / "ci" / "cpu.sh").read_text()
+    start = script.index("WIDTH_TESTS=(") + len("WIDTH_TESTS=(")
+    files = script[start:script.index(")", start)].split()
+    assert len(files) >= 5 and all((ROOT / f).is_file() for f in files), files
+    assert 'COLUMNS=$other python3 -m pytest -q -p no:cacheprovider "${WIDTH_TESTS[@]}"' in script
+    assert 'export TMPDIR="$scratch/tmp" TORCH_EXTENSIONS_DIR="$scratch/torch_extensions"' in script

@@ -8,7 +8,9 @@ library skip with the reason when no C compiler or NVTX headers exist.
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -279,6 +281,25 @@ def fresh_annotate():
     annotate._reset_for_tests()
 
 
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("columns", [20, 37, 63, 80, 100, 299])
+def test_the_missing_package_warning_never_breaks_its_command(fresh_annotate, monkeypatch, columns):
+    """On a terminal of any width the warning wraps, but the command to copy stays on one line."""
+    monkeypatch.setitem(sys.modules, "nvtx", None)
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    fresh_annotate.configure(True)
+    lines = sys.stderr.getvalue().splitlines()
+    assert any("`pip install nvtx`" in line for line in lines), lines
+    # only a word longer than the terminal (the exception's name) or the command may pass its width
+    assert all(len(line) <= columns or " " not in line.strip() or "`pip install nvtx`" in line
+               for line in lines), lines
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_unknown_names_are_errors_whether_on_or_off(fresh_annotate, enabled):
     fresh_annotate.configure(enabled)
@@ -353,9 +374,12 @@ def test_overhead_benchmark_runs(tmp_path):
     pytest.importorskip("nvtx")
     out = tmp_path / "overhead.json"
     bench = ns.REPO / "benchmarks" / "bench_nvtx_overhead.py"
+    work = tmp_path / "tmp"
+    work.mkdir()
     result = subprocess.run([sys.executable, str(bench), "--n", "2000", "--json", str(out)],
-                            capture_output=True, text=True, timeout=300)
+                            capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=str(work)))
     assert result.returncode == 0, result.stderr
+    assert not list(work.iterdir())  # its recorder library and logs are gone with the run
     summary = json.loads(out.read_text())
     no_tool = summary["modes"]["no-tool"]["ns_per_range"]
     assert set(no_tool) == {"run", "cell", "trial", "phase"}

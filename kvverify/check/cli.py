@@ -12,6 +12,7 @@ import json
 import os
 import sys
 
+from kvverify import screen
 from kvverify.units import format_size, size_arg
 
 EXIT_SAFE, EXIT_RACY, EXIT_INVALID, EXIT_ERROR = 0, 1, 2, 3
@@ -113,7 +114,7 @@ def _run(args: argparse.Namespace) -> int:
     status = EXIT_SAFE if verdict.safe else EXIT_RACY
     if args.json:
         return _emit(json.dumps(verdict.to_json(), indent=2) + "\n", status)
-    return _emit(verdict.render(source=source), status)
+    return _emit(screen.fit(verdict.render(source=source), sys.stdout), status)
 
 
 def _read(path: str, source: str, limit: int) -> bytes | bytearray:

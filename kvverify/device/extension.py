@@ -79,23 +79,3 @@ def cuda_refusal() -> str | None:
         )
     return None
 
-
-def gpu_refusal() -> str | None:
-    """Return None when torch sees a CUDA device and kvverify's GPU modules load, else one line saying why not.
-
-    The checks run cheapest-first and in the order a user fixes them: those of ``cuda_refusal``,
-    then the compiled extension, the op and kernel wrappers.
-    """
-    reason = cuda_refusal()
-    if reason is not None:
-        return reason
-    reason = load_error()
-    if reason is not None:
-        return reason
-    try:
-        import kvverify.device.host_memory  # noqa: F401
-        import kvverify.device.kernels  # noqa: F401
-        import kvverify.device.ops  # noqa: F401
-    except ImportError as exc:
-        return f"a kvverify GPU module is missing ({' '.join(str(exc).split())})"
-    return None

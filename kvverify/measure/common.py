@@ -168,9 +168,9 @@ class Measurement:
 def begin(command: str, args) -> Measurement | int:
     """The common start of ``kvverify probe`` and ``kvverify bench``: the exit status of a refusal
     (no CUDA device, no torch, no extension: one line, status 2), else a ``Measurement``."""
-    from kvverify.device import extension
+    from kvverify import device
 
-    reason = extension.gpu_refusal()
+    reason = device.gpu_refusal()
     if reason is not None:
         return refuse(command, reason)
     from kvverify.device import platform_info

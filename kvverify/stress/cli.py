@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvverify import annotate
-from kvverify.device import extension
-from kvverify.stress import distributed
+from kvverify import device
+from kvverify.stress import distributed, render
 from kvverify.stress.campaign import DATA_MODES, CampaignError
 from kvverify.stress.render import say
 from kvverify.stress.report import (
@@ -207,8 +207,6 @@ def _check_folder(option: str, path: str | None) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
-
     # Each stream held by the adversarial executor's gate must not share a hardware work queue
     # with a stream it waits for; CUDA's default is 8 queues per process, 32 the most. Read when
     # the process first initializes CUDA, which happens later in this run.
@@ -216,10 +214,10 @@ def run(args) -> int:
 
     # The width is the terminal's, else COLUMNS, else rich's 80; only --details in a log without
     # COLUMNS gets 200, so that its table keeps one line per cell.
-    console = Console(stderr=args.json == "-")
+    console = render.console(stderr=args.json == "-")
     if args.details and not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=args.json == "-", width=200)
-    err = Console(stderr=True)
+        console = render.console(stderr=args.json == "-", width=200)
+    err = render.console(stderr=True)
     try:
         under_torchrun = distributed.from_env()
         if args.gpus is not None and under_torchrun is not None:
@@ -273,7 +271,7 @@ def _launch(args) -> int:
     """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run)."""
     n = args.gpus
     if n == "all":
-        reason = extension.gpu_refusal()
+        reason = device.gpu_refusal()
         if reason is not None:
             raise _StartError(f"--gpus all: {reason}")
         import torch
@@ -377,7 +375,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     """Plan, run (where a device is) and report one model preset's campaign; return its exit status.
     ``shown``: the contract verdicts already printed without a device, and the preset they were
     printed for."""
-    from kvverify.stress import memory, planning, render
+    from kvverify.stress import memory, planning
 
     try:
         params, note = planning.fit_params(c, layout)
@@ -389,7 +387,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         say(err, f"kvverify stress: {note}")
     if args.dump_traces and ranks.leader:
         _dump_traces(planned, Path(args.dump_traces))
-    reason = "--no-gpu was given" if args.no_gpu else extension.gpu_refusal()
+    reason = "--no-gpu was given" if args.no_gpu else device.gpu_refusal()
     if reason is None:
         reason = distributed.bind_device(ranks)
     mine = distributed.shard(planned, c, layout, ranks.world)[ranks.rank] if args.shard else planned
@@ -440,9 +438,10 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
         if every:
             say(console, _throughput_line(every))
         render.render_gpus(report, console)
-        say(console, f"NVTX: {annotate.state()}")
-        if annotate.is_active():
-            say(console, annotate.HOST_SIDE_NOTE)
+        if report.ran():  # the ranges mark device work: where none ran, their state says nothing
+            say(console, f"NVTX: {annotate.state()}")
+            if annotate.is_active():
+                say(console, annotate.HOST_SIDE_NOTE)
     for r in report.cells:
         if r.error:
             err.print(f"kvverify stress: cell not run: {r.error}", markup=False, highlight=False, soft_wrap=True)
@@ -483,8 +482,8 @@ def _plot(report, path: str) -> None:
 
 
 def _device_index() -> int | None:
-    device = distributed.current_device()
-    return None if device is None else device.index
+    current = distributed.current_device()
+    return None if current is None else current.index
 
 
 def _report(args, c, layout, planned, gathered):

@@ -290,13 +290,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    from rich.console import Console
+    from kvverify.stress import render as terminal
 
     # As stress: the terminal's width, else COLUMNS, else rich's 80; --details in a log without
     # COLUMNS gets 200, so that its table keeps one line per cell.
-    console = Console(stderr=args.json == "-")
+    console = terminal.console(stderr=args.json == "-")
     if args.details and not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(stderr=args.json == "-", width=200)
+        console = terminal.console(stderr=args.json == "-", width=200)
     try:
         docs = [read(path) for path in args.reports]
         merged = merge(docs, args.reports)
@@ -315,6 +315,11 @@ def run(args) -> int:
             print(f"kvverify merge: --json {args.json}: cannot be written ({exc.strerror})", file=sys.stderr)
             return 2
     return merged["exit_status"]
+
+
+def _report_ref(source: int) -> str:
+    """How the tables name a report: its number among the command line's reports."""
+    return f"[{source + 1}]"
 
 
 def _early_text(entries: list[dict[str, str]] | None) -> str:
@@ -338,14 +343,20 @@ def render(merged: Mapping[str, Any], console, details: bool = False) -> None:
 
     platforms = Table(title="kvverify merge: platforms")
     # "GPU runs", not GPUs: a stress report names no GPU by serial, so one GPU in two reports counts twice
-    for name in ("Platform", "GPU", "Driver", "CUDA", "Hosts", "GPU runs", "Reports", "Read early (probe)"):
+    for name in ("Platform", "GPU", "Driver", "CUDA", "Hosts", "GPU runs", "Reports"):
         platforms.add_column(name, overflow="fold")
     for p in merged["platforms"]:
         platforms.add_row(*map(Text, (p["id"], p["gpu"] or "?", p["driver"] or "?", p["cuda"] or "?",
                                       ", ".join(p["hosts"]) or "-", str(p["gpus"]),
-                                      ", ".join(merged["sources"][s]["path"] for s in p["sources"]),
-                                      _early_text(p["reads_early"]))))  # a report's text, never markup
+                                      " ".join(_report_ref(s) for s in p["sources"]))))  # text, never markup
     console.print(platforms)
+    # A path folded over several lines of a table cell can be neither read nor copied: the table names
+    # each report by number, and each path has a line of its own, however wide. The probes' findings
+    # are sentences: they wrap as prose below the table rather than fold in a narrow column.
+    for number, source in enumerate(merged["sources"]):
+        console.print(Text(f"{_report_ref(number)} {source['path']}"), no_wrap=True, overflow="ignore", crop=False)
+    for p in merged["platforms"]:
+        console.print(Text(f"{p['id']} read early (probe): {_early_text(p['reads_early'])}"))
     ids = [p["id"] for p in merged["platforms"]]
     with_cells = [i for i in ids if any(i in c["verdicts"] for c in merged["cells"])]
     if merged["cells"]:
@@ -378,7 +389,7 @@ def render(merged: Mapping[str, Any], console, details: bool = False) -> None:
         console.print(f"Platforms disagree on {len(differ)} of {len(merged['cells'])} cells."
                       + ("" if details else " --details lists every cell."), markup=False, highlight=False)
     for conflict in merged["conflicts"]:
-        versions = ", ".join(f"{merged['sources'][k['source']]['path']} (kvverify {k['kvverify']}): {k['verdict']}"
+        versions = ", ".join(f"{_report_ref(k['source'])} (kvverify {k['kvverify']}): {k['verdict']}"
                              for k in conflict["contracts"])
         console.print(Text(f"CONFLICT {conflict['label']}: contract verdicts differ: {versions}", style="bold red"))
     if merged["failing"]:

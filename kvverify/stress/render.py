@@ -13,6 +13,7 @@ neither rich nor XML; both read only the report's public API.
 from __future__ import annotations
 
 import os
+import sys
 import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kvverify.screen import StripTrailingSpaces
 from kvverify.stress import matrix
 from kvverify.stress.report import CONFIDENCE, CellResult
 from kvverify.terms import (
@@ -34,7 +36,7 @@ from kvverify.terms import (
 if TYPE_CHECKING:
     from kvverify.stress.report import StressReport
 
-__all__ = ["COLUMNS", "render_gpus", "render_matrix", "render_table", "say", "write_junit"]
+__all__ = ["COLUMNS", "console", "render_gpus", "render_matrix", "render_table", "say", "write_junit"]
 
 # One-sided Clopper-Pearson upper bound on the per-trial corruption rate.
 _BOUND = f"Rate ≤ ({CONFIDENCE:.0%})"
@@ -267,6 +269,12 @@ def _headline(report: StressReport, console: Console) -> None:
     headline = report.headline()
     style = {True: "bold green", False: "bold red", None: "bold yellow"}[headline.holds]
     console.print(Text(f"Headline: {headline.text}", style=style), overflow="fold")
+
+
+def console(stderr: bool = False, width: int | None = None) -> Console:
+    """A rich console on stdout (or stderr) whose lines never end in spaces: rich pads table cells
+    and leaves the space it wrapped at (kvverify.screen's rule for every screen)."""
+    return Console(file=StripTrailingSpaces(sys.stderr if stderr else sys.stdout), width=width)
 
 
 def say(console: Console, text: str) -> None:

@@ -540,8 +540,10 @@ class StressReport:
 
         The claim holds when the two sets are equal. Taken from the contract verdicts and
         the observations, never from scenario names. Only the ANY cells that ran are
-        compared (a run cut short speaks of what it ran); when no cell ran at all (no
-        device), every ANY cell is, by its contract alone, and the text says "on paper only".
+        compared (a run cut short speaks of what it ran). When no cell ran at all (no
+        device), nothing was observed, so ``holds`` is None and the text says what the
+        contracts predict, counting the ANY cells of the matrix (one per scenario form and host
+        memory kind) and then each executor's cell.
         """
         ran = self.ran()
         every_any = [r for r in self.cells if r.cell.order == "ANY"]
@@ -567,13 +569,6 @@ class StressReport:
                 unsafe_quiescent.append(r.cell.label)
         n_safe = sum(r.safe for r in any_cells)
         subject = "ANY was safe exactly for the host-source loads whose source stayed untouched"
-        not_run = len(every_any) - len(any_cells)
-        if not ran:
-            tally = f"{n_safe} of {len(any_cells)} ANY cells safe, on paper only: no cell ran"
-        elif not_run:
-            tally = f"{n_safe} of the {len(any_cells)} ANY cells that ran safe; {not_run} not run"
-        else:
-            tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
         if undecided:
             text = (
                 f"cannot tell whether {subject}: {len(undecided)} ANY load cell(s) lack "
@@ -582,6 +577,13 @@ class StressReport:
             return Headline(
                 None, text, tuple(safe_extra), tuple(unsafe_quiescent), tuple(undecided)
             )
+        if not ran:
+            return self._predicted(any_cells, n_safe, safe_extra, unsafe_quiescent)
+        not_run = len(every_any) - len(any_cells)
+        if not_run:
+            tally = f"{n_safe} of the {len(any_cells)} ANY cells that ran safe; {not_run} not run"
+        else:
+            tally = f"{n_safe} of {len(any_cells)} ANY cells safe"
         if not safe_extra and not unsafe_quiescent:
             return Headline(True, f"YES: {subject} ({tally})")
         parts = []
@@ -591,6 +593,24 @@ class StressReport:
             parts.append(f"such a load but not safe: {', '.join(unsafe_quiescent)}")
         text = f"NO: it is not true that {subject} ({tally}); " + "; ".join(parts)
         return Headline(False, text, tuple(safe_extra), tuple(unsafe_quiescent))
+
+    @staticmethod
+    def _predicted(any_cells: list[CellResult], n_safe: int, safe_extra: list[str],
+                   unsafe_quiescent: list[str]) -> Headline:
+        """The headline of a report where nothing ran: what the contracts predict, never a result."""
+        # the matrix shows one cell per scenario form and host memory kind, with a mark per executor
+        shown = {(r.cell.scenario, r.cell.direction, r.cell.host_memory) for r in any_cells}
+        shown_safe = {(r.cell.scenario, r.cell.direction, r.cell.host_memory) for r in any_cells if r.safe}
+        exact = not safe_extra and not unsafe_quiescent
+        text = (f"on paper only: no cell ran. The contracts {'predict' if exact else 'do not predict'} that ANY "
+                "is safe exactly for the host-source loads whose source stays untouched: "
+                f"{len(shown_safe)} of the matrix's {len(shown)} ANY cells are SAFE on paper ({n_safe} of "
+                f"{len(any_cells)} counting each executor's cell, as the JSON report does)")
+        if safe_extra:
+            text += f"; SAFE but not such a load: {', '.join(safe_extra)}"
+        if unsafe_quiescent:
+            text += f"; such a load but RACY: {', '.join(unsafe_quiescent)}"
+        return Headline(None, text, tuple(safe_extra), tuple(unsafe_quiescent))
 
     # -- JSON -------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from help_screen import MARKUP, help_lines
+from terminal import check_fits, pythonpath, run_in_pty
 from trace_helpers import STORE_EXAMPLE
 
 from kvverify.cli import main
@@ -144,7 +145,8 @@ def test_unreadable_file_exits_2(tmp_path, capsys):
     assert err.count("\n") == 1 and "cannot read" in err
 
 
-def test_help_teaches(capsys):
+def test_help_teaches(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps the help to the terminal: the screen help_lines reads
     with pytest.raises(SystemExit) as e:
         main(["check", "--help"])
     assert e.value.code == 0
@@ -384,3 +386,28 @@ def test_json_into_head_ends_quietly_with_the_verdicts_status(tmp_path):
            + [{"op": "kernel", "stream": "b", "reads": [["gpu", 0, 8]]}] * 3000}
     p = _shell(f"{sys.executable} -m kvverify check --json {_file(tmp_path, doc)} | head -c 100; exit ${{PIPESTATUS[0]}}")
     assert p.returncode == 1 and p.stderr == "" and p.stdout.startswith('{\n  "verdict": "RACY"')
+
+
+RACY_EXAMPLE = ROOT / "examples" / "store-any-racy.json"
+
+
+@pytest.mark.parametrize("columns", [60, 100])
+def test_in_a_terminal_the_report_wraps_to_its_width(columns):
+    status, lines = run_in_pty([sys.executable, "-m", "kvverify", "check", str(RACY_EXAMPLE)], columns=columns,
+                               env={"PYTHONPATH": pythonpath()})
+    assert status == 1, "\n".join(lines)
+    check_fits(lines, columns)
+    why = next(k for k, line in enumerate(lines) if line.startswith("  why:    "))
+    assert lines[why + 1].startswith(" " * 10)  # continuation lines hang under the text, not the label
+
+
+def test_piped_the_report_keeps_whole_lines_whatever_columns_says():
+    from kvverify import check
+
+    env = dict(os.environ, COLUMNS="60", PYTHONPATH=pythonpath())
+    p = subprocess.run([sys.executable, "-m", "kvverify", "check", str(RACY_EXAMPLE)], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 1, p.stderr
+    assert p.stdout == check(RACY_EXAMPLE).render(source=str(RACY_EXAMPLE))
+    assert max(map(len, p.stdout.splitlines())) > 200  # the why line, whole
+    assert all(line == line.rstrip() for line in p.stdout.splitlines())

@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvverify import cli
-from kvverify.device import extension, platform_info
+from kvverify import device
+from kvverify.device import platform_info
 from kvverify.errors import PlanError
 from kvverify.measure import bench, bench_plan, bench_render, common, probe
 from kvverify.units import format_size, parse_size, parse_size_list
@@ -661,7 +662,7 @@ def test_cuda_version_string():
 
 @pytest.mark.parametrize("command", ["probe", "bench"])
 def test_refusal_in_process(monkeypatch, capsys, command):
-    monkeypatch.setattr(extension, "gpu_refusal", lambda: "no CUDA device is visible (test)")
+    monkeypatch.setattr(device, "gpu_refusal", lambda: "no CUDA device is visible (test)")
     module = {"probe": probe, "bench": bench}[command]
     assert module.run(parse(module, ["--json", "/nonexistent/never-written.json"])) == 2
     err = capsys.readouterr().err

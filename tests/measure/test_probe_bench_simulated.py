@@ -24,7 +24,6 @@ import pytest
 import torch
 
 import kvverify.device
-from kvverify.device import extension
 from kvverify.measure import bench, bench_device, bench_plan, probe
 
 
@@ -115,7 +114,7 @@ def simulated(monkeypatch):
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: _Stream())
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
-    monkeypatch.setattr(extension, "gpu_refusal", lambda: None)
+    monkeypatch.setattr(kvverify.device, "gpu_refusal", lambda: None)
     from kvverify import annotate
 
     yield record

@@ -15,8 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_probe_logs_the_fill_with_its_address_and_line(tmp_path):
     out = tmp_path / "probe.json"
+    # built under tmp_path, not in torch's cache under the home folder: a test leaves nothing behind
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "record_hook_probe.py"), "--repeats", "1",
-                        "--steps", "3", "--json", str(out)], capture_output=True, text=True, timeout=600, check=False)
+                        "--steps", "3", "--json", str(out), "--build-dir", str(tmp_path / "build")],
+                       capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     figures = json.loads(out.read_text())
     assert figures["ok"] is True

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -36,8 +37,9 @@ CONFIG = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads
           "torch_dtype": "bfloat16"}
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=ROOT, COLUMNS="200", CUDA_VISIBLE_DEVICES="")
+def _env(tmp: Path):
+    """The ranks' environment; torchrun's own log folders go under ``tmp`` (it leaves them behind)."""
+    return dict(os.environ, PYTHONPATH=ROOT, COLUMNS="200", CUDA_VISIBLE_DEVICES="", TMPDIR=str(tmp))
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +58,7 @@ def runs(tmp_path_factory):
         report = tmp / f"{name}.json"
         started[name] = (report, subprocess.Popen(
             [sys.executable, *launcher, str(tmp / "driver.py"), TESTS, *args, *extra, "--json", str(report)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(), cwd=tmp))
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_env(tmp), cwd=tmp))
     out = {}
     for name, (report, p) in started.items():
         try:
@@ -115,7 +117,7 @@ def test_gpus_flag_starts_the_ranks_through_the_launcher(tmp_path):
     report = tmp_path / "r.json"
     p = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--gpus", "2", "--scenarios", "P2",
                         "--host-memory", "pinned", "--json", str(report)],
-                       capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=300, check=False)
+                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300, check=False)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(report.read_text())
     assert [g["rank"] for g in doc["gpus"]] == [0, 1]
@@ -124,7 +126,7 @@ def test_gpus_flag_starts_the_ranks_through_the_launcher(tmp_path):
 
 
 def test_gpus_flag_under_torchrun_cannot_start(tmp_path):
-    env = _env() | {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    env = _env(tmp_path) | {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
     p = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--gpus", "2"], capture_output=True, text=True, check=False,
                        env=env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2
@@ -134,7 +136,7 @@ def test_gpus_flag_under_torchrun_cannot_start(tmp_path):
 def test_gpus_flag_checks_the_report_paths_before_starting_ranks(tmp_path):
     p = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--gpus", "2", "--json",
                         str(tmp_path / "no" / "such" / "r.json")], capture_output=True, text=True, check=False,
-                       env=_env(), cwd=tmp_path, timeout=120)
+                       env=_env(tmp_path), cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "cannot start: --json" in p.stderr
     assert "OMP_NUM_THREADS" not in p.stderr  # torch.distributed.run never started
 

@@ -211,3 +211,20 @@ def test_a_report_where_nothing_ran_is_refused_naming_why(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.strip() == (f"kvverify merge: {contract_only}: nothing ran on a device there (--no-gpu was given): a "
                            "report of contract verdicts only has no platform to compare; leave it out")
+
+
+def test_at_80_columns_every_report_path_stays_on_one_line(stand_in_reports, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    deep = tmp_path / "reports from the second host" / "a folder name long enough to pass the terminal's edge"
+    deep.mkdir(parents=True)
+    far = deep / "b.json"
+    far.write_text(Path(stand_in_reports[1]).read_text())
+    paths = [H200_PROBE, stand_in_reports[0], str(far)]
+    assert cli.main(["merge", *paths]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(str(far)) > 80
+    for number, path in enumerate(paths, 1):
+        assert f"[{number}] {path}" in lines, "\n".join(lines)
+    assert all(len(line) <= 80 for line in lines if not line.startswith("[")), "\n".join(lines)
+    assert all(line == line.rstrip() for line in lines), "\n".join(lines)
+    assert "P1 read early (probe): STREAM: h2d pageable;" in "\n".join(lines)

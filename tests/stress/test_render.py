@@ -5,20 +5,17 @@
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
-import pty
 import re
-import select
 import struct
 import subprocess
 import sys
-import termios
 from pathlib import Path
 
 import pytest
 from rich.console import Console
+from terminal import check_fits, pythonpath, run_in_pty
 
 from kvverify.stress import matrix
 from kvverify.stress.render import MAX_LISTED, render_matrix
@@ -184,43 +181,12 @@ def test_the_legend_names_each_verdict_once():
 # -- in a terminal ---------------------------------------------------------------------------
 
 
-def _pythonpath() -> str:
-    """This checkout first, then whatever the environment adds (wheels carried to a GPU host)."""
-    return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-
-
-def run_in_pty(argv: list[str], columns: int = 100, env: dict | None = None) -> tuple[int, list[str]]:
-    """Run ``argv`` in a pseudo-terminal ``columns`` wide; return its exit status and what it printed
-    as lines, with escape sequences removed and each line as the last carriage return left it (an
-    upper bound on what stays on the screen: a progress bar that erases itself still counts)."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the terminal's size is set before it starts
-        try:
-            os.execve(argv[0], argv, dict(os.environ, **(env or {}), COLUMNS=str(columns)))
-        finally:
-            os._exit(127)  # never back into pytest
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
-    out = b""
-    while select.select([fd], [], [], 300)[0]:
-        try:
-            data = os.read(fd, 1 << 16)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        out += data
-    _, status = os.waitpid(pid, 0)
-    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode(errors="replace"))
-    lines = [line.rstrip("\r").split("\r")[-1].rstrip() for line in text.split("\n")]
-    return os.waitstatus_to_exitcode(status), lines[:-1] if lines and not lines[-1] else lines
-
-
 def test_no_gpu_stress_in_a_100_column_terminal():
     status, lines = run_in_pty([sys.executable, "-m", "kvverify", "stress"],
-                               env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": _pythonpath()})
+                               env={"CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": pythonpath()})
     assert status == 0, "\n".join(lines)
     assert len(lines) <= 60, "\n".join(lines)
-    assert max(map(len, lines)) <= 100, "\n".join(lines)
+    check_fits(lines, 100)
     assert lines[0].startswith("Nothing ran on a device: no CUDA device is visible"), "\n".join(lines)
 
 
@@ -262,10 +228,10 @@ def test_the_h200_smoke_in_a_100_column_terminal(tmp_path):
     script.write_text(REPLAY)
     # The saved run predates the kernel executor: replay the executors it has.
     status, lines = run_in_pty([sys.executable, str(script), str(ROOT / "tests"), str(H200_SMOKE),
-                                "--executors", "native,adversarial"], env={"PYTHONPATH": _pythonpath()})
+                                "--executors", "native,adversarial"], env={"PYTHONPATH": pythonpath()})
     assert status == 0, "\n".join(lines)
     assert len(lines) <= 80, "\n".join(lines)
-    assert max(map(len, lines)) <= 100, "\n".join(lines)
+    check_fits(lines, 100)
     assert lines[0].startswith("planned: 324 cells") and any(line.startswith("Headline: YES") for line in lines)
 
 
@@ -277,10 +243,11 @@ def test_every_scenario_on_the_gpu_in_a_100_column_terminal(tmp_path):
     campaign.write_text('models = ["llama-3.1-8b"]\nblock_size = 16\ntrials = 3\nmax_trials = 3\n'
                         'min_checked = "1MiB"\nblocks_per_transfer = 8\ntransfers = 4\n')
     status, lines = run_in_pty([sys.executable, "-m", "kvverify", "stress", "--campaign", str(campaign)],
-                               env={"PYTHONPATH": _pythonpath()})
+                               env={"PYTHONPATH": pythonpath()})
     text = "\n".join(lines)
     assert status in (0, 1), text  # 1: a cell contradicts its contract; the report must fit all the same
-    assert len(lines) <= 80 and max(map(len, lines)) <= 100, text
+    assert len(lines) <= 80, text
+    check_fits(lines, 100)
     plan = next((k for k, line in enumerate(lines) if line.startswith("planned: ")), None)
     assert plan is not None and lines[plan].startswith("planned: 360 cells"), text
     # before the plan, nothing but the notice that NVTX is off (a host without the nvtx package)

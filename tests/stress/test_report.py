@@ -304,8 +304,19 @@ def test_headline_cannot_tell_without_counterparts_or_any_cells():
 
 
 def test_headline_on_paper_when_nothing_ran():
+    """Nothing observed: the contracts' prediction, which the headline never words as a result."""
     h = make_report(results(observe=lambda contract, executor: None)).headline()
-    assert h.holds is True and "on paper" in h.text
+    assert h.holds is None and h.text.startswith("on paper only: no cell ran. The contracts predict that ANY")
+    assert "YES" not in h.text and "ANY cells are SAFE on paper" in h.text
+
+
+def test_headline_on_paper_says_when_the_contracts_do_not_predict_the_claim():
+    contracts = dict(CONTRACTS)
+    contracts[("store-after-sync", "store")] = {"STREAM": "SAFE", "DURING_API_CALL": "SAFE", "ANY": "SAFE"}
+    h = make_report(results(contracts=contracts, observe=lambda contract, executor: None)).headline()
+    assert h.holds is None and "The contracts do not predict that ANY" in h.text
+    assert not h.text.startswith("NO") and "store-after-sync store/D2H/ANY/pinned/native" in h.text
+    assert len(h.safe_but_not_quiescent_load) == 2
 
 
 def test_headline_and_summary_speak_only_of_the_cells_that_ran():

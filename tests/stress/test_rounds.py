@@ -134,6 +134,7 @@ def _files(tmp_path, campaign=CAMPAIGN):
 def test_capped_run_with_every_cell_seen_exits_0_and_says_so(monkeypatch, tmp_path, capsys):
     from kvverify import cli
 
+    monkeypatch.setenv("COLUMNS", "200")  # the messages read whole: rich wraps them to COLUMNS
     stand_in.install_for_stress(monkeypatch)
     _stop_after_first_round(monkeypatch)
     out = tmp_path / "r.json"
@@ -168,6 +169,7 @@ def test_memory_growth_fails_with_its_own_status(monkeypatch, tmp_path, capsys, 
     from kvverify import cli
     from kvverify.stress import memory
 
+    monkeypatch.setenv("COLUMNS", "200")  # the messages read whole: rich wraps them to COLUMNS
     stand_in.install_for_stress(monkeypatch)
     readings = iter(int(2**30 * (1 + growth_per_sample) ** k) for k in range(10**6))
     monkeypatch.setattr(memory, "host_rss_bytes", lambda: next(readings))
