@@ -1,14 +1,15 @@
 """pytorch/pytorch#130785, as it shipped in LMCache/LMCache#4830: a pinned temporary dropped mid-copy.
 
-Public source: https://github.com/pytorch/pytorch/issues/130785 (closed) describes a pinned CPU tensor
-whose non-blocking copy to the GPU is still pending when its last reference goes and the memory
-returns to the allocator. For ``Tensor.copy_`` from PyTorch's own pinned allocator this is guarded:
-the copy records an event on the block, and the allocator hands the block out again only once it
-has completed. Where it shipped and corrupted data is https://github.com/LMCache/LMCache/pull/4830
-(merged): a scatter into the paged KV cache pinned unpinned chunks into temporaries and copied them
-through raw pointers, which no stream tracking sees; returning dropped the temporary, the next
-``pin_memory()`` call got its memory and overwrote it mid-transfer. The fix synchronizes before
-returning when the function did the pinning itself.
+Public source: https://github.com/pytorch/pytorch/issues/130785 (closed). Root cause: a pinned CPU
+tensor's last reference goes while its non-blocking copy to the GPU is still pending, and its memory
+returns to the allocator for the next pinned tensor. For ``Tensor.copy_`` from PyTorch's own pinned
+allocator this is guarded (the copy records an event on the block, and the allocator hands the block
+out again only once it has completed), so the issue's own snippet is safe. Where it shipped and
+corrupted data is https://github.com/LMCache/LMCache/pull/4830 (merged): a scatter into the paged
+KV cache pinned unpinned chunks into temporaries and copied them through raw pointers, which no
+stream tracking sees; returning dropped the temporary, the next ``pin_memory()`` call got its memory
+and overwrote it mid-transfer. The fix synchronizes before returning when the function did the
+pinning itself.
 
 Re-created in that raw-pointer form: a temporary from ``torch.empty(pin_memory=True)`` whose
 ``data_ptr()`` goes to ``swap_blocks_batch`` behind a spin (the copies queued ahead), dropped at

@@ -2,8 +2,8 @@
 
 Public source: https://github.com/vllm-project/vllm/issues/45268 (open in the stored copy) reports
 only the symptom: the engine dies on the first request after a sleep/wake cycle when native KV
-offloading and sleep mode are both on. The root cause is stated by the fix attempt
-https://github.com/vllm-project/vllm/pull/45363 (closed in the stored copy), which names #45268:
+offloading and sleep mode are both on. Root cause, as the fix attempt that names #45268 states it
+(https://github.com/vllm-project/vllm/pull/45363, closed in the stored copy):
 ``CuMemAllocator.sleep()`` unmapped and released the pool's memory without synchronizing the
 offloading connector's transfer streams, so a GPU->CPU store still in flight read an unmapped
 address, which poisons the CUDA context. The fix synchronizes the device before the allocator
