@@ -87,6 +87,7 @@ def test_native_cases_say_what_a_recording_misses_and_only_one_case_is_never_run
     assert native == {"vllm-45704", "vllm-45268", "vllm-51667"}
     assert all(c.unseen for c in CASES if c.capture == "native")
     assert [c.name for c in CASES if c.not_run] == ["vllm-45268"]
+    assert [c.name for c in CASES if c.keep_all] == ["sglang-18746"]  # kernel against kernel, no copy
 
 
 def test_importing_and_listing_the_corpus_imports_no_heavy_library():
@@ -298,6 +299,8 @@ def test_the_sanitized_child_s_lines_are_read_and_a_missing_form_is_an_error():
     found = runner.sanitized(selection, timeout_s=120)  # a real child: on a host without CUDA each form fails
     assert set(found) == {("vllm-31341", "broken"), ("demo-polled-query", "fixed")}
     assert all(s.outcome in ("reported", "nothing", "error") for s in found.values())
+    unmap = find(["vllm-45268"])[0]
+    assert runner.sanitized([(unmap, "broken")]) == {("vllm-45268", "broken"): Sanitized("not run", unmap.not_run)}
 
 
 def test_the_sanitized_child_refuses_an_unknown_case(capsys):

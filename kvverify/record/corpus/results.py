@@ -55,7 +55,8 @@ class Recorded:
 @dataclass(frozen=True)
 class Sanitized:
     """A form run under PyTorch's CUDA Stream Sanitizer: ``outcome`` "reported" (it raised a race),
-    "nothing" (the form ran to its end), or "error" (anything else; ``detail`` says what)."""
+    "nothing" (the form ran to its end), "error" (anything else; ``detail`` says what), or "not
+    run" (a form the corpus never executes; ``detail`` says why)."""
 
     outcome: str
     detail: str | None = None

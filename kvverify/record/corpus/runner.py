@@ -81,12 +81,13 @@ def blindness(case: Case, form: str, complete: bool, notes: Sequence[str]) -> st
 
 
 def recorded(case: Case, form: str) -> Recorded:
-    """``case.run(form)`` under ``kvverify.record.recording()``, its trace checked: the verdict, the
-    expected race if found, completeness, and for a native case why the verdict cannot stand."""
+    """``case.run(form)`` under ``kvverify.record.recording()`` (``keep_all`` where the case asks),
+    its trace checked: the verdict, the expected race if found, completeness, and for a native case
+    why the verdict cannot stand."""
     from kvverify.record.session import recording
 
     try:
-        with recording() as rec:
+        with recording(keep_all=case.keep_all) as rec:
             case.run(form)
         verdict = rec.check()
         ops = rec.trace()["ops"]
@@ -113,9 +114,11 @@ def parse_sanitized(stdout: str) -> dict[tuple[str, str], Sanitized]:
 def sanitized(selection: Sequence[tuple[Case, str]], timeout_s: float = CSAN_TIMEOUT_S) -> dict[tuple[str, str], Sanitized]:
     """Every ``(case, form)`` of ``selection`` under the sanitizer, in one child process
     (``python -m kvverify.record.corpus.sanitized``). A form the child did not report on (it died,
-    or ran out of ``timeout_s`` seconds) is an "error" saying so."""
+    or ran out of ``timeout_s`` seconds) is an "error" saying so; a form never run is "not run"."""
+    never = {(c.name, f): Sanitized("not run", c.not_run) for c, f in selection if f == "broken" and c.not_run}
+    selection = [(c, f) for c, f in selection if (c.name, f) not in never]
     if not selection:
-        return {}
+        return never
     root = str(Path(__file__).resolve().parents[3])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     command = [sys.executable, "-m", "kvverify.record.corpus.sanitized", *(f"{c.name}:{f}" for c, f in selection)]
@@ -127,7 +130,7 @@ def sanitized(selection: Sequence[tuple[Case, str]], timeout_s: float = CSAN_TIM
         stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
         found, why, tail = parse_sanitized(stdout), f"the sanitized process ran past {timeout_s:g} s", ""
     missing = Sanitized("error", f"{why} before this form" + (f": {tail}" if tail else ""))
-    return {(c.name, f): found.get((c.name, f), missing) for c, f in selection}
+    return {**never, **{(c.name, f): found.get((c.name, f), missing) for c, f in selection}}
 
 
 def run_corpus(cases: Sequence[Case], forms: Sequence[str], *, csan: bool = True,

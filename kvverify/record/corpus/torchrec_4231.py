@@ -62,6 +62,9 @@ def run(form: str) -> Witness:
     host = pinned_pages(PAGES)
     compute, side = torch.cuda.Stream(), torch.cuda.Stream()
     torch.cuda.synchronize()
+    # Streams come from a pool and keep their cached blocks across runs: with none cached, the
+    # block the stash releases is the one the next allocation on compute gets.
+    torch.cuda.empty_cache()
     with torch.cuda.stream(compute):
         activation = torch.full((PAGES, PAGE_BYTES), STASHED, dtype=torch.uint8, device=DEVICE)
     released = activation.data_ptr()
