@@ -169,6 +169,86 @@ def test_the_worker_runs_jobs_in_order_and_hands_its_first_error_to_the_caller()
     assert seen == [0]  # the job after the error is dropped
 
 
+# -- every case's Python, on a synchronous stand-in for the device --------------------------------
+
+
+class _Stream:
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+
+class _Event:
+    def record(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+
+@pytest.fixture
+def synchronous_device(monkeypatch):
+    """torch.cuda as a device that runs everything at once, in program order, on CPU tensors: no
+    race can strike, but every line of a case runs (what a GPU round must not be the first to try)."""
+    import contextlib
+    import ctypes
+
+    import torch
+
+    from kvverify.device import ops
+
+    for case in CASES:
+        module = importlib.import_module(case.module)
+        if hasattr(module, "DEVICE"):
+            monkeypatch.setattr(module, "DEVICE", "cpu")
+    monkeypatch.setattr(corpus.support, "DEVICE", "cpu")
+    for name in ("full", "empty", "zeros"):
+        factory = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _f=factory, pin_memory=False, **k: _f(*a, **k))
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "Event", _Event)
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    for name in ("synchronize", "_sleep", "empty_cache"):
+        monkeypatch.setattr(torch.cuda, name, lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(clock_rate=0))
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+
+    def swap(src, dst, sizes, *order, **options):
+        for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist()):
+            ctypes.memmove(d, s, n)
+
+    monkeypatch.setattr(ops, "swap_blocks_batch", swap)
+    held = []
+
+    def map_pool(nbytes):
+        held.append(torch.zeros(nbytes, dtype=torch.uint8))
+        return held[-1].data_ptr(), nbytes, None
+
+    monkeypatch.setattr(corpus.vllm_45268, "map_pool", map_pool)
+    driver = pytest.importorskip("cuda.bindings.driver")
+    for name in ("cuMemUnmap", "cuMemRelease", "cuMemAddressFree"):
+        monkeypatch.setattr(driver, name, lambda *a: (driver.CUresult.CUDA_SUCCESS,))
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_every_case_runs_each_form_through_on_a_synchronous_stand_in(synchronous_device, case, form):
+    from kvverify import record as kvrecord
+
+    if case.name == "sglang-28468" and not hasattr(kvrecord, "reuse"):
+        pytest.skip("kvverify.record.reuse is not in this tree yet")
+    seen = case.run(form)
+    if form == "broken" and case.not_run:
+        assert seen == Witness(0, 0, "pages", case.not_run)
+    else:
+        assert seen.corrupted == 0 and seen.total == 16 and seen.unit == "pages", seen
+
+
 # -- the runner's judgement ------------------------------------------------------------------------
 
 
