@@ -8,7 +8,9 @@ refills the load's pinned staging buffer whatever the answer: a poll that return
 nothing, and the pending copy reads the next batch's bytes. The fix polls until the answer is True.
 
 Re-created: a batched swap loads the staging buffer into a KV block behind a spin (the loads queued
-ahead), in ``ANY`` order as the demo's loads; the handler polls once and refills the buffer.
+ahead); the handler polls once and refills the buffer. The swap reads in ``STREAM`` order, after the
+spin, where the refill has landed: the demo's loads use ``ANY``, which a driver may serve by reading
+at the call, before the refill, and then the device would not show the race (the recording still does).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def load(staging, kv, load_stream):
 
     spin(load_stream)
     with torch.cuda.stream(load_stream):
-        ops.swap_blocks_batch(*swap_args(staging, kv), "ANY")
+        ops.swap_blocks_batch(*swap_args(staging, kv))
         loaded = torch.cuda.Event()
         loaded.record(load_stream)
     return loaded
