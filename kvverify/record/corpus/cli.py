@@ -36,6 +36,7 @@ Examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare ``kvverify corpus``'s arguments on ``parser``."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = DESCRIPTION
     parser.epilog = EPILOG
@@ -68,6 +69,7 @@ def parse_forms(text: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    """List the cases, or run the ones named and print the table; the exit status (``EPILOG``)."""
     from kvverify.record.corpus import CASES, find, report
 
     if args.list:

@@ -34,6 +34,7 @@ def race_text(race: RacingPair) -> str:
 
 
 def native_cell(row: FormResult) -> str:
+    """``16 of 16 pages`` (with the witness's note), why the form was not run, or its error."""
     if row.native_error is not None:
         return f"error: {row.native_error}"
     w = row.native
@@ -45,6 +46,8 @@ def native_cell(row: FormResult) -> str:
 
 
 def recorded_cell(row: FormResult) -> str:
+    """The verdict with its race (the expected pair, else the first), ``needs native capture: WHY``
+    for a case a recording cannot decide, or the error."""
     rec = row.recorded
     if rec.error is not None:
         return f"error: {rec.error}"
@@ -61,6 +64,7 @@ def recorded_cell(row: FormResult) -> str:
 
 
 def csan_cell(row: FormResult) -> str:
+    """``reported``, ``nothing``, ``not run`` or ``error: ...``."""
     if row.csan is None:
         return "not run"
     if row.csan.outcome == "error":

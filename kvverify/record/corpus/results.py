@@ -108,6 +108,7 @@ class CorpusRun:
 
     @property
     def ok(self) -> bool:
+        """True when nothing missed the corpus's promise (``kvverify corpus`` exits 0)."""
         return not self.failures
 
     def to_json(self) -> dict:

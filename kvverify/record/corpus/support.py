@@ -25,6 +25,7 @@ PAGES = 16
 PAGE_BYTES = 64 * 1024  # a buffer of PAGES pages is 1 MiB
 SPIN_MS = 50.0  # how long a writer's or reader's stream is held: the window the race needs natively
 CLOCK_KHZ_FALLBACK = 1_980_000  # an H200's SM clock, where torch does not report the device's
+CLOCK_KHZ_PLAUSIBLE = 100_000  # below 100 MHz the reported figure is not a clock in kHz: use the fallback
 
 
 def is_fixed(form: str) -> bool:
@@ -76,8 +77,9 @@ def swap_args(src, dst, n: int = PAGES) -> tuple[torch.Tensor, torch.Tensor, tor
 def _cycles_per_ms() -> int:
     import torch
 
-    khz = getattr(torch.cuda.get_device_properties(DEVICE), "clock_rate", 0)
-    return int(khz or CLOCK_KHZ_FALLBACK)  # kHz: cycles per millisecond
+    # CUDA 13 dropped cudaDeviceProp::clockRate, which torch's clock_rate reported in kHz
+    khz = int(getattr(torch.cuda.get_device_properties(DEVICE), "clock_rate", 0) or 0)
+    return khz if khz >= CLOCK_KHZ_PLAUSIBLE else CLOCK_KHZ_FALLBACK  # kHz: cycles per millisecond
 
 
 def spin(stream: torch.cuda.Stream, ms: float = SPIN_MS) -> None:
@@ -113,6 +115,7 @@ class Worker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def put(self, job: object) -> None:
+        """Queue ``job`` for the thread (it runs after the jobs put before it)."""
         self._jobs.put(job)
 
     def __enter__(self) -> Worker:
