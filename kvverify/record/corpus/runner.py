@@ -28,7 +28,7 @@ from kvverify.record.corpus.results import (
 CSAN_MARK = "kvverify-corpus-csan "  # a line of the sanitized child's standard output that carries a result
 CSAN_TIMEOUT_S = 600
 OTHER_THREADS = "the recording saw other threads' device work"
-RECORDER_MISSED = "the recorder failed on some ops"
+RECORDER_MISSED = "the recording is incomplete: it missed device work (Recording.complete() is False)"
 ERROR_CHARS = 300
 
 
