@@ -26,6 +26,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "kvverify.record.cli",
         "run a PyTorch program (a script or pytest) under the recorder and find the races of its device work",
     ),
+    "corpus": (
+        "kvverify.record.corpus.cli",
+        "re-create the races that shipped in public KV-offload code, broken and fixed, and show what each tool sees",
+    ),
     "stress": (
         "kvverify.stress.cli",
         "run every hazard scenario on the GPU under each source access order and check every block",
