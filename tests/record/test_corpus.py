@@ -394,18 +394,18 @@ def test_the_sanitized_child_refuses_an_unknown_case(capsys):
 
 
 def test_without_a_gpu_it_refuses_with_one_line_and_exit_2(monkeypatch, capsys):
-    from kvverify.device import extension
+    from kvverify import device
 
-    monkeypatch.setattr(extension, "gpu_refusal", lambda: "no CUDA device is visible (test)")
+    monkeypatch.setattr(device, "gpu_refusal", lambda: "no CUDA device is visible (test)")
     assert main(["corpus", "--no-csan"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err == "kvverify corpus: no CUDA device is visible (test)\n"
 
 
 def test_on_this_host_without_a_gpu_it_refuses_too(capsys):
-    from kvverify.device import extension
+    from kvverify import device
 
-    if extension.gpu_refusal() is None:
+    if device.gpu_refusal() is None:
         pytest.skip("this host has a CUDA device and kvverify._C: test_corpus_gpu.py runs the corpus")
     assert main(["corpus", "vllm-31341"]) == 2
     err = capsys.readouterr().err
@@ -419,9 +419,9 @@ def test_on_this_host_without_a_gpu_it_refuses_too(capsys):
     (["--list", "vllm-31341"], "kvverify corpus: --list lists every case; give no names with it"),
 ])
 def test_a_bad_name_or_form_is_one_line_and_exit_2_before_any_gpu_check(monkeypatch, capsys, argv, message):
-    from kvverify.device import extension
+    from kvverify import device
 
-    monkeypatch.setattr(extension, "gpu_refusal", lambda: pytest.fail("the GPU was asked for"))
+    monkeypatch.setattr(device, "gpu_refusal", lambda: pytest.fail("the GPU was asked for"))
     assert main(["corpus", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1

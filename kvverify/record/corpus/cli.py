@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
         forms = parse_forms(args.forms)
     except ValueError as exc:
         return _fail(str(exc))
-    from kvverify.device import extension
+    from kvverify import device
 
-    reason = extension.gpu_refusal()
+    reason = device.gpu_refusal()
     if reason is not None:
         return _fail(reason)
     from kvverify.record.corpus import runner

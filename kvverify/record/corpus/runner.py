@@ -2,7 +2,7 @@
 checker) and under PyTorch's CUDA Stream Sanitizer (one child process for every form: the
 sanitizer cannot be turned off once on, and it raises at the first race it finds).
 
-Needs a CUDA device and ``kvverify._C`` (``kvverify.device.extension.gpu_refusal`` says why not).
+Needs a CUDA device and ``kvverify._C`` (``kvverify.device.gpu_refusal`` says why not).
 """
 
 from __future__ import annotations
