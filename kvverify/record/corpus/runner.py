@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvverify.record.corpus.case import Case, Witness
+from kvverify.record.threads import OTHER_THREAD_WORK
 from kvverify.record.corpus.results import (
     CorpusRun,
     FormResult,
@@ -27,7 +28,7 @@ from kvverify.record.corpus.results import (
 
 CSAN_MARK = "kvverify-corpus-csan "  # a line of the sanitized child's standard output that carries a result
 CSAN_TIMEOUT_S = 600
-OTHER_THREADS = "the recording saw other threads' device work"
+OTHER_THREADS = "the recording saw device work of a thread it does not follow"
 RECORDER_MISSED = "the recording is incomplete: it missed device work (Recording.complete() is False)"
 ERROR_CHARS = 300
 
@@ -73,7 +74,7 @@ def blindness(case: Case, form: str, complete: bool, notes: Sequence[str]) -> st
         return None
     if form == "broken" and case.not_run:
         return case.not_run
-    if any("other threads" in note for note in notes):
+    if any(note.startswith(OTHER_THREAD_WORK) for note in notes):
         return OTHER_THREADS
     if not complete:
         return RECORDER_MISSED
