@@ -280,8 +280,10 @@ def test_the_expected_race_is_found_by_kind_file_and_function_from_either_source
 def test_a_native_case_is_blind_for_its_own_reason_and_never_judged():
     threaded, unmap = find(["vllm-45704", "vllm-45268"])
     assert runner.blindness(find(["vllm-31341"])[0], "broken", True, []) is None
-    assert runner.blindness(threaded, "fixed", False, ["stream, event and memory reports from other threads "
-                                                       "(not recorded): 3"]) == runner.OTHER_THREADS
+    from kvverify.record.threads import OTHER_THREAD_WORK
+
+    note = f"{OTHER_THREAD_WORK} torch's stream, event and allocator reports from thread 'io': 3"
+    assert runner.blindness(threaded, "fixed", False, [note]) == runner.OTHER_THREADS
     assert runner.blindness(threaded, "fixed", False, []) == runner.RECORDER_MISSED
     assert runner.blindness(threaded, "fixed", True, []) == threaded.unseen
     assert runner.blindness(unmap, "broken", True, []) == unmap.not_run
