@@ -78,6 +78,10 @@ class Platform:
         """``Recorder.stream_key`` of a stream object (``torch.Stream``, ``torch.cuda.Stream``)."""
         raise NotImplementedError
 
+    def handle_key(self, handle: int) -> object:
+        """``Recorder.stream_key`` of a raw stream handle on the current device (cuda-python's)."""
+        return Recorder.stream_key(int(handle), 0)
+
     def is_pinned(self, t: torch.Tensor) -> bool:
         raise NotImplementedError
 
@@ -307,6 +311,22 @@ class RecordingMode(TorchDispatchMode):
             return span
         return memory.unresolved_span(start, length, memory.why_not(start, length), at)
 
+    def host_span(self, address: int, length: int, at: str | None) -> Span:
+        """The span of ``length`` >= 1 host bytes at ``address`` the host touched (an annotation, a
+        read into a buffer): in the allocation that holds them; else in what CUDA says of the
+        address (pinned or registered memory made elsewhere); else in pageable host memory learnt
+        now; unresolved where they run past a live allocation."""
+        memory = self.rec.memory
+        span = memory.resolve(address, length)
+        if span is None:
+            self._learn(np.array([address], dtype=np.int64))
+            span = memory.resolve(address, length)
+        if span is None:
+            memory.known(address, length, HOST_SPACE["pageable"], "memory the host touched", at)
+            span = memory.resolve(address, length) or memory.unresolved_span(address, length,
+                                                                              memory.why_not(address, length), at)
+        return span
+
     def _fresh(self, t: torch.Tensor, where: str, at: str | None, origin: str, may_pin: bool) -> None:
         """Register the storage of a new output tensor as a new allocation."""
         storage = t.untyped_storage()
@@ -517,7 +537,7 @@ class RecordingMode(TorchDispatchMode):
                 index[i], offset[i], _ = memory.unresolved_span(a, n, f"{what}[{i}] {memory.why_not(a, n)}", at)
         return index, offset
 
-    def _resolve_both(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, at: str | None):
+    def resolve_both(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, at: str | None):
         """``_resolve`` of a swap's sources, then of its destinations: one lookup for both where
         every pointer lies in known memory (a swap's usual case)."""
         n = len(sizes)
@@ -556,7 +576,7 @@ class RecordingMode(TorchDispatchMode):
                 else:
                     order = SrcAccessOrder(int(value))
         at = self.rec.locate(HANDLER_DEPTH)
-        s_index, s_offset, d_index, d_offset = self._resolve_both(src, dst, sizes, at)
+        s_index, s_offset, d_index, d_offset = self.resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         # sizes may be a view of the program's tensor: the log keeps its own copy
         self.rec.copy_batch(stream, info.name, order.name,
@@ -566,7 +586,7 @@ class RecordingMode(TorchDispatchMode):
         # one cudaMemcpyAsync per entry: stream-ordered, and ordered among themselves
         src, dst, sizes = (self._values(t).astype(np.int64, copy=False) for t in args[:3])
         at = self.rec.locate(HANDLER_DEPTH)
-        s_index, s_offset, d_index, d_offset = self._resolve_both(src, dst, sizes, at)
+        s_index, s_offset, d_index, d_offset = self.resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         for si, so, di, do, n in zip(s_index.tolist(), s_offset.tolist(), d_index.tolist(), d_offset.tolist(),
                                      sizes.tolist()):

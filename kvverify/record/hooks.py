@@ -65,8 +65,8 @@ class CudaPlatform(Platform):
             handle = self.torch.cuda.current_stream(device).cuda_stream
         return Recorder.stream_key(int(handle), device)
 
-    def _callback_key(self, handle: int) -> object:
-        # a callback gives the handle alone: only the default streams need the device
+    def handle_key(self, handle: int) -> object:
+        """A callback, or cuda-python, gives the handle alone: only the default streams need the device."""
         handle = int(handle)
         return Recorder.stream_key(handle, self._current_device() if handle in DEFAULT_STREAMS else None)
 
@@ -114,7 +114,7 @@ class CudaPlatform(Platform):
         # CUDA is initialised now (the probe recorded an event): torch.cuda.current_device would
         # check that again at every call
         self._current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-        key = self._callback_key
+        key = self.handle_key
         try:
             callbacks = (
                 (gpu_trace.EventCreationCallbacks, recorder.event_created),

@@ -21,9 +21,16 @@ import threading
 from collections.abc import Iterable
 
 from kvverify.errors import RecordingError
+from kvverify.record.bindings import Bindings
 from kvverify.record.frames import Locator
 from kvverify.record.recorder import Recorder
-from kvverify.record.threads import INSIDE, NOT_RECORDED, OTHER_THREAD_WORK, ThreadCapture, busy
+from kvverify.record.threads import (
+    INSIDE,
+    NOT_RECORDED,
+    OTHER_THREAD_WORK,
+    ThreadCapture,
+    busy,
+)
 from kvverify.record.writer import Summary, build
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
@@ -87,6 +94,8 @@ class Recording:
             self._platform_in_use = platform
             self._threads = ThreadCapture(self.recorder, self._enter_thread)
             self._threads.start()
+            self._bindings = Bindings(self.recorder, self._mode, self._follows, self._missed, platform.handle_key)
+            self._bindings.install()
             self._built = self._verdict = None
             self.running = True
             _active = self
@@ -107,6 +116,7 @@ class Recording:
                                  f"one ({threading.get_ident()}): the recording is still running")
         with _lock:
             try:
+                self._bindings.uninstall()
                 self._threads.stop()
                 self._mode.active = False  # the modes of threads still running record nothing more
                 self._mode.__exit__(None, None, None)
@@ -131,6 +141,14 @@ class Recording:
             yield
         finally:
             INSIDE.busy = was
+
+    def _follows(self) -> bool:
+        """Whether this thread's work is recorded now."""
+        return self._mode.active and threading.get_ident() in self.recorder.threads and not busy()
+
+    def _missed(self, what: str) -> None:
+        with self.recorder.exclusive():
+            self.recorder.notes[f"{OTHER_THREAD_WORK} {what} from thread {threading.current_thread().name!r}"] += 1
 
     def _enter_thread(self):
         """In a thread the program started while recording, before its ``run()``: record its ops
@@ -237,7 +255,6 @@ def _address_range(obj) -> tuple[int, int]:
 
 def _spans(rec: Recording, objs: tuple, at: str | None, device: bool = False) -> list:
     """The spans of ``objs`` (see ``host_write``); ``device``: CUDA tensors are allowed too."""
-    memory = rec.recorder.memory
     out = []
     for obj in objs:
         if hasattr(obj, "untyped_storage"):  # a tensor
@@ -249,14 +266,8 @@ def _spans(rec: Recording, objs: tuple, at: str | None, device: bool = False) ->
                 out.append(span)
             continue
         address, nbytes = _address_range(obj)
-        if nbytes <= 0:
-            continue
-        span = memory.resolve(address, nbytes)
-        if span is None:
-            memory.known(address, nbytes, HOST_SPACE["pageable"], "memory named in a host access", at)
-            span = memory.resolve(address, nbytes) or memory.unresolved_span(
-                address, nbytes, memory.why_not(address, nbytes), at)
-        out.append(span)
+        if nbytes > 0:
+            out.append(rec._mode.host_span(address, nbytes, at))
     return out
 
 

@@ -19,10 +19,32 @@ from help_screen import check_screen, help_lines
 
 from kvverify.cli import main
 from kvverify.record import corpus
-from kvverify.record.corpus import CASES, FORMS, HAZARDS, Case, Witness, find, report, runner
+from kvverify.record.corpus import (
+    CASES,
+    FORMS,
+    HAZARDS,
+    Case,
+    Witness,
+    find,
+    report,
+    runner,
+)
 from kvverify.record.corpus.case import DEMO_SOURCE, PUBLIC_SOURCE, PUBLIC_URL
-from kvverify.record.corpus.results import CorpusRun, FormResult, RacingPair, Recorded, Sanitized, shortfalls
-from kvverify.record.corpus.support import PAGE_BYTES, Worker, is_fixed, swap_args, witness
+from kvverify.record.corpus.results import (
+    CorpusRun,
+    FormResult,
+    RacingPair,
+    Recorded,
+    Sanitized,
+    shortfalls,
+)
+from kvverify.record.corpus.support import (
+    PAGE_BYTES,
+    Worker,
+    is_fixed,
+    swap_args,
+    witness,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = ["vllm-31341", "vllm-39306", "vllm-50696", "vllm-47282", "vllm-45704", "vllm-45268", "vllm-51667",

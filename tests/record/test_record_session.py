@@ -7,7 +7,6 @@ import json
 import re
 import threading
 import types
-from collections import Counter
 
 import numpy as np
 import pytest

@@ -15,7 +15,14 @@ it.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import DEVICE, PAGES, device_pages, is_fixed, spin, witness
+from kvverify.record.corpus.support import (
+    DEVICE,
+    PAGES,
+    device_pages,
+    is_fixed,
+    spin,
+    witness,
+)
 
 CASE = Case(
     name="demo-descriptor-rewrite", source="kvverify.record.demo", url="docs/record.md",

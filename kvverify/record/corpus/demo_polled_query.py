@@ -18,7 +18,15 @@ from __future__ import annotations
 import time
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, swap_args, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    swap_args,
+    witness,
+)
 
 CASE = Case(
     name="demo-polled-query", source="kvverify.record.demo", url="docs/record.md",

@@ -19,7 +19,15 @@ return; the next pinned tensor of the same size is written by the host.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGE_BYTES, PAGES, device_pages, is_fixed, spin, swap_args, witness
+from kvverify.record.corpus.support import (
+    PAGE_BYTES,
+    PAGES,
+    device_pages,
+    is_fixed,
+    spin,
+    swap_args,
+    witness,
+)
 
 CASE = Case(
     name="pytorch-130785", source="pytorch/pytorch#130785", url="https://github.com/pytorch/pytorch/issues/130785",

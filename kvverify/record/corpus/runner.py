@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.threads import OTHER_THREAD_WORK
 from kvverify.record.corpus.results import (
     CorpusRun,
     FormResult,
@@ -25,6 +24,7 @@ from kvverify.record.corpus.results import (
     shortfalls,
     split_at,
 )
+from kvverify.record.threads import OTHER_THREAD_WORK
 
 CSAN_MARK = "kvverify-corpus-csan "  # a line of the sanitized child's standard output that carries a result
 CSAN_TIMEOUT_S = 600

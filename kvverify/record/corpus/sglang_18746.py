@@ -20,7 +20,14 @@ case is recorded with ``keep_all``.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import DEVICE, PAGES, device_pages, is_fixed, spin, witness
+from kvverify.record.corpus.support import (
+    DEVICE,
+    PAGES,
+    device_pages,
+    is_fixed,
+    spin,
+    witness,
+)
 
 CASE = Case(
     name="sglang-18746", source="sgl-project/sglang#18746", url="https://github.com/sgl-project/sglang/pull/18746",

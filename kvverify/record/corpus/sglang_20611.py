@@ -17,7 +17,14 @@ CUDA Stream Sanitizer sees too.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    witness,
+)
 
 CASE = Case(
     name="sglang-20611", source="sgl-project/sglang#20611", url="https://github.com/sgl-project/sglang/pull/20611",

@@ -17,7 +17,14 @@ host. The fixed eviction waits until the backup's end event is seen before handi
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    witness,
+)
 
 CASE = Case(
     name="sglang-28468", source="sgl-project/sglang#28468", url="https://github.com/sgl-project/sglang/pull/28468",

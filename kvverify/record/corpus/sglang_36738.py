@@ -15,7 +15,14 @@ behind a spin; the pages go to request B, whose prefix is loaded into them from 
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    witness,
+)
 
 CASE = Case(
     name="sglang-36738", source="sgl-project/sglang#36738", url="https://github.com/sgl-project/sglang/pull/36738",

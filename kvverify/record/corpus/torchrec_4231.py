@@ -18,7 +18,15 @@ stream is filled at once.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import DEVICE, PAGE_BYTES, PAGES, is_fixed, pinned_pages, spin, witness
+from kvverify.record.corpus.support import (
+    DEVICE,
+    PAGE_BYTES,
+    PAGES,
+    is_fixed,
+    pinned_pages,
+    spin,
+    witness,
+)
 
 CASE = Case(
     name="torchrec-4231", source="meta-pytorch/torchrec#4231", url="https://github.com/meta-pytorch/torchrec/pull/4231",

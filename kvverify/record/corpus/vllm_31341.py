@@ -13,7 +13,15 @@ running); the store copies them to pinned host memory, one ``cudaMemcpyAsync`` p
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, swap_args, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    swap_args,
+    witness,
+)
 
 CASE = Case(
     name="vllm-31341", source="vllm-project/vllm#31341", url="https://github.com/vllm-project/vllm/pull/31341",

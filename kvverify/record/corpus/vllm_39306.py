@@ -20,7 +20,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, swap_args, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    swap_args,
+    witness,
+)
 
 CASE = Case(
     name="vllm-39306", source="vllm-project/vllm#39306", url="https://github.com/vllm-project/vllm/pull/39306",

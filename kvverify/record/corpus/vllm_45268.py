@@ -19,7 +19,15 @@ recording sees neither form: ``cuMemUnmap`` is a driver call outside torch.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGE_BYTES, PAGES, is_fixed, pinned_pages, spin, swap_args, witness
+from kvverify.record.corpus.support import (
+    PAGE_BYTES,
+    PAGES,
+    is_fixed,
+    pinned_pages,
+    spin,
+    swap_args,
+    witness,
+)
 
 NOT_RUN = "not run: unmapping memory under a DMA can fault the CUDA context for the rest of the process"
 

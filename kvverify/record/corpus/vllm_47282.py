@@ -15,7 +15,15 @@ cached prefix a batched swap loads into it on the load stream.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, swap_args, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    swap_args,
+    witness,
+)
 
 CASE = Case(
     name="vllm-47282", source="vllm-project/vllm#47282", url="https://github.com/vllm-project/vllm/issues/47282",

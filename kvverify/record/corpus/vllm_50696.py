@@ -14,7 +14,15 @@ order as the handler's loads are.
 from __future__ import annotations
 
 from kvverify.record.corpus.case import Case, Witness
-from kvverify.record.corpus.support import PAGES, device_pages, is_fixed, pinned_pages, spin, swap_args, witness
+from kvverify.record.corpus.support import (
+    PAGES,
+    device_pages,
+    is_fixed,
+    pinned_pages,
+    spin,
+    swap_args,
+    witness,
+)
 
 CASE = Case(
     name="vllm-50696", source="vllm-project/vllm#50696", url="https://github.com/vllm-project/vllm/pull/50696",
