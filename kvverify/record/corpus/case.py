@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 
 FORMS = ("broken", "fixed")
-CAPTURES = ("dispatcher", "native")
+CAPTURES = ("recorded", "native")
 KINDS = ("RAW", "WAR", "WAW", "FREE")
 
 # The classes of races that shipped in public KV-offload code (/work/shared/DESIGN.md, "A fourth kind
@@ -51,10 +51,10 @@ class Case:
     - ``name``: ``vllm-31341``; ``source``: ``owner/repo#N`` (or ``kvverify.record.demo`` for the
       demo's own forms); ``url``: the public report (or the docs page of the demo);
     - ``root_cause``: one line; ``hazard``: a key of ``HAZARDS``;
-    - ``capture``: ``"dispatcher"`` when a recording of the calling thread sees the race through
-      torch's dispatcher, ``"native"`` when only native capture can (another thread's device work,
-      driver calls outside torch, ``cuMemUnmap``, a host thread's ``preadv``); ``unseen`` then says
-      what a recording misses;
+    - ``capture``: ``"recorded"`` when ``kvverify record`` sees the race today (torch's dispatcher
+      and callbacks, the threads a recording follows, the cuda-python driver calls and ``os``
+      reads it watches: docs/record.md), ``"native"`` when only native capture can; ``unseen``
+      then says what a recording misses;
     - ``kind``: the race's kind in the checker's words (``KINDS``); ``pair``: the functions of
       ``module`` whose lines issue the first and the second racing op;
     - ``witness``: what the native run counts;
@@ -91,7 +91,7 @@ class Case:
         if len(self.pair) != 2 or not all(FUNCTION_NAME.match(f) for f in self.pair):
             problems.append(f"pair {self.pair!r} must name two functions")
         if (self.capture == "native") != bool(self.unseen):
-            problems.append("a native case says what a recording misses (unseen), a dispatcher case does not")
+            problems.append("a native case says what a recording misses (unseen), a recorded case does not")
         if problems:
             raise ValueError(f"case {self.name}: " + "; ".join(problems))
 

@@ -14,7 +14,7 @@ Re-create the races that shipped in public KV-offload code and show what each to
 A case is one public report (an engine's issue or pull request) re-created in kvverify's own code,
 in a broken form and in the form its fix made; its race has a kind (RAW, WAR, WAW, FREE) and a
 pair: the two functions of the case's module whose lines issue the racing ops. Capture
-"dispatcher": a recording of the calling thread sees the race; "native": only native capture can
+"recorded": kvverify record sees the race today; "native": only native capture can
 (another thread's device work, driver calls outside torch, a host thread's preadv).
 
 Each form runs three times, one column each: natively (pages the device corrupted, of those
@@ -24,7 +24,7 @@ PyTorch's CUDA Stream Sanitizer (all forms in one child process: reported, nothi
 
 EPILOG = """\
 exit status:
-  0  every case the dispatcher sees is RACY with its pair in the broken form and
+  0  every case a recording sees is RACY with its pair in the broken form and
      SAFE in the fixed form (the forms asked for)
   1  some such case is not (each is listed on stderr)
   2  a case or form that does not exist, or no CUDA device or kvverify._C (one line)

@@ -27,7 +27,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="demo-descriptor-rewrite", source="kvverify.record.demo", url="docs/record.md",
     root_cause="the host rewrites the pinned block-id descriptor while the previous step's H2D copy may still read it",
-    hazard="host-write", capture="dispatcher", kind="WAR", pair=("stage_descriptor", "stage_descriptor"),
+    hazard="host-write", capture="recorded", kind="WAR", pair=("stage_descriptor", "stage_descriptor"),
     witness="pages the first step gathered that belong to the second step", module=__name__)
 
 FIRST_KV, SECOND_KV = 0x51, 0x52

@@ -31,7 +31,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="demo-polled-query", source="kvverify.record.demo", url="docs/record.md",
     root_cause="the handler refills a staging buffer after polling its load's end event, whatever the poll said",
-    hazard="polling", capture="dispatcher", kind="WAR", pair=("load", "refill"),
+    hazard="polling", capture="recorded", kind="WAR", pair=("load", "refill"),
     witness="pages of the loaded block that hold the next batch's bytes", module=__name__)
 
 BATCH, NEXT_BATCH = 0x61, 0x62

@@ -32,7 +32,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="pytorch-130785", source="pytorch/pytorch#130785", url="https://github.com/pytorch/pytorch/issues/130785",
     root_cause="a pinned temporary copied through raw pointers goes back to the host allocator before the copy reads it",
-    hazard="release", capture="dispatcher", kind="WAR", pair=("scatter_chunk", "pin_next_chunk"),
+    hazard="release", capture="recorded", kind="WAR", pair=("scatter_chunk", "pin_next_chunk"),
     witness="KV pages that hold the next chunk's bytes instead of the scattered chunk's", module=__name__)
 
 CHUNK, NEXT_CHUNK = 0x21, 0x6A

@@ -79,9 +79,9 @@ class FormResult:
 
 def shortfalls(case: Case, result: FormResult) -> list[str]:
     """Why ``result`` misses what the corpus promises for ``case`` (empty when it holds): a case the
-    dispatcher sees is RACY with its pair in the broken form and SAFE over a complete recording in
+    recording sees is RACY with its pair in the broken form and SAFE over a complete recording in
     the fixed form. A case that needs native capture promises nothing here."""
-    if case.capture != "dispatcher":
+    if case.capture != "recorded":
         return []
     rec, where = result.recorded, f"{case.name} {result.form}"
     if rec.error is not None:

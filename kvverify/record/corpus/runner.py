@@ -68,7 +68,7 @@ def native(case: Case, form: str) -> tuple[Witness | None, str | None]:
 
 def blindness(case: Case, form: str, complete: bool, notes: Sequence[str]) -> str | None:
     """Why a recording cannot decide ``form`` of a case that needs native capture (None for a case
-    the dispatcher sees): the form is never run, the recording saw other threads' device work or
+    a recording sees): the form is never run, the recording saw other threads' device work or
     missed ops, or what the case says a recording misses."""
     if case.capture != "native":
         return None

@@ -32,7 +32,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="sglang-18746", source="sgl-project/sglang#18746", url="https://github.com/sgl-project/sglang/pull/18746",
     root_cause="the schedule stream rewrites a freed request's index row while the forward still gathers through it",
-    hazard="block-reuse", capture="dispatcher", kind="WAR", pair=("forward", "prepare_for_decode"),
+    hazard="block-reuse", capture="recorded", kind="WAR", pair=("forward", "prepare_for_decode"),
     witness="pages attention gathered for request X that are request Y's", module=__name__, keep_all=True)
 
 X_KV, Y_KV = 0x0A, 0x0B

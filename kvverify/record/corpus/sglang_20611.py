@@ -29,7 +29,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="sglang-20611", source="sgl-project/sglang#20611", url="https://github.com/sgl-project/sglang/pull/20611",
     root_cause="the write-through backup's D2H copy does not wait for the forward stream writing the pages",
-    hazard="forward-race", capture="dispatcher", kind="RAW", pair=("forward", "write_through"),
+    hazard="forward-race", capture="recorded", kind="RAW", pair=("forward", "write_through"),
     witness="host pages of the backup that do not hold the bytes the forward pass wrote", module=__name__)
 
 WRITTEN = 0x2B

@@ -29,7 +29,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="sglang-28468", source="sgl-project/sglang#28468", url="https://github.com/sgl-project/sglang/pull/28468",
     root_cause="eviction frees and reuses host slots while the sweep's async D2H backup still writes them",
-    hazard="release", capture="dispatcher", kind="FREE", pair=("write_backup", "evict_host"),
+    hazard="release", capture="recorded", kind="FREE", pair=("write_backup", "evict_host"),
     witness="pages of the slot's new owner that the old backup overwrote", module=__name__)
 
 BACKED_UP, NEW_OWNER = 0x3C, 0x7E

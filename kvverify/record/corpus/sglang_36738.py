@@ -27,7 +27,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="sglang-36738", source="sgl-project/sglang#36738", url="https://github.com/sgl-project/sglang/pull/36738",
     root_cause="a load-back into freed pages does not wait for the forward round still writing them",
-    hazard="block-reuse", capture="dispatcher", kind="WAW", pair=("forward", "load_back"),
+    hazard="block-reuse", capture="recorded", kind="WAW", pair=("forward", "load_back"),
     witness="pages of request B's restored prefix that hold request A's late write", module=__name__)
 
 A_KV, B_PREFIX = 0x31, 0x72

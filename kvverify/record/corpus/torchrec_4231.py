@@ -31,7 +31,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="torchrec-4231", source="meta-pytorch/torchrec#4231", url="https://github.com/meta-pytorch/torchrec/pull/4231",
     root_cause="a block read by a side stream's D2H is released without record_stream and reused on the compute stream",
-    hazard="release", capture="dispatcher", kind="WAR", pair=("stash", "next_forward"),
+    hazard="release", capture="recorded", kind="WAR", pair=("stash", "next_forward"),
     witness="host pages of the stash that hold the next tensor's bytes", module=__name__)
 
 STASHED, NEXT = 0x42, 0xFF

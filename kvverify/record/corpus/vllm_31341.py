@@ -26,7 +26,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="vllm-31341", source="vllm-project/vllm#31341", url="https://github.com/vllm-project/vllm/pull/31341",
     root_cause="the GPU->CPU store's stream does not wait for the compute stream that writes the KV block",
-    hazard="store-order", capture="dispatcher", kind="RAW", pair=("write_kv", "store"),
+    hazard="store-order", capture="recorded", kind="RAW", pair=("write_kv", "store"),
     witness="host pages of the store that do not hold the bytes compute wrote", module=__name__)
 
 WRITTEN = 0x5A

@@ -33,7 +33,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="vllm-39306", source="vllm-project/vllm#39306", url="https://github.com/vllm-project/vllm/pull/39306",
     root_cause="a store behind wait_stream(compute) reads its GPU source with ANY, which the wait does not order",
-    hazard="store-order", capture="dispatcher", kind="RAW", pair=("write_kv", "store"),
+    hazard="store-order", capture="recorded", kind="RAW", pair=("write_kv", "store"),
     witness="host pages of the store that do not hold the bytes compute wrote", module=__name__)
 
 WRITTEN = 0x3E

@@ -12,8 +12,9 @@ unmaps.
 Re-created with the driver's virtual memory API, as a sleep-capable allocator maps its pool: a store
 from the pool to pinned host memory queued behind a spin, then the unmap. Only the fixed form is
 ever executed: the broken one (the same without the synchronize in ``sleep_mode``) would make the
-DMA read an unmapped address and could leave the context unusable for everything after it. A
-recording sees neither form: ``cuMemUnmap`` is a driver call outside torch.
+DMA read an unmapped address and could leave the context unusable for everything after it, so no
+recording can show it either; the fixed form's ``cuMemMap`` and ``cuMemUnmap`` are recorded where
+cuda-python is called.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ CASE = Case(
     root_cause="sleep mode unmaps the KV pool (cuMemUnmap) while a GPU->CPU store from it is in flight",
     hazard="release", capture="native", kind="FREE", pair=("store", "sleep_mode"),
     witness="host pages of the store that do not hold the pool's bytes (fixed form only)", module=__name__,
-    unseen="cuMemUnmap and cuMemRelease are driver calls outside torch", not_run=NOT_RUN)
+    unseen="the race itself is never run (a DMA from unmapped memory can end the context); the fixed form's "
+           "cuMemMap and cuMemUnmap are recorded through cuda-python", not_run=NOT_RUN)
 
 KV = 0x4D
 DEVICE_INDEX = 0

@@ -11,8 +11,10 @@ worker thread that issues the copies is the copy backend's (its source imports `
 ``queue``), so the thread here follows the code, not the report's words.
 
 Re-created: the compute stream writes a block behind a spin; the main thread hands the store to a
-copy thread through a queue, which issues a ``cuMemcpyBatchAsync`` through cuda-python. A recording
-of the main thread sees the write and neither the thread's driver call nor its ordering.
+copy thread through a queue, which issues a ``cuMemcpyBatchAsync`` through cuda-python. The
+recording follows the copy thread (started while it runs), sees its driver call where Python makes
+it, and orders the thread's work by the queue's lock and the compute event alone: the host's
+confirmation is no device ordering.
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="vllm-45704", source="vllm-project/vllm#45704", url="https://github.com/vllm-project/vllm/issues/45704",
     root_cause="a copy thread stores a block the scheduler confirmed on the host, with no device event from compute",
-    hazard="worker-thread", capture="native", kind="RAW", pair=("write_kv", "store"),
-    witness="host pages of the store that do not hold the bytes compute wrote", module=__name__,
-    unseen="the store is another thread's cuMemcpyBatchAsync through cuda-python, a driver call outside torch")
+    hazard="worker-thread", capture="recorded", kind="RAW", pair=("write_kv", "store"),
+    witness="host pages of the store that do not hold the bytes compute wrote", module=__name__)
 
 WRITTEN = 0x5B
 

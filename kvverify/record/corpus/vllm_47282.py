@@ -28,7 +28,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="vllm-47282", source="vllm-project/vllm#47282", url="https://github.com/vllm-project/vllm/issues/47282",
     root_cause="a load into a block freed by host bookkeeping does not wait for the attention still reading it",
-    hazard="block-reuse", capture="dispatcher", kind="WAR", pair=("attend", "load"),
+    hazard="block-reuse", capture="recorded", kind="WAR", pair=("attend", "load"),
     witness="pages request A's attention read that hold request B's loaded bytes", module=__name__)
 
 A_KV, B_KV = 0x13, 0x77

@@ -27,7 +27,7 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="vllm-50696", source="vllm-project/vllm#50696", url="https://github.com/vllm-project/vllm/pull/50696",
     root_cause="a load into a fresh block does not wait for the compute stream's zero-fill of that block",
-    hazard="load-order", capture="dispatcher", kind="WAW", pair=("zero_fresh", "load"),
+    hazard="load-order", capture="recorded", kind="WAW", pair=("zero_fresh", "load"),
     witness="pages of the fresh block that do not hold the loaded prefix", module=__name__)
 
 STALE, CACHED = 0x99, 0x66

@@ -10,8 +10,8 @@ store path already did.
 
 Re-created: two load calls on an I/O thread, each reading one batch from a file into the same
 pinned slot and copying it to its own GPU block behind a spin (the transfers queued ahead). The
-``preadv`` is a system call: no recording sees it (the I/O thread itself is followed: its copies
-and events are recorded under its name).
+recording follows the I/O thread and sees ``os.preadv`` where Python calls it: a host write into the
+slot, under the thread's name.
 """
 
 from __future__ import annotations
@@ -35,10 +35,8 @@ from kvverify.record.corpus.support import (
 CASE = Case(
     name="vllm-51667", source="vllm-project/vllm#51667", url="https://github.com/vllm-project/vllm/pull/51667",
     root_cause="a load returns with its H2D copies pending; the next load's preadv overwrites the pinned slot they read",
-    hazard="host-write", capture="native", kind="WAR", pair=("load_batch", "read_slot"),
-    witness="pages of the first load's GPU block that hold the second batch's bytes", module=__name__,
-    unseen="preadv is a system call: its write into the pinned slot reaches no hook unless annotated "
-           "(kvverify.record.host_write)")
+    hazard="host-write", capture="recorded", kind="WAR", pair=("load_batch", "read_slot"),
+    witness="pages of the first load's GPU block that hold the second batch's bytes", module=__name__)
 
 FIRST, SECOND = 0x1F, 0x2F
 SLOT_BYTES = PAGES * PAGE_BYTES
