@@ -92,12 +92,13 @@ def battery() -> list[tuple[str, object]]:
     check("memory_allocated after", lambda: torch.cuda.memory_allocated() - before)
     check("record_stream of a CPU tensor", lambda: torch.empty(1).record_stream(side))
     # copies
+    kept = torch.empty(1, device="cuda")
     pinned = torch.arange(4096, dtype=torch.float32).pin_memory()
     on_gpu = pinned.to("cuda", non_blocking=True)
     back = on_gpu.to("cpu", non_blocking=True)
     torch.cuda.synchronize()
     check("round trip", lambda: (torch.equal(back, pinned), back.is_pinned(), back.dtype, on_gpu.device.type))
-    check("copy_ of a wrong size", lambda: torch.empty(1, device="cuda").copy_(torch.empty(2)))
+    check("copy_ of a wrong size into a kept tensor", lambda: kept.copy_(torch.empty(2)))
     check("copy_ from a thread", lambda: _from_thread(lambda: torch.ones(8, device="cuda").sum().item()))
     check("synchronize returns", torch.cuda.synchronize)
     return results
@@ -122,4 +123,22 @@ def test_the_battery_gives_the_same_results_and_exceptions_recorded_as_plainly()
         assert after == want, label
     assert ("ok", (True, True, "Event")) == dict(recorded)["torch.Event type"]
     assert rec.trace()["ops"], "the recording saw the battery's work"
-    assert not rec.complete()  # the battery's worker thread did device work the recording could not see
+    assert rec.complete(), rec.summary().lines()  # the battery's worker thread is followed
+    assert any(op.get("thread") for op in rec.recorder.ops if op["op"] == "kernel")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "torch's GPU-trace hooks (torch._C._activate_gpu_trace, which the recorder and PyTorch's CUDA "
+    "Stream Sanitizer need, and which torch never deactivates) import a module from C++ at every "
+    "deallocation; a CUDA temporary freed while an op's exception unwinds makes that import fail, "
+    "and the program sees SystemError instead of its RuntimeError, during and after a recording. "
+    "Native capture (CUPTI, issue 24) needs no such hook"))
+def test_an_op_that_raises_while_its_cuda_temporary_is_freed_keeps_its_exception():
+    def raising():
+        return outcome(lambda: torch.empty(1, device="cuda").copy_(torch.empty(2)))
+
+    plain = raising()
+    with recording():
+        recorded = raising()
+    assert plain[:2] == ("raise", "RuntimeError")
+    assert recorded == plain
