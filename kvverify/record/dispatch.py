@@ -214,13 +214,16 @@ class RecordingMode(TorchDispatchMode):
         rec.begin_op()
         try:
             out = func(*args, **kwargs)
+        except BaseException:
             with rec.exclusive():
-                try:
-                    info.handler(self, info, args, kwargs, out)
-                except Exception as exc:  # the program must run on: the summary says what is missing
-                    rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
-        finally:
-            with rec.exclusive():
+                rec.end_op()
+            raise
+        with rec.exclusive():
+            try:
+                info.handler(self, info, args, kwargs, out)
+            except Exception as exc:  # the program must run on: the summary says what is missing
+                rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
+            finally:
                 rec.end_op()
         return out
 

@@ -64,24 +64,27 @@ class CopyArrays:
 
 class _Exclusive:
     """``Recorder.exclusive()``: a reentrant lock whose methods are bound before a recording
-    observes the lock types' (``kvverify.record.threads``), and the thread's ``busy`` flag."""
+    observes the lock types' (``kvverify.record.threads``), and the thread's depth in the
+    recorder's own code."""
 
     def __init__(self) -> None:
         lock = threading.RLock()
         self._acquire, self._release = lock.acquire, lock.release
-        self._was = threading.local()
 
     def __enter__(self) -> None:
         self._acquire()
-        stack = getattr(self._was, "stack", None)
-        if stack is None:
-            stack = self._was.stack = []
-        stack.append(getattr(INSIDE, "busy", False))
-        INSIDE.busy = True
+        INSIDE.depth += 1
 
     def __exit__(self, *exc) -> None:
-        INSIDE.busy = self._was.stack.pop()
+        INSIDE.depth -= 1
         self._release()
+
+
+class _PerThread(threading.local):
+    """Per thread: whether an op of it runs, and what it reported meanwhile (held back)."""
+
+    in_op = False
+    held = None
 
 
 def short_at(at: str | None) -> str:
@@ -114,7 +117,7 @@ class Recorder:
         self._events: dict[int, str] = {}  # handle -> name of its current incarnation
         self._event_serial = 0
         self._stream_serial = 0
-        self._local = threading.local()  # per thread: in_op, held (ops reported while an op runs)
+        self._local = _PerThread()
         self.first = threading.get_ident()
         self.threads: dict[int, str] = {self.first: threading.current_thread().name}
         self._exclusive = _Exclusive()
@@ -188,11 +191,13 @@ class Recorder:
 
     def _held(self) -> list[dict]:
         """What this thread reported while its current op runs."""
-        return getattr(self._local, "held", None) or []
+        return self._local.held or []
 
     def _emit(self, op: dict) -> None:
         local = self._local
-        if getattr(local, "in_op", False):
+        if local.in_op:
+            if local.held is None:
+                local.held = []
             local.held.append(op)
         else:
             self._log(op)
@@ -200,15 +205,15 @@ class Recorder:
     def begin_op(self) -> None:
         """An op starts running on this thread: hold back what it reports until ``end_op``."""
         self._local.in_op = True
-        self._local.held = []
 
     def end_op(self) -> None:
         """The op is in the log (or failed): release what was reported while it ran."""
         local = self._local
         local.in_op = False
-        held, local.held = local.held, None
-        for op in held or ():
-            self._log(op)
+        if local.held is not None:
+            held, local.held = local.held, None
+            for op in held:
+                self._log(op)
 
     def issued(self, op: dict) -> None:
         """Log device work or a host access built by the dispatcher hook (``op`` in the format of

@@ -135,12 +135,11 @@ class Recording:
     @contextlib.contextmanager
     def internal(self):
         """Work of the recorder itself on this thread: the hooks report nothing meanwhile."""
-        was = busy()
-        INSIDE.busy = True
+        INSIDE.depth += 1
         try:
             yield
         finally:
-            INSIDE.busy = was
+            INSIDE.depth -= 1
 
     def _follows(self) -> bool:
         """Whether this thread's work is recorded now."""

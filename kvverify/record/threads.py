@@ -32,7 +32,13 @@ NOT_RECORDED = "NOT RECORDED"
 OTHER_THREAD_WORK = (f"{NOT_RECORDED} (device work of a thread the recording does not follow: one that was "
                      "running before it started; see docs/record.md):")
 
-INSIDE = threading.local()  # .busy: this thread is in the recorder's own code, whose locks are not the program's
+class _Inside(threading.local):
+    """Per thread: how deep it is in the recorder's own code, whose locks are not the program's."""
+
+    depth = 0
+
+
+INSIDE = _Inside()
 _LOCK_TYPES = (type(threading.Lock()), getattr(threading, "_CRLock", None) or type(threading.RLock()))
 _ACQUIRES = ("acquire", "acquire_lock", "__enter__", "_acquire_restore")
 _RELEASES = ("release", "release_lock", "__exit__", "_release_save")
@@ -40,7 +46,7 @@ _RELEASES = ("release", "release_lock", "__exit__", "_release_save")
 
 def busy() -> bool:
     """True while this thread runs the recorder's own code."""
-    return getattr(INSIDE, "busy", False)
+    return INSIDE.depth > 0
 
 
 class ThreadCapture:
