@@ -24,9 +24,10 @@ exit status:
      recording missed device work it knows of and found no race in the rest: ops the
      recorder failed on, device work of other threads (the summary's NOT RECORDED lines)
 
-The program runs in this process (runpy for scripts and modules, pytest.main for pytest),
-on the thread that records: work issued from other threads is not recorded, and where the
-recording sees that it was issued, it says so and never calls the rest SAFE (docs/record.md).
+The program runs in this process (runpy for scripts and modules, pytest.main for pytest).
+The threads it starts are recorded too, ordered by their start, join and locks; threads
+running before the recording are not, and where their work is seen the recording says so
+and never calls the rest SAFE (docs/record.md).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
