@@ -64,7 +64,7 @@ step platform 30 bash -c 'nvidia-smi --query-gpu=name,driver_version,pcie.link.g
 step build 300 env TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="$(nproc)" \
   python3 -m pip install --no-build-isolation --no-deps -e .
 # shellcheck disable=SC2086  # GPU_TESTS is a list of paths
-step gpu-tests 420 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ${GPU_TESTS:-}
+step gpu-tests 480 python3 -m pytest -m gpu -q -rs -p no:cacheprovider --junitxml="$OUT/gpu-tests.xml" ${GPU_TESTS:-}
 grep -E "^=* ?[0-9]+ (passed|failed)|^[0-9]+ (passed|failed)" "$LOG" | tail -n 1
 # The smoke campaign (Llama-3.1-8B pages) and the same cells with a second preset's geometry; the
 # target is 90 s each, the cap leaves room to see by how much a slow run misses it.
