@@ -302,13 +302,20 @@ class RecordingMode(TorchDispatchMode):
         memory = self.rec.memory
         span = memory.resolve_known(start, length)
         if span is not None:
-            return span
+            if (memory.allocations[span[0]].space == DEVICE_SPACE) == (where == "device"):
+                return span
+            # host memory is freed without a report: an allocation the map still holds there is gone
+            self.rec.notes["tensors found where the recording still had other memory (freed unseen)"] += 1
         storage = t.untyped_storage()
         if where == "device":
             space = DEVICE_SPACE
         else:
             space = HOST_SPACE["pinned"] if self.platform.is_pinned(t) else HOST_SPACE["pageable"]
-        memory.known(storage.data_ptr(), max(1, storage.nbytes()), space, "a tensor made before the recording")
+        if span is not None:
+            self.rec.allocated(storage.data_ptr(), max(1, storage.nbytes()), space, "a tensor made where freed memory was",
+                               at)
+        else:
+            memory.known(storage.data_ptr(), max(1, storage.nbytes()), space, "a tensor made before the recording")
         span = memory.resolve(start, length)
         if span is not None:
             return span

@@ -202,3 +202,20 @@ def test_threads_running_when_the_recording_starts_are_named_in_the_summary(fake
         idle.join()
     assert any("engine-loop" in line for line in rec.summary().lines())
     assert rec.complete()  # named, not missed: nothing says it did device work
+
+
+def test_host_memory_freed_unseen_does_not_pass_for_the_device_tensor_made_there(fake):
+    """CPU frees reach no callback: the map may still hold a freed pageable tensor where new memory
+    now lies. A device tensor there must not be taken for that host memory (a copy into it would be
+    host to host, read at the call, and its race hidden)."""
+    gpu, staging = fake.device(BLOCK), fake.pinned(BLOCK)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        # what the map would hold had a CPU tensor lived at these addresses and been freed
+        rec.recorder.allocated(gpu.data_ptr(), BLOCK, "host_pageable", "output of aten.empty", None)
+        with fake.use(fake.stream()):
+            gpu.copy_(staging, non_blocking=True)
+        staging.fill_(2)  # the host rewrites the source the H2D may still read
+    doc = rec.trace()
+    copy = next(op for op in doc["ops"] if op["op"] == "copy")
+    assert doc["buffers"][copy["dst"][0]]["space"] == "device"
+    assert [r.kind for r in rec.check().races] == ["WAR"]
