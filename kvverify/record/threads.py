@@ -143,9 +143,21 @@ class ThreadCapture:
         capture = self
         if name in _RELEASES:
             def release(lock, *args):
-                # logged before the lock is free: an acquire elsewhere comes later in the trace
-                capture._lock("release", lock)
-                return original(lock, *args)
+                # logged before the lock is free, holding the recorder until it is: an acquire
+                # elsewhere comes later in the trace; a release that raises (the lock not held, an
+                # RLock of another thread) released nothing, and its op is taken back
+                if not capture._observing():
+                    return original(lock, *args)
+                with capture.recorder.exclusive():
+                    ops = capture.recorder.ops
+                    capture._log_lock("release", lock)
+                    logged = len(ops)
+                    try:
+                        return original(lock, *args)
+                    except BaseException:
+                        if len(ops) == logged:
+                            ops.pop()
+                        raise
             return release
 
         def acquire(lock, *args, **kwargs):
@@ -155,17 +167,24 @@ class ThreadCapture:
             return got
         return acquire
 
-    def _lock(self, kind: str, lock) -> None:
+    def _observing(self) -> bool:
         # with one thread followed, its locks order nothing its program order and the start of the
         # next thread (a release it acquires) do not
         threads = self.recorder.threads
-        if not self.active or len(threads) < 2 or busy() or threading.get_ident() not in threads:
+        return self.active and len(threads) >= 2 and not busy() and threading.get_ident() in threads
+
+    def _lock(self, kind: str, lock) -> None:
+        if not self._observing():
             return
         with self.recorder.exclusive():
-            entry = self._syncs.get(id(lock))
-            if entry is None:
-                entry = self._syncs[id(lock)] = (lock, f"lock{len(self._syncs) + 1}")
-            self.recorder.host_synchronized(kind, entry[1])
+            self._log_lock(kind, lock)
+
+    def _log_lock(self, kind: str, lock) -> None:
+        """Log ``kind`` of ``lock`` (holding the recorder)."""
+        entry = self._syncs.get(id(lock))
+        if entry is None:
+            entry = self._syncs[id(lock)] = (lock, f"lock{len(self._syncs) + 1}")
+        self.recorder.host_synchronized(kind, entry[1])
 
     def _sync(self, kind: str, name: str) -> None:
         with self.recorder.exclusive():
