@@ -119,7 +119,10 @@ class Recorder:
         self._stream_serial = 0
         self._local = _PerThread()
         self.first = threading.get_ident()
-        self.threads: dict[int, str] = {self.first: threading.current_thread().name}
+        self.threads: dict[int, str] = {self.first: threading.current_thread().name}  # ident -> name, now
+        # every thread's name, in the order they came: an ident names another thread once its
+        # thread ended and the system reuses it, the name stays its thread's
+        self.names: list[str] = [self.threads[self.first]]
         self._exclusive = _Exclusive()
         self._short: dict[str, str] = {}  # at -> short_at(at), for the names of new events
         self._stream_uses: dict[int, dict] = {}  # allocation index -> streams of record_stream (keys, in order)
@@ -168,12 +171,13 @@ class Recorder:
 
     def thread_started(self, ident: int, name: str) -> str:
         """Record the thread ``ident`` from now on, under ``name`` (made unique); returns it."""
-        taken = set(self.threads.values())
+        taken = set(self.names)
         unique, k = name, 1
         while unique in taken:
             k += 1
             unique = f"{name} #{k}"
         self.threads[ident] = unique
+        self.names.append(unique)
         return unique
 
     def exclusive(self) -> _Exclusive:

@@ -77,3 +77,50 @@ def test_a_lock_release_that_raises_orders_nothing(fake):
     doc = rec.trace()
     kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
     assert kinds == [("RAW", "host_write", "copy")]
+
+
+def test_threadings_own_bookkeeping_lock_orders_no_thread_after_another():
+    """Every thread takes ``threading._active_limbo_lock`` as it begins and ends, and ``Thread.start``
+    takes it too: observed as a program lock, it ordered a thread started after another one ended
+    after everything that one did. The program never synchronized them: its writer's host write and
+    the copy that reads the bytes race (a slower writer would still be writing)."""
+    fake = FakeCuda()
+    cpu, gpu = fake.pinned(BLOCK), fake.device(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        writer = threading.Thread(target=lambda: record.host_write(cpu), name="writer")
+        writer.start()
+        while writer.is_alive():  # (not a join: the program does not wait for it; this run happens to)
+            time.sleep(0.001)
+
+        def reader():
+            with fake.use(side):
+                gpu.copy_(cpu, non_blocking=True)
+
+        copier = threading.Thread(target=reader, name="reader")
+        copier.start()
+        copier.join()
+        writer.join()
+    doc = rec.trace()
+    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
+    assert kinds == [("RAW", "host_write", "copy")]
+
+
+def test_a_thread_that_gets_the_ident_of_one_that_ended_keeps_both_names_apart(fake):
+    """Thread idents are reused once a thread ended (glibc hands the next thread the same pthread):
+    the new thread's name replaced the old one's in the recorder, so the old thread's ops named a
+    thread the trace did not declare (an invalid trace: ``check`` raised), and a third thread of
+    the old one's name got that name again, merging two program orders into one."""
+    gpu = fake.device(BLOCK)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        idents = []
+        for _ in range(3):
+            t = threading.Thread(target=lambda: (idents.append(threading.get_ident()), gpu.add_(1)), name="worker")
+            t.start()
+            t.join()
+    if len(set(idents)) == 3:
+        pytest.skip("this system gave each thread a new ident")
+    doc = rec.trace()
+    assert doc["threads"] == ["MainThread", "worker", "worker #2", "worker #3"]
+    assert {op["thread"] for op in doc["ops"] if "thread" in op} == {"worker", "worker #2", "worker #3"}
+    rec.check()  # a valid trace
