@@ -124,3 +124,89 @@ def test_a_thread_that_gets_the_ident_of_one_that_ended_keeps_both_names_apart(f
     assert doc["threads"] == ["MainThread", "worker", "worker #2", "worker #3"]
     assert {op["thread"] for op in doc["ops"] if "thread" in op} == {"worker", "worker #2", "worker #3"}
     rec.check()  # a valid trace
+
+
+# -- lifetimes -------------------------------------------------------------------------------------
+
+H = 0xE100  # one CUDA event handle
+
+
+def d2h(rec: Recorder, gpu, host, *, event: int | None, created: bool = True):
+    """``host.copy_(gpu, non_blocking=True)`` on SIDE as the dispatcher logs it: torch's pinned
+    allocator records ``event`` on the stream while the op runs (held back), then the copy is logged
+    and fenced, then what was held."""
+    rec.begin_op()
+    if event is not None:
+        if created:
+            rec.event_created(event)
+        rec.event_recorded(event, SIDE)
+    rec.copy(SIDE, "copy_", (gpu.index, 0, BLOCK), (host.index, 0, BLOCK), rec.locate())
+    rec.host_copy_fenced(host.index)
+    rec.end_op()
+
+
+def test_a_pinned_allocator_event_reused_for_another_block_fences_only_its_own_copy():
+    """torch's pinned allocator takes its events from a pool: once block X's event completed, X is
+    free and the same CUDA event is recorded again for a copy into block Y. X's reuse was written
+    as a true query of the event's *name*, which (rule 3) reads its latest record: Y's copy, which
+    the allocator never waited for. The host's read of Y, unsynchronized, was called SAFE."""
+    rec = Recorder(Lines())
+    x = rec.allocated(0x900000, BLOCK, "host_pinned", "output of aten.empty", rec.locate())
+    y = rec.allocated(0xA00000, BLOCK, "host_pinned", "output of aten.empty", rec.locate())
+    g1 = rec.allocated(0x10000, BLOCK, "device", "t", rec.locate())
+    g2 = rec.allocated(0x20000, BLOCK, "device", "t", rec.locate())
+    d2h(rec, g1, x, event=H)
+    d2h(rec, g2, y, event=H, created=False)  # the pool's event again: no creation callback
+    new = rec.allocated(0x900000, BLOCK, "host_pinned", "output of aten.empty", rec.locate())  # X handed out again
+    rec.host_access("host_write", [(new.index, 0, BLOCK)], "fill", rec.locate())
+    rec.host_access("host_read", [(y.index, 0, BLOCK)], "consume", rec.locate())
+    doc, found = verdict(rec)
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second].get("name")) for r in found] == \
+        [("RAW", "copy", "consume")]
+
+
+def test_a_record_stream_block_freed_while_an_op_runs_fences_only_work_issued_before_the_free():
+    """The caching allocator records its ``record_stream`` event when the block is freed; a block
+    freed while an op runs (its last reference dropped inside it, an ``out=`` resized) had that
+    record held back until the op was logged, so the event captured the op's own copy too. The
+    block's reuse then ordered the copy before the host: its unsynchronized read was called SAFE."""
+    rec = Recorder(Lines())
+    old = rec.allocated(0x10000, BLOCK, "device", "t", rec.locate())
+    gpu = rec.allocated(0x20000, BLOCK, "device", "t", rec.locate())
+    host = rec.allocated(0x900000, BLOCK, "host_pageable", "t", rec.locate())
+    rec.stream_used(0x10000, SIDE)
+    rec.begin_op()  # host.copy_(gpu, non_blocking=True) on SIDE, during which `old` is freed
+    rec.memory_freed(0x10000)
+    rec.copy(SIDE, "copy_", (gpu.index, 0, BLOCK), (host.index, 0, BLOCK), rec.locate())
+    rec.end_op()
+    rec.memory_allocated(0x10000)
+    rec.allocated(0x10000, BLOCK, "device", "t", rec.locate())  # the block's next owner
+    rec.host_access("host_read", [(host.index, 0, BLOCK)], "consume", rec.locate())
+    doc, found = verdict(rec)
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second].get("name")) for r in found] == \
+        [("RAW", "copy", "consume")]
+
+
+def test_foreach_copy_fences_each_pinned_block_only_with_its_own_copy(fake):
+    """``torch._foreach_copy_`` runs one non-blocking copy per pair, and the pinned allocator records
+    one event after each; the dispatcher sees them all held back at the end of the op, and fenced
+    every pair's block with every event, the later pairs' included. The reuse of the first block
+    then ordered the second pair's D2H before the host's read of its destination: called SAFE."""
+    gpu1, gpu2 = fake.device(BLOCK), fake.device(BLOCK)
+    first, second = fake.pinned(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        recorder = rec.recorder
+        with fake.use(side):
+            # the pinned allocator's two events, as torch records them while the op runs
+            recorder.begin_op()
+            for _ in range(2):
+                fake.event().record(side)
+            torch._foreach_copy_([first, second], [gpu1, gpu2], non_blocking=True)
+        # the first block is handed out again (an allocation of the pinned allocator at its address)
+        with recorder.exclusive():
+            recorder.allocated(first.data_ptr(), BLOCK, "host_pinned", "output of aten.empty", None)
+        record.host_read(second)
+    doc = rec.trace()
+    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
+    assert ("RAW", "copy", "host_read") in kinds
