@@ -266,3 +266,43 @@ def test_a_host_pointer_given_as_a_one_element_array_is_its_address_not_its_valu
     assert copy["src"][0] == "slot"
     assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races] == \
         [("WAR", "copy", "host_write")]
+
+
+# -- state left behind -------------------------------------------------------------------------------
+
+
+def test_a_programs_own_gc_freeze_survives_a_recording(fake):
+    """Servers call ``gc.freeze()`` after start-up (objects kept out of every collection for good);
+    the recording's ``gc.unfreeze()`` at its end put all of them back into the collector's passes."""
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with record.recording(platform=fake, skip=fake.skip()):
+            torch.zeros(1)
+        assert gc.get_freeze_count() > frozen // 2  # (frozen objects may still be deallocated meanwhile)
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.xfail(strict=True, reason="a thread started while recording keeps its recording dispatch mode "
+                   "after the recording stopped, until the thread ends: every op of a long-lived worker still "
+                   "goes through a Python __torch_dispatch__ and torch sees a dispatch mode on its stack "
+                   "(torch.compile, FakeTensor and _get_current_dispatch_mode() behave differently); modes are "
+                   "thread-local, so only the thread itself can pop it (e.g. at its next op once inactive)")
+def test_a_thread_started_while_recording_has_no_dispatch_mode_after_the_recording_stopped(fake):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    stopped, seen = threading.Event(), []
+
+    def worker():
+        stopped.wait()
+        torch.zeros(1).add_(1)
+        seen.append(_get_current_dispatch_mode())
+
+    with record.recording(platform=fake, skip=fake.skip()):
+        t = threading.Thread(target=worker)
+        t.start()
+    stopped.set()
+    t.join()
+    assert seen == [None]
