@@ -306,3 +306,34 @@ def test_a_thread_started_while_recording_has_no_dispatch_mode_after_the_recordi
     stopped.set()
     t.join()
     assert seen == [None]
+
+
+def test_cuda_host_unregister_through_torchs_cudart_is_a_free(monkeypatch):
+    """``cudaHostUnregister`` of kvverify's host memory is a ``free`` (device work still on the bytes
+    races with it); the same call through ``torch.cuda.cudart()`` only forgot the memory, so a D2H
+    still writing it was called SAFE against the release."""
+    from kvverify.record.hooks import CudaPlatform, thread_guard
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            return 0
+
+    cudart = Cudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    rec = Recorder(Lines())
+    platform = CudaPlatform()
+    platform._wrap_host_register(rec, thread_guard(rec, lambda: False))
+    try:
+        buf = np.zeros(BLOCK, dtype=np.uint8)
+        cudart.cudaHostRegister(buf.ctypes.data, BLOCK, 0)
+        registered = rec.memory.find(buf.ctypes.data)
+        gpu = rec.allocated(0x10000, BLOCK, "device", "t", rec.locate())
+        rec.copy(SIDE, "copy_", (gpu.index, 0, BLOCK), (registered.index, 0, BLOCK), rec.locate())  # in flight
+        cudart.cudaHostUnregister(buf.ctypes.data)
+    finally:
+        platform.uninstall()
+    doc, found = verdict(rec)
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in found] == [("FREE", "copy", "free")]
