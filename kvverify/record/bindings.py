@@ -43,6 +43,23 @@ def _int(handle) -> int:
     return int(handle)
 
 
+def _host_pointer(ptr) -> int:
+    """The address cuda-python passes for a host pointer argument (``srcHost``, ``dstHost``: an
+    int, or any object with the buffer protocol, whose data's address it takes: a numpy array of
+    one element is its address, not its value), decoded by cuda-python's own helper."""
+    try:
+        from cuda.bindings.driver import _HelperInputVoidPtr
+    except ImportError:  # a cuda-python without the helper: ints, and buffers by their address
+        if ptr is None:
+            return 0
+        if isinstance(ptr, int):
+            return ptr
+        import numpy as np
+
+        return int(np.frombuffer(memoryview(ptr).cast("B"), dtype=np.uint8).ctypes.data)
+    return int(_HelperInputVoidPtr(ptr).cptr)
+
+
 def _ok(result) -> bool:
     """Whether a cuda-python call succeeded: its first return value is ``CUDA_SUCCESS`` (0)."""
     status = result[0] if isinstance(result, tuple) else result
@@ -139,8 +156,11 @@ class Bindings:
         import numpy as np
 
         size = np.array([int(nbytes)], dtype=np.int64)
+        # the host side of HtoD / DtoH is any host pointer cuda-python accepts
+        src = _host_pointer(src) if name == "cuMemcpyHtoDAsync" else _int(src)
+        dst = _host_pointer(dst) if name == "cuMemcpyDtoHAsync" else _int(dst)
         s_index, s_offset, d_index, d_offset = self.mode.resolve_both(
-            np.array([_int(src)], dtype=np.int64), np.array([_int(dst)], dtype=np.int64), size, at)
+            np.array([src], dtype=np.int64), np.array([dst], dtype=np.int64), size, at)
         n = int(nbytes)
         self.rec.copy(self.stream_key(_int(stream)), f"cuda-python {name}", (int(s_index[0]), int(s_offset[0]), n),
                       (int(d_index[0]), int(d_offset[0]), n), at)
@@ -196,10 +216,24 @@ class Bindings:
         if not _ok(result):
             return
         base, nbytes = _int(args[0]), int(args[1])
+        end = base + nbytes
         memory = self.rec.memory
-        span = memory.resolve(base, nbytes) or memory.unresolved_span(base, nbytes, memory.why_not(base, nbytes), at)
-        self.rec.released([span], f"cuda-python {name}", at)
-        self.rec.memory.retire(base)
+        # the range may cover several mappings (and bytes the recording never learnt of): a free of
+        # each part where it lies, so that device work on any of them races with the unmap
+        spans, cursor = [], base
+        mapped = memory.overlapping(base, end)
+        for a in mapped:
+            lo, hi = max(a.base, base), min(a.end, end)
+            if lo > cursor:
+                spans.append(memory.unresolved_span(cursor, lo - cursor, "lies in no allocation the recording knows", at))
+            spans.append((a.index, lo - a.base, hi - lo))
+            cursor = hi
+        if cursor < end:
+            spans.append(memory.unresolved_span(cursor, end - cursor, "lies in no allocation the recording knows", at))
+        self.rec.released(spans, f"cuda-python {name}", at)
+        for a in mapped:
+            if not a.placeholder:
+                memory.retire(a.base)
 
     # -- the operating system ------------------------------------------------------------------
 

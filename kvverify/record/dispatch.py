@@ -437,12 +437,17 @@ class RecordingMode(TorchDispatchMode):
         fresh = info.qualified == "aten::_foreach_copy"
         srcs, dsts = _argument(info, args, kwargs, "src"), out if fresh else args[0]
         where = self.platform.where
-        for src, dst in zip(srcs, dsts):
-            ws, wd = where(src), where(dst)
+        pairs = [(src, dst, where(src), where(dst)) for src, dst in zip(srcs, dsts)]
+        # the pinned allocator records one event after each pair's copy, all held back until the op
+        # is logged, after every copy: which event is whose is unknown, and each captures the later
+        # pairs' copies too. With more than one pair across host and device, no block is fenced
+        # (its reuse is then unordered: a report too many, never a race hidden).
+        crossing = sum(1 for _, _, ws, wd in pairs if ws is not None and wd is not None and ws != wd)
+        for src, dst, ws, wd in pairs:
             if fresh and wd is not None:
                 self._fresh(dst, wd, at, info.origin, may_pin=False)
             if ws is not None and wd is not None and ws != wd:
-                self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1)
+                self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1, fence=crossing == 1)
                 continue
             # not across host and device: as any op, a kernel on device memory or a host access
             reads = [s for s in (ws and self.span(src, ws, at),) if s]
@@ -468,10 +473,11 @@ class RecordingMode(TorchDispatchMode):
         self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1)
 
     def _cross(self, info: OpInfo, src, dst, ws: str, wd: str, non_blocking: bool, at: str | None,
-               bumps: int = 1) -> None:
+               bumps: int = 1, fence: bool = True) -> None:
         """A copy between host (``ws`` or ``wd``: ``"host"``) and device memory, and the stream
         synchronization a blocking one implies. ``bumps``: 1 where ``dst`` is written in place
-        (its version counter moves once the op returns), 0 for a new tensor."""
+        (its version counter moves once the op returns), 0 for a new tensor. ``fence``: the events
+        recorded while the op ran are the pinned allocator's for this copy alone."""
         device_side = src if ws == "device" else dst
         stream = self.platform.stream_key(device_side)
         src_span, dst_span = self.span(src, ws, at), self.span(dst, wd, at)
@@ -487,7 +493,7 @@ class RecordingMode(TorchDispatchMode):
                             [span] if rest[1] == "writes" else [], at)
         if not non_blocking:
             self.rec.synchronized_by_op(stream, at)
-        else:
+        elif fence:
             host = src_span[0] if ws == "host" else dst_span[0]
             if self.rec.memory.allocations[host].space == HOST_SPACE["pinned"]:
                 self.rec.host_copy_fenced(host)

@@ -219,7 +219,15 @@ class CudaPlatform(Platform):
             recorder.memory.fresh(int(ptr), int(size), HOST_SPACE["registered"], "cudaHostRegister (torch cudart)",
                                   recorder.locate())
 
-        learn_guarded, retire_guarded = guard(learn), guard(lambda ptr: recorder.memory.retire(int(ptr)))
+        def release(ptr):
+            # as kvverify's own host_unregister: the release orders nothing, device work still on
+            # the bytes races with it (a free of the whole registration)
+            released = recorder.memory.retire(int(ptr))
+            if released is not None:
+                recorder.released([(released.index, 0, released.size)], "cudaHostUnregister (torch cudart)",
+                                  recorder.locate())
+
+        learn_guarded, retire_guarded = guard(learn), guard(release)
 
         def host_register(ptr, size, flags):
             result = register(ptr, size, flags)

@@ -119,7 +119,10 @@ class Recorder:
         self._stream_serial = 0
         self._local = _PerThread()
         self.first = threading.get_ident()
-        self.threads: dict[int, str] = {self.first: threading.current_thread().name}
+        self.threads: dict[int, str] = {self.first: threading.current_thread().name}  # ident -> name, now
+        # every thread's name, in the order they came: an ident names another thread once its
+        # thread ended and the system reuses it, the name stays its thread's
+        self.names: list[str] = [self.threads[self.first]]
         self._exclusive = _Exclusive()
         self._short: dict[str, str] = {}  # at -> short_at(at), for the names of new events
         self._stream_uses: dict[int, dict] = {}  # allocation index -> streams of record_stream (keys, in order)
@@ -168,12 +171,13 @@ class Recorder:
 
     def thread_started(self, ident: int, name: str) -> str:
         """Record the thread ``ident`` from now on, under ``name`` (made unique); returns it."""
-        taken = set(self.threads.values())
+        taken = set(self.names)
         unique, k = name, 1
         while unique in taken:
             k += 1
             unique = f"{name} #{k}"
         self.threads[ident] = unique
+        self.names.append(unique)
         return unique
 
     def exclusive(self) -> _Exclusive:
@@ -307,8 +311,10 @@ class Recorder:
         for stream in uses:
             self._event_serial += 1
             event = f"free{self._event_serial} ({self._short_at(at)})"
-            self._emit({"op": "record", "event": event, "stream": self.stream(stream, at), "at": at,
-                        "name": "caching allocator: record_stream event at the free"})
+            # logged now, not held back until an op that runs meanwhile is: the allocator records
+            # the event at the free, before the rest of that op's work (which it must not capture)
+            self._log({"op": "record", "event": event, "stream": self.stream(stream, at), "at": at,
+                       "name": "caching allocator: record_stream event at the free"})
             events.append(event)
         self._fences.append((freed.base, freed.end, tuple(events)))
 
@@ -322,7 +328,16 @@ class Recorder:
         """The op being logged is a non-blocking copy from or to pinned ``allocation``: the events
         recorded while it ran are torch's pinned allocator's (``CachingHostAllocator_recordEvent``),
         which it waits for before handing the block out again."""
-        events = [op["event"] for op in self._held() if op["op"] == "record"]
+        events = []
+        for op in self._held():
+            if op["op"] == "record":
+                # the allocator takes its events from a pool: the same CUDA event is recorded again
+                # for another block once this one's completed, and a query of the event's name would
+                # read that later record (rule 3). This record gets a name of its own.
+                self._event_serial += 1
+                op["event"] = f"pinned{self._event_serial} ({self._short_at(op['at'])})"
+                op["name"] = "pinned allocator: its event after a copy from or to the block"
+                events.append(op["event"])
         if events:
             self._host_fences.setdefault(allocation, []).extend(events)
 

@@ -101,8 +101,12 @@ class Recording:
             _active = self
             # The log grows by a few objects per op, and the collector's full passes would walk
             # the whole heap (torch's included, hundreds of thousands of objects) over and over:
-            # what existed before the recording is left out of them until it stops.
-            gc.freeze()
+            # what existed before the recording is left out of them until it stops. A program that
+            # froze its own objects already (a server after start-up) keeps them so: unfreeze()
+            # would give it back every one of them, so the recording then freezes nothing.
+            self._froze = gc.get_freeze_count() == 0
+            if self._froze:
+                gc.freeze()
         return self
 
     def stop(self) -> None:
@@ -121,7 +125,8 @@ class Recording:
                 self._mode.active = False  # the modes of threads still running record nothing more
                 self._mode.__exit__(None, None, None)
             finally:
-                gc.unfreeze()
+                if self._froze:
+                    gc.unfreeze()
                 self._platform_in_use.uninstall()
                 self.running = False
                 _active = None

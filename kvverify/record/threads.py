@@ -40,6 +40,11 @@ class _Inside(threading.local):
 
 INSIDE = _Inside()
 _LOCK_TYPES = (type(threading.Lock()), getattr(threading, "_CRLock", None) or type(threading.RLock()))
+# threading's own locks, taken as every thread begins and ends (``_active_limbo_lock``: also by
+# ``Thread.start``, ``enumerate()``): observed, they would order a thread started after another
+# ended after everything that one did, which the program never asked for
+_BOOKKEEPING = frozenset(id(lock) for lock in (getattr(threading, "_active_limbo_lock", None),
+                                               getattr(threading, "_shutdown_locks_lock", None)) if lock is not None)
 _ACQUIRES = ("acquire", "acquire_lock", "__enter__", "_acquire_restore")
 _RELEASES = ("release", "release_lock", "__exit__", "_release_save")
 
@@ -143,9 +148,21 @@ class ThreadCapture:
         capture = self
         if name in _RELEASES:
             def release(lock, *args):
-                # logged before the lock is free: an acquire elsewhere comes later in the trace
-                capture._lock("release", lock)
-                return original(lock, *args)
+                # logged before the lock is free, holding the recorder until it is: an acquire
+                # elsewhere comes later in the trace; a release that raises (the lock not held, an
+                # RLock of another thread) released nothing, and its op is taken back
+                if not capture._observing(lock):
+                    return original(lock, *args)
+                with capture.recorder.exclusive():
+                    ops = capture.recorder.ops
+                    capture._log_lock("release", lock)
+                    logged = len(ops)
+                    try:
+                        return original(lock, *args)
+                    except BaseException:
+                        if len(ops) == logged:
+                            ops.pop()
+                        raise
             return release
 
         def acquire(lock, *args, **kwargs):
@@ -155,17 +172,26 @@ class ThreadCapture:
             return got
         return acquire
 
-    def _lock(self, kind: str, lock) -> None:
+    def _observing(self, lock) -> bool:
         # with one thread followed, its locks order nothing its program order and the start of the
-        # next thread (a release it acquires) do not
+        # next thread (a release it acquires) do not; threading's own bookkeeping locks order
+        # nothing the program asked for (start and join are written as such)
         threads = self.recorder.threads
-        if not self.active or len(threads) < 2 or busy() or threading.get_ident() not in threads:
+        return (self.active and len(threads) >= 2 and not busy() and threading.get_ident() in threads
+                and id(lock) not in _BOOKKEEPING)
+
+    def _lock(self, kind: str, lock) -> None:
+        if not self._observing(lock):
             return
         with self.recorder.exclusive():
-            entry = self._syncs.get(id(lock))
-            if entry is None:
-                entry = self._syncs[id(lock)] = (lock, f"lock{len(self._syncs) + 1}")
-            self.recorder.host_synchronized(kind, entry[1])
+            self._log_lock(kind, lock)
+
+    def _log_lock(self, kind: str, lock) -> None:
+        """Log ``kind`` of ``lock`` (holding the recorder)."""
+        entry = self._syncs.get(id(lock))
+        if entry is None:
+            entry = self._syncs[id(lock)] = (lock, f"lock{len(self._syncs) + 1}")
+        self.recorder.host_synchronized(kind, entry[1])
 
     def _sync(self, kind: str, name: str) -> None:
         with self.recorder.exclusive():

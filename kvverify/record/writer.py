@@ -260,7 +260,7 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
     doc = {"version": 1, "buffers": buffers, "streams": list(streams)}
     others = {out["thread"] for out in ops if "thread" in out}
     if others:  # trace format 1.2: the recording thread first, then the others in the order they came
-        doc["threads"] = [t for t in recorder.threads.values() if t in others or t == recorder.threads[recorder.first]]
+        doc["threads"] = [t for k, t in enumerate(recorder.names) if t in others or k == 0]
     doc["ops"] = ops
     summary.threads = 1 + len(others)
     return doc, summary
