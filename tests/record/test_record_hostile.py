@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from fake_cuda import FakeCuda
+from fake_cuda import FakeCuda, Lines
 
 import kvverify.record as record
 from kvverify.check import check
@@ -21,14 +21,6 @@ from kvverify.record.writer import build
 SIDE, COMPUTE = 0x7F10, 0x7F00
 BLOCK = 4096
 
-
-class Lines:
-    def __init__(self):
-        self.line = 0
-
-    def __call__(self, depth: int = 1):
-        self.line += 1
-        return f"prog.py:{self.line} in step"
 
 
 def verdict(rec: Recorder):
@@ -171,7 +163,7 @@ def test_a_record_stream_block_freed_while_an_op_runs_fences_only_work_issued_be
     record held back until the op was logged, so the event captured the op's own copy too. The
     block's reuse then ordered the copy before the host: its unsynchronized read was called SAFE."""
     rec = Recorder(Lines())
-    old = rec.allocated(0x10000, BLOCK, "device", "t", rec.locate())
+    rec.allocated(0x10000, BLOCK, "device", "t", rec.locate())  # `old`
     gpu = rec.allocated(0x20000, BLOCK, "device", "t", rec.locate())
     host = rec.allocated(0x900000, BLOCK, "host_pageable", "t", rec.locate())
     rec.stream_used(0x10000, SIDE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fake_cuda import FakeCuda
+from fake_cuda import FakeCuda, Lines
 
 import kvverify.record as record
 from kvverify.check import check
@@ -20,16 +20,6 @@ COMPUTE, SIDE = 0x7F00, 0x7F10  # stream handles
 BLOCK = 1 << 20
 EVENT = 0xE000
 
-
-class Lines:
-    """Every op is issued at the next line of prog.py, in ``step``."""
-
-    def __init__(self):
-        self.line = 0
-
-    def __call__(self, depth: int = 1):
-        self.line += 1
-        return f"prog.py:{self.line} in step"
 
 
 def races(rec: Recorder):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fake_cuda import Lines
 
 from kvverify.check import Trace, check
 from kvverify.record.recorder import LEGACY_STREAM, CopyArrays, Recorder
@@ -13,16 +14,6 @@ from kvverify.record.writer import build
 COMPUTE, OFFLOAD = 0x7F00, 0x7F10  # stream handles
 EVENT, EVENT2 = 0xE000, 0xE100
 
-
-class Lines:
-    """A fake locator: every op is issued at the next line of prog.py."""
-
-    def __init__(self):
-        self.line = 0
-
-    def __call__(self):
-        self.line += 1
-        return f"prog.py:{self.line} in step"
 
 
 def recorder() -> Recorder:

@@ -82,7 +82,6 @@ def store(job) -> None:
 def run(form: str) -> Witness:
     """Run ``form`` ("broken" or "fixed") on cuda:0; count the stored pages that missed the write."""
     import torch
-
     from cuda.bindings import driver, runtime  # noqa: F401  # a first import outlasts the spin: not in the window
 
     fixed = is_fixed(form)
