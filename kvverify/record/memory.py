@@ -92,6 +92,7 @@ class MemoryMap:
     def __init__(self) -> None:
         self.allocations: list[Allocation] = []
         self.unresolved: list[Unresolved] = []
+        self.overruns = 0  # unresolved ranges that run past a live allocation (their own placeholder)
         self.version = 0  # changes whenever the live set does
         # The live allocations sorted by base, in parallel sequences: a lookup is one bisect (on a
         # list: an array would make an int of every element it compares) and one index. Where each
@@ -243,6 +244,7 @@ class MemoryMap:
         if any(not a.placeholder and a.base < end and address < a.end for a in around):
             a = Allocation(len(self.allocations), int(address), int(length), "host_pageable", UNRESOLVED_ORIGIN, at)
             self.allocations.append(a)
+            self.overruns += 1
         else:
             merged = [a for a in around if a.placeholder]
             lo = min([address] + [a.base for a in merged])

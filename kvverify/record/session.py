@@ -172,6 +172,10 @@ class Recording:
             doc, summary = build(self.recorder, keep_all=self.keep_all)
             summary.notes += [f"{what}: {n}" for what, n in sorted(self.recorder.notes.items())]
             summary.notes += self._threads.lines()
+            if self.recorder.memory.overruns:
+                # their placeholder shares no bytes with the allocation they run into: a race there is not decided
+                summary.notes.append(f"{NOT_RECORDED} (ranges that run past the allocation they start in, listed "
+                                     f"above; races on their bytes are not decided): {self.recorder.memory.overruns}")
             self._built = (doc, summary)
         return self._built
 

@@ -206,6 +206,25 @@ def test_a_pointer_into_no_known_allocation_is_reported_by_name_and_never_droppe
     assert u.reason == "dst_ptrs[0] lies in no allocation the recording knows" and short_at(u.at) == at
 
 
+def test_a_range_that_runs_past_its_allocation_makes_the_recording_incomplete(fake):
+    """Its placeholder shares no bytes with the allocation it runs into: a race on those bytes is not
+    decided, so the recording must not pass for complete."""
+    import kvverify.record as kvrecord
+
+    kvswap, _ = swap_ops()
+    gpu = fake.device(2 * BLOCK)
+    cpu = fake.pinned(2 * BLOCK)  # the memory is there; the program declared only its first block
+    with record(fake) as rec:
+        kvrecord.host_buffer((cpu.data_ptr(), BLOCK), "pinned", name="slot")
+        kvswap(ptrs(gpu.data_ptr()), ptrs(cpu.data_ptr()), ptrs(2 * BLOCK), 1)  # runs a block past the slot
+    assert rec.complete() is False
+    assert any(n.startswith("NOT RECORDED (ranges that run past") and n.endswith(": 1") for n in rec.summary().notes)
+    with record(fake) as ok:
+        kvrecord.host_buffer((cpu.data_ptr(), BLOCK), "pinned", name="slot")
+        kvswap(ptrs(gpu.data_ptr()), ptrs(cpu.data_ptr()), ptrs(BLOCK), 1)
+    assert ok.complete()
+
+
 def test_memory_learnt_later_takes_in_the_unresolved_range_so_both_accesses_name_one_buffer(fake):
     kvswap, _ = swap_ops()
     gpu = fake.device(BLOCK)
