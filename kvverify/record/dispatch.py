@@ -301,21 +301,22 @@ class RecordingMode(TorchDispatchMode):
             length = (hi - lo + 1) * size
         memory = self.rec.memory
         span = memory.resolve_known(start, length)
-        if span is not None:
-            if (memory.allocations[span[0]].space == DEVICE_SPACE) == (where == "device"):
-                return span
-            # host memory is freed without a report: an allocation the map still holds there is gone
-            self.rec.notes["tensors found where the recording still had other memory (freed unseen)"] += 1
+        if span is not None and (memory.allocations[span[0]].space == DEVICE_SPACE) == (where == "device"):
+            return span
         storage = t.untyped_storage()
+        base, nbytes = storage.data_ptr(), max(1, storage.nbytes())
         if where == "device":
             space = DEVICE_SPACE
         else:
             space = HOST_SPACE["pinned"] if self.platform.is_pinned(t) else HOST_SPACE["pageable"]
-        if span is not None:
-            self.rec.allocated(storage.data_ptr(), max(1, storage.nbytes()), space, "a tensor made where freed memory was",
-                               at)
+        # Host memory is freed without a report: a live storage that the map's allocations overlap
+        # without holding it (or hold on the other side of the bus) proves them gone.
+        if span is not None or any(not a.placeholder and not (a.base <= base and base + nbytes <= a.end)
+                                   for a in memory.overlapping(base, base + nbytes)):
+            self.rec.notes["tensors found where the recording still had other memory (freed unseen)"] += 1
+            self.rec.allocated(base, nbytes, space, "a tensor made where freed memory was", at)
         else:
-            memory.known(storage.data_ptr(), max(1, storage.nbytes()), space, "a tensor made before the recording")
+            memory.known(base, nbytes, space, "a tensor made before the recording")
         span = memory.resolve(start, length)
         if span is not None:
             return span

@@ -194,18 +194,20 @@ def test_threads_running_when_the_recording_starts_are_named_in_the_summary(fake
     assert rec.complete()  # named, not missed: nothing says it did device work
 
 
-def test_host_memory_freed_unseen_does_not_pass_for_the_device_tensor_made_there(fake):
+@pytest.mark.parametrize("stale", [(0, BLOCK), (-64, 128), (BLOCK // 2, BLOCK)], ids=["same", "across-its-start", "inside"])
+def test_host_memory_freed_unseen_does_not_pass_for_the_device_tensor_made_there(fake, stale):
     """CPU frees reach no callback: the map may still hold a freed pageable tensor where new memory
     now lies. A device tensor there must not be taken for that host memory (a copy into it would be
     host to host, read at the call, and its race hidden)."""
     gpu, staging = fake.device(BLOCK), fake.pinned(BLOCK)
     with record.recording(platform=fake, skip=fake.skip()) as rec:
-        # what the map would hold had a CPU tensor lived at these addresses and been freed
-        rec.recorder.allocated(gpu.data_ptr(), BLOCK, "host_pageable", "output of aten.empty", None)
+        # what the map would hold had a CPU tensor lived at (some of) these addresses and been freed
+        offset, size = stale
+        rec.recorder.allocated(gpu.data_ptr() + offset, size, "host_pageable", "output of aten.empty", None)
         with fake.use(fake.stream()):
             gpu.copy_(staging, non_blocking=True)
         staging.fill_(2)  # the host rewrites the source the H2D may still read
     doc = rec.trace()
     copy = next(op for op in doc["ops"] if op["op"] == "copy")
-    assert doc["buffers"][copy["dst"][0]]["space"] == "device"
-    assert [r.kind for r in rec.check().races] == ["WAR"]
+    assert doc["buffers"][copy["dst"][0]]["space"] == "device" and copy["dst"][1:] == [0, BLOCK]
+    assert [r.kind for r in rec.check().races] == ["WAR"] and rec.complete()
