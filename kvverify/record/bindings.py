@@ -29,6 +29,7 @@ import os
 from collections.abc import Callable
 
 from kvverify.record.recorder import CopyArrays, Recorder
+from kvverify.record.threads import busy
 from kvverify.terms import DEVICE_SPACE, SrcAccessOrder
 
 DRIVER_CALLS = ("cuMemcpyBatchAsync", "cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync",
@@ -113,6 +114,8 @@ class Bindings:
 
         def call(*args, **kwargs):
             result = original(*args, **kwargs)
+            if busy():  # the recorder's own call
+                return result
             if bindings.follows():
                 at = bindings.rec.locate()
                 with bindings.rec.exclusive():

@@ -43,8 +43,6 @@ class Summary:
     buffers_written: int = 0
     allocations_seen: int = 0
     records_dropped: int = 0  # records of events nothing uses
-    syncs_dropped: int = 0  # host synchronization between ops of one thread only
-    threads: int = 1  # host threads the trace names
     queries_collapsed: int = 0  # repeated false queries of one event
     unresolved: list[Unresolved] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -193,7 +191,6 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
     for k, op in enumerate(recorder.ops):
         kind = op["op"]
         if kind in ("release", "acquire") and k not in crossing:
-            summary.syncs_dropped += 1
             continue
         if kind == "kernel":
             reads, writes = kept(op["reads"]), kept(op["writes"])
@@ -262,7 +259,6 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
     if others:  # trace format 1.2: the recording thread first, then the others in the order they came
         doc["threads"] = [t for k, t in enumerate(recorder.names) if t in others or k == 0]
     doc["ops"] = ops
-    summary.threads = 1 + len(others)
     return doc, summary
 
 
