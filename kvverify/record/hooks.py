@@ -216,8 +216,8 @@ class CudaPlatform(Platform):
         register, unregister = module.cudaHostRegister, module.cudaHostUnregister
 
         def learn(ptr, size):
-            recorder.memory.fresh(int(ptr), int(size), HOST_SPACE["registered"], "cudaHostRegister (torch cudart)",
-                                  recorder.locate())
+            recorder.allocated(int(ptr), int(size), HOST_SPACE["registered"], "cudaHostRegister (torch cudart)",
+                               recorder.locate())
 
         def release(ptr):
             # as kvverify's own host_unregister: the release orders nothing, device work still on

@@ -180,6 +180,11 @@ class Recorder:
         self.names.append(unique)
         return unique
 
+    def thread_ended(self, ident: int) -> None:
+        """The thread ``ident`` ended: the system may give its ident to a thread the recording does
+        not follow, whose work must not pass for this one's (its name stays in ``names``)."""
+        self.threads.pop(ident, None)
+
     def exclusive(self) -> _Exclusive:
         """A context manager: this thread holds the recorder while it logs (reentrant), and is
         inside the recorder's own code meanwhile (``kvverify.record.threads.busy()``)."""
@@ -227,7 +232,7 @@ class Recorder:
     def host_synchronized(self, kind: str, sync: str) -> None:
         """This thread released (``kind="release"``) or acquired (``"acquire"``) the host
         synchronization object named ``sync`` (trace format 1.2, rule 8)."""
-        self._log({"op": kind, "sync": sync, "at": None})
+        self._log({"op": kind, "sync": sync})
 
     # -- streams, events, synchronization (GPU-trace callbacks and patched methods) ------------
 
@@ -354,11 +359,14 @@ class Recorder:
                 else:
                     keep.append(fence)
             self._fences = keep
-        if self._host_fences:
-            for old in self.memory.overlapping(base, end):
-                events = self._host_fences.pop(old.index, None)
-                if events:
-                    self._queried_true(events, at)
+        for old in self.memory.overlapping(base, end):
+            events = self._host_fences.pop(old.index, None)
+            if events:
+                self._queried_true(events, at)
+            if old.space != space and not old.placeholder:
+                # bytes that change kind here (pageable memory registered, host memory freed unseen
+                # and made device memory) stay two buffers in the trace: the old kind ends with a free
+                self.released([(old.index, 0, old.size)], f"{old.space} memory becomes {space}", at)
         return self.memory.fresh(base, size, space, origin, at)
 
     def _queried_true(self, events, at: str | None) -> None:

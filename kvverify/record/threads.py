@@ -128,6 +128,8 @@ class ThreadCapture:
             finally:
                 leave()
                 capture._sync("release", names[1])
+                with capture.recorder.exclusive():
+                    capture.recorder.thread_ended(threading.get_ident())
 
         def joined(thread, timeout=None):
             out = join(thread, timeout)

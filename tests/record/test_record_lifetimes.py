@@ -211,3 +211,37 @@ def test_host_memory_freed_unseen_does_not_pass_for_the_device_tensor_made_there
     copy = next(op for op in doc["ops"] if op["op"] == "copy")
     assert doc["buffers"][copy["dst"][0]]["space"] == "device" and copy["dst"][1:] == [0, BLOCK]
     assert [r.kind for r in rec.check().races] == ["WAR"] and rec.complete()
+
+
+def test_pageable_memory_registered_under_a_pending_d2h_ends_as_pageable_with_a_free(fake):
+    """A D2H into pageable memory is written in stream order (rule 6); registering the memory
+    (cudaHostRegister) while it is pending makes the bytes another buffer in the trace: the old kind
+    ends with a free, which the pending copy races with."""
+    gpu, cpu = fake.device(BLOCK), fake.pageable(BLOCK)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        with fake.use(fake.stream()):
+            cpu.copy_(gpu, non_blocking=True)
+        rec.recorder.allocated(cpu.data_ptr(), BLOCK, "host_registered", "cudaHostRegister", None)
+        cpu.sum()
+    doc = rec.trace()
+    kinds = {(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races}
+    assert ("FREE", "copy", "free") in kinds
+
+
+def test_a_thread_the_recording_does_not_follow_is_not_taken_for_an_ended_one_with_its_ident(fake):
+    import _thread
+    import threading
+
+    gpu = fake.device(BLOCK)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        followed = threading.Thread(target=lambda: gpu.add_(1), name="followed")
+        followed.start()
+        followed.join()
+        done = threading.Event()
+        # a thread started outside threading.Thread: not followed, whatever ident the system gives it
+        _thread.start_new_thread(lambda: (fake.event().record(), done.set()), ())
+        done.wait()
+    notes = rec.summary().notes
+    assert not rec.complete()
+    assert any(n.startswith("NOT RECORDED") and "stream, event and allocator reports" in n for n in notes), notes
+    assert [op["thread"] for op in rec.recorder.ops if op["op"] == "record"] == []
