@@ -93,31 +93,33 @@ RUNS = ("plain", "mode", "recorded")
 """How each loop runs (``run_once``): the median of each, and the recorded / plain ratio, are printed."""
 
 # The host-only cases: what each does once (a fixture of tensors and ids is passed in), and how many
-# times one call does it (the figures are per op, or per callback).
+# times one call does it (the figures are per op, or per report).
 HOST_CASES = {
     "fill": ("layer[0:8].fill_(1): a view, an in-place op", 1),
     "attend": ("torch.sum(layer[0:8], dim=(0, 1), dtype=int64, out=scores[0]): two views, an out= op", 1),
     "strided": ("layer[:, 0:4].zero_(): a strided view's covering span", 1),
     "copy": ("ids.copy_(descriptor, non_blocking=True): a host-to-device copy of pointers", 1),
     "swap": ("a batched swap of 256 pointers each way (sizes made by torch.full, as the demo)", 1),
-    "event": ("GPU-trace callbacks of one event as Stream.wait_stream makes it: create, record, wait, delete", 4),
-    "alloc": ("GPU-trace callbacks of one caching-allocator block: allocate, free", 2),
+    "event": ("the reports of one event as Stream.wait_stream makes it: create, record, wait", 3),
+    "alloc": ("one caching-allocator block's two rows (allocate, free), taken from the allocator log", 2),
 }
 
 
 def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
-    """CPU microseconds per op (per callback for ``event`` and ``alloc``) of each of ``HOST_CASES``:
+    """CPU microseconds per op (per report for ``event`` and ``alloc``) of each of ``HOST_CASES``:
     plain, under a pass-through dispatch mode (the floor any dispatcher hook pays; None for the
-    callbacks, which no dispatch mode sees) and recorded. No GPU: device memory is a CPU arena a
-    stand-in platform calls device memory; the callbacks are ``kvverify.record.hooks``' own, fired
-    from Python as torch's C++ fires them on a GPU."""
+    reports, which no dispatch mode sees) and recorded. No GPU: device memory is a CPU arena a
+    stand-in platform calls device memory; the event reports go through the recorder's guard as the
+    observed methods send them, and the allocator's rows through ``Recorder.collect`` from a log
+    the stand-in fills as the extension's allocator log fills on a GPU."""
     import itertools
+    from collections import Counter
 
     import torch
-    import torch.cuda._gpu_trace as gpu_trace
 
     from kvverify.record import recording
     from kvverify.record.hooks import CudaPlatform
+    from kvverify.record.recorder import ALLOCATED, FREED
 
     arena = torch.zeros(5 << 20, dtype=torch.uint8)  # everything the stand-in calls device memory
     lo, hi = arena.data_ptr(), arena.data_ptr() + arena.numel()
@@ -141,7 +143,22 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
                     return t.data_ptr(), t.numel(), "host_pinned"
             return None
 
-        def _probe(self, gpu_trace):  # records a CUDA event
+        def install(self, recorder, guard):  # the observed C methods need CUDA: their reports are sent below
+            self.rows = []
+            recorder.pending = lambda: bool(self.rows)
+            recorder.take = self.take
+            self.collect = recorder.collect
+            self.reports = [guard(getattr(recorder, name)) for name in ("event_created", "event_recorded",
+                                                                           "event_waited")]
+
+        def take(self, thread):
+            rows, self.rows = self.rows, []
+            return rows
+
+        def allocator_leftover(self):
+            return Counter()
+
+        def uninstall(self):
             pass
 
     lib = torch.library.Library("kvbench", "DEF")
@@ -160,16 +177,22 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
     ids, descriptor = scores[:4], torch.arange(4, dtype=torch.int64)
     handles = itertools.count(0x7000_0000, 0x100)
 
+    platform: list = [None]  # the stand-in of the recording running now (None: plain)
+
     def event_cycle(_):
+        if platform[0] is None:
+            return
+        created, recorded, waited = platform[0].reports
         h = next(handles)
-        gpu_trace.EventCreationCallbacks.fire_callbacks(h)
-        gpu_trace.EventRecordCallbacks.fire_callbacks(h, 0x5100)
-        gpu_trace.EventWaitCallbacks.fire_callbacks(h, 0x5200)
-        gpu_trace.EventDeletionCallbacks.fire_callbacks(h)
+        created(h)
+        recorded(h, 0x5100)
+        waited(h, 0x5200)
 
     def alloc_cycle(layer):
-        gpu_trace.MemoryAllocationCallbacks.fire_callbacks(layer.data_ptr())
-        gpu_trace.MemoryDeallocationCallbacks.fire_callbacks(layer.data_ptr())
+        if platform[0] is None:
+            return
+        platform[0].rows += [(ALLOCATED, layer.data_ptr()), (FREED, layer.data_ptr())]
+        platform[0].collect()
 
     cases = {
         "fill": lambda layer: layer[0:8].fill_(1),
@@ -193,7 +216,7 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
                 run(layer)
         return (time.process_time() - start) / n / len(layers) / per_call * 1e6
 
-    # no device here to say which one is current (callbacks of the default streams ask)
+    # no device here to say which one is current (reports of the default streams ask)
     saved = [(owner, name, getattr(owner, name)) for owner, name in ((torch.cuda, "current_device"),
                                                                       (torch._C, "_cuda_getDevice"))
              if hasattr(owner, name)]
@@ -202,17 +225,21 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
     try:
         out = {}
         for case in HOST_CASES:
-            callbacks = case in ("event", "alloc")
+            reports = case in ("event", "alloc")
             plain, mode, recorded = [], [], []
             for _ in range(repeats):  # the three in turn: a busy host slows all of them alike
                 plain.append(per_op(case))
-                if not callbacks:
+                if not reports:
                     with pass_through_mode()():
                         mode.append(per_op(case))
-                with recording(platform=ArenaAsDevice()):
-                    recorded.append(per_op(case))
-            floor = min(plain) if callbacks else min(mode)
-            out[case] = {"plain_us": min(plain), "pass_through_mode_us": None if callbacks else min(mode),
+                platform[0] = ArenaAsDevice()
+                try:
+                    with recording(platform=platform[0]):
+                        recorded.append(per_op(case))
+                finally:
+                    platform[0] = None
+            floor = min(plain) if reports else min(mode)
+            out[case] = {"plain_us": min(plain), "pass_through_mode_us": None if reports else min(mode),
                          "recorded_us": min(recorded), "recorder_us": min(recorded) - floor}
     finally:
         for owner, name, value in saved:
@@ -235,9 +262,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.host_only:
         r = host_overhead(repeats=args.repeats)
-        print(f"host only, CPU us per op (per callback for event, alloc), best of {args.repeats} runs of 200 x 32 "
+        print(f"host only, CPU us per op (per report for event, alloc), best of {args.repeats} runs of 200 x 32 "
               "(swap: 20 x 32), each recorded in a new recording; the recorder's own: recorded minus the pass-through "
-              "mode (minus plain for callbacks)")
+              "mode (minus plain for reports)")
         print(f"{'case':8s} {'plain':>7s} {'mode':>7s} {'recorded':>9s} {'own':>7s}  what")
         for case, row in r.items():
             mode = "-" if row["pass_through_mode_us"] is None else f"{row['pass_through_mode_us']:.1f}"

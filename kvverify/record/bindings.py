@@ -4,7 +4,7 @@ and the operating system's vectored reads.
 Serving engines issue KV transfers through cuda-python on raw stream handles (an engine's CPU
 offload connector calls ``cuMemcpyBatchAsync`` from a copy thread: vllm-project/vllm#45704) and read
 offloaded KV from disk into pinned slots with ``os.preadv`` (vllm-project/vllm#51667). Neither
-reaches torch's dispatcher or its GPU-trace callbacks. While a recording runs, the functions of
+reaches torch's dispatcher or the methods the recorder observes. While a recording runs, the functions of
 ``cuda.bindings.driver`` below and ``os.preadv`` / ``os.readv`` are replaced on their modules by
 wrappers that call them and then log what they did, on the calling thread if the recording follows
 it (``kvverify.record.threads``), else as missed work:

@@ -19,10 +19,11 @@ exit status:
   1  the program succeeded and its recorded work races (each race is listed with
      both ops and the lines that issued them, the bytes, the kind, why, and a fix)
   N  the program's own exit status, when it failed (the trace is written and checked anyway)
-  2  nothing was recorded: no CUDA device, a torch without the GPU-trace hooks, or a
-     command this cannot run in-process (one line on stderr says which); or the
-     recording missed device work it knows of and found no race in the rest: ops the
-     recorder failed on, device work of other threads (the summary's NOT RECORDED lines)
+  2  nothing was recorded: no CUDA device, torch's allocator not reporting to the
+     recorder (another allocator), or a command this cannot run in-process (one line
+     on stderr says which); or the recording missed device work it knows of and found
+     no race in the rest: ops the recorder failed on, device work of other threads
+     (the summary's NOT RECORDED lines)
 
 The program runs in this process (runpy for scripts and modules, pytest.main for pytest).
 The threads it starts are recorded too, ordered by their start, join and locks; threads

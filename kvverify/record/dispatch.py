@@ -31,7 +31,7 @@ the tensor is read back (a synchronizing copy the trace does not show).
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -100,12 +100,18 @@ class Platform:
 
     def install(self, recorder: Recorder, guard: Callable[[Callable], Callable]) -> None:
         """Start reporting streams, events and synchronization to ``recorder``, each report
-        through ``guard(callback)`` (which drops other threads' and the recorder's own)."""
+        through ``guard(report)`` (which drops other threads' and the recorder's own), and set
+        ``recorder.pending`` / ``take`` to the allocator's reports."""
         raise NotImplementedError
 
     def uninstall(self) -> None:
         """Stop reporting (idempotent)."""
         raise NotImplementedError
+
+    def allocator_leftover(self):
+        """The allocator's reports no ``take`` removed (a ``collections.Counter`` by thread), now
+        removed; called once the recording's own threads have taken theirs."""
+        return Counter()
 
 
 @dataclass(frozen=True)
@@ -220,6 +226,7 @@ class RecordingMode(TorchDispatchMode):
             raise
         with rec.exclusive():
             try:
+                rec.collect()  # the op's fresh blocks and its frees come before its entry
                 info.handler(self, info, args, kwargs, out)
             except Exception as exc:  # the program must run on: the summary says what is missing
                 rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
@@ -439,16 +446,11 @@ class RecordingMode(TorchDispatchMode):
         srcs, dsts = _argument(info, args, kwargs, "src"), out if fresh else args[0]
         where = self.platform.where
         pairs = [(src, dst, where(src), where(dst)) for src, dst in zip(srcs, dsts)]
-        # the pinned allocator records one event after each pair's copy, all held back until the op
-        # is logged, after every copy: which event is whose is unknown, and each captures the later
-        # pairs' copies too. With more than one pair across host and device, no block is fenced
-        # (its reuse is then unordered: a report too many, never a race hidden).
-        crossing = sum(1 for _, _, ws, wd in pairs if ws is not None and wd is not None and ws != wd)
         for src, dst, ws, wd in pairs:
             if fresh and wd is not None:
                 self._fresh(dst, wd, at, info.origin, may_pin=False)
             if ws is not None and wd is not None and ws != wd:
-                self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1, fence=crossing == 1)
+                self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1)
                 continue
             # not across host and device: as any op, a kernel on device memory or a host access
             reads = [s for s in (ws and self.span(src, ws, at),) if s]
@@ -474,11 +476,11 @@ class RecordingMode(TorchDispatchMode):
         self._cross(info, src, dst, ws, wd, non_blocking, at, bumps=0 if fresh else 1)
 
     def _cross(self, info: OpInfo, src, dst, ws: str, wd: str, non_blocking: bool, at: str | None,
-               bumps: int = 1, fence: bool = True) -> None:
-        """A copy between host (``ws`` or ``wd``: ``"host"``) and device memory, and the stream
-        synchronization a blocking one implies. ``bumps``: 1 where ``dst`` is written in place
-        (its version counter moves once the op returns), 0 for a new tensor. ``fence``: the events
-        recorded while the op ran are the pinned allocator's for this copy alone."""
+               bumps: int = 1) -> None:
+        """A copy between host (``ws`` or ``wd``: ``"host"``) and device memory, and what torch
+        does after it: the stream synchronization of a blocking one, the pinned allocator's event
+        after a non-blocking one from or to its memory. ``bumps``: 1 where ``dst`` is written in
+        place (its version counter moves once the op returns), 0 for a new tensor."""
         device_side = src if ws == "device" else dst
         stream = self.platform.stream_key(device_side)
         src_span, dst_span = self.span(src, ws, at), self.span(dst, wd, at)
@@ -494,10 +496,10 @@ class RecordingMode(TorchDispatchMode):
                             [span] if rest[1] == "writes" else [], at)
         if not non_blocking:
             self.rec.synchronized_by_op(stream, at)
-        elif fence:
+        else:
             host = src_span[0] if ws == "host" else dst_span[0]
             if self.rec.memory.allocations[host].space == HOST_SPACE["pinned"]:
-                self.rec.host_copy_fenced(host)
+                self.rec.host_copy_fenced(host, stream, at)
         if ws == "host" and src.dtype == torch.int64:
             # copy_ writes dst in place: torch bumps its version counter once this op returns
             # (ADInplaceOrView runs above the dispatcher hook); _to_copy's output stays at 0

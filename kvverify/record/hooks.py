@@ -2,32 +2,41 @@
 
 What reports what:
 
-- torch's GPU-trace callbacks (``torch.cuda._gpu_trace``, which PyTorch's CUDA Stream Sanitizer
-  uses; C++ calls them once ``torch._C._activate_gpu_trace()`` ran): event creation, deletion,
-  record, wait and synchronize, for ``torch.cuda.Event`` and the device-generic ``torch.Event``
-  alike; stream synchronize (also the one inside a blocking copy); device synchronize; the caching
-  allocator's allocations and frees;
-- ``Event.query()`` reports nothing to those callbacks, so ``torch.cuda.Event.query`` and
-  ``torch.cuda.Stream.query`` are wrapped while recording, and so is ``torch.Event.query``: a type
-  defined in C, whose method is replaced in the type's own dictionary (``patch_method``), so that
-  every event stays exactly a ``torch.Event`` (``type(e) is torch.Event``, ``elapsed_time``,
-  pickling and torch's C++ type checks see no difference);
+- torch's caching allocator: every block handed out and every free asked for, from every thread,
+  through the extension's allocator log (``csrc/allocator_log.cpp``: a trace tracker of
+  ``CUDACachingAllocator``, kept in C++). The recorder takes this thread's rows before anything it
+  logs (``Recorder.collect``), so they land in program order;
+- the methods that order work: ``record``, ``wait``, ``synchronize`` and ``query`` of
+  ``torch.cuda.Event`` and of the device-generic ``torch.Event``; ``synchronize`` and ``query`` of
+  the streams, the generic stream's ``wait_event``, ``wait_stream`` and ``record_event``;
+  ``torch.cuda.synchronize``. Each is observed in its type's own dictionary (``patch_method``), so
+  every event and stream stays exactly what it is (``type(e) is torch.Event``, ``elapsed_time``,
+  pickling and torch's C++ type checks see no difference), and its result and exception are the
+  original's;
 - ``torch.cuda.cudart().cudaHostRegister`` / ``cudaHostUnregister`` are wrapped (registered host
   memory made through torch's cudart);
 - everything else comes through the dispatcher (``kvverify.record.dispatch``).
 
-Only the recording thread is recorded (the trace format is one host thread's program order):
-callbacks from other threads are counted and left out. Nothing is reported while the recorder
-reads pointer tensors back (``internal``).
+torch's GPU-trace hooks (``torch._C._activate_gpu_trace``, which PyTorch's CUDA Stream Sanitizer
+uses) are not used: torch never turns them off, and they change the program's exceptions (C++
+calls Python at a free during an op's unwinding, and the program sees a ``SystemError``).
 
-torch offers no way to turn the GPU-trace callbacks off again: after a recording, each CUDA event
-and stream operation still calls into Python once, to find no callback (a few microseconds).
+Not seen at this level, each only an ordering left out (a race reported, never one hidden): events
+and synchronization inside torch's C++ (a ``nonzero``'s stream synchronization, autograd's stream
+events) and torch's pinned-allocator events, which the dispatcher hook writes for the copies it
+sees (``Recorder.host_copy_fenced``). Native capture (CUPTI) sees them.
+
+Only threads the recording follows are recorded: reports from other threads are counted and left
+out (``NOT_RECORDED``). Nothing is reported while the recorder reads pointer tensors back
+(``internal``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -35,9 +44,75 @@ import numpy as np
 from kvverify.errors import RecordingError
 from kvverify.record.dispatch import Platform
 from kvverify.record.patching import patch_method
-from kvverify.record.recorder import DEFAULT_STREAMS, Recorder
+from kvverify.record.recorder import ALLOCATED, DEFAULT_STREAMS, Recorder
 from kvverify.record.threads import OTHER_THREAD_WORK
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
+
+ALLOCATOR_COLUMNS = ("thread", "action", "address", "size", "stream", "device")
+"""The columns of the allocator log's rows (``csrc/allocator_log.cpp``, ``Row``)."""
+
+
+class AllocatorLog:
+    """torch's caching allocator's allocations and frees, from every thread, as the extension's
+    tracker logged them (``csrc/allocator_log.cpp``). Raises RecordingError where the extension
+    does not load or the allocator refuses the tracker."""
+
+    ROWS = 1024  # rows taken per call
+
+    def __init__(self) -> None:
+        from kvverify.device.extension import ops
+
+        ops()  # raises with the build hint where the extension is missing
+        from kvverify import _C
+
+        lib = ctypes.CDLL(_C.__file__)
+        lib.kvverify_allocator_log_count.restype = ctypes.c_void_p
+        lib.kvverify_allocator_log_take.restype = ctypes.c_int64
+        lib.kvverify_allocator_log_take.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64]
+        lib.kvverify_allocator_log_enable.argtypes = [ctypes.c_int]
+        if lib.kvverify_allocator_log_attach() != 0:
+            raise RecordingError("torch's CUDA allocator refused kvverify's trace tracker (a pluggable allocator?): "
+                                 "record with torch's own caching allocator")
+        self._lib = lib
+        self._count = ctypes.c_int64.from_address(lib.kvverify_allocator_log_count())
+        self._rows = np.empty((self.ROWS, len(ALLOCATOR_COLUMNS)), dtype=np.int64)
+
+    def enable(self, on: bool) -> None:
+        """Log from now on (dropping any row left), or stop logging."""
+        self._lib.kvverify_allocator_log_enable(int(on))
+
+    def pending(self) -> bool:
+        """Whether any thread has rows not taken yet (one memory read, no call)."""
+        return self._count.value != 0
+
+    def _take(self, thread: int) -> np.ndarray:
+        parts = []
+        while True:
+            n = self._lib.kvverify_allocator_log_take(thread, self._rows.ctypes.data, self.ROWS)
+            parts.append(self._rows[:n].copy())
+            if n < self.ROWS:
+                return np.concatenate(parts)
+
+    def take(self, thread: int) -> list[tuple[int, int]]:
+        """``(action, address)`` of thread ``thread``'s rows (``threading.get_ident()``), oldest
+        first, removed from the log; ``action``: ``recorder.ALLOCATED`` or ``recorder.FREED``."""
+        rows = self._take(thread)
+        return list(zip(rows[:, 1].tolist(), rows[:, 2].tolist()))
+
+    def leftover(self) -> Counter:
+        """The count of rows not taken, by thread, removed from the log."""
+        return Counter(self._take(0)[:, 0].tolist())
+
+
+def _event_handle(event) -> int:
+    """The CUDA event handle of a ``torch.cuda.Event`` or ``torch.Event`` (0: not made yet, as
+    before its first record, or a CPU event)."""
+    return int(event.cuda_event if hasattr(event, "cuda_event") else event.event_id)
+
+
+def _argument(args: tuple, kwargs: dict, name: str):
+    """The first argument after ``self``, given by position or as ``name`` (None: not given)."""
+    return args[0] if args else kwargs.get(name)
 
 
 class CudaPlatform(Platform):
@@ -97,105 +172,185 @@ class CudaPlatform(Platform):
     # -- hooks ---------------------------------------------------------------------------------
 
     def install(self, recorder: Recorder, guard: Callable[[Callable], Callable]) -> None:
-        """Start reporting to ``recorder``; ``guard`` wraps each callback (thread and internal
-        checks). Raises RecordingError where this torch lacks the hooks."""
+        """Start reporting to ``recorder``; ``guard`` wraps each report (thread and internal
+        checks). Raises RecordingError where this torch lacks a method the recorder observes, or
+        its caching allocator does not report to the extension's tracker."""
         torch = self.torch
-        activate = getattr(torch._C, "_activate_gpu_trace", None)
-        try:
-            import torch.cuda._gpu_trace as gpu_trace
-        except ImportError:
-            gpu_trace = None
-        if activate is None or gpu_trace is None:
-            raise RecordingError(
-                f"torch {torch.__version__} has no GPU-trace callbacks (torch._C._activate_gpu_trace, "
-                "torch.cuda._gpu_trace; PyTorch's CUDA Stream Sanitizer needs them too): record with torch >= 2.1")
-        activate()
-        self._probe(gpu_trace)
-        # CUDA is initialised now (the probe recorded an event): torch.cuda.current_device would
-        # check that again at every call
+        torch.cuda.init()  # the allocator attaches trackers to the devices it has set up
         self._current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-        key = self.handle_key
-        try:
-            callbacks = (
-                (gpu_trace.EventCreationCallbacks, recorder.event_created),
-                (gpu_trace.EventDeletionCallbacks, recorder.event_deleted),
-                (gpu_trace.EventRecordCallbacks, lambda e, s: recorder.event_recorded(e, key(s))),
-                (gpu_trace.EventWaitCallbacks, lambda e, s: recorder.event_waited(e, key(s))),
-                (gpu_trace.EventSynchronizationCallbacks, recorder.event_synchronized),
-                (gpu_trace.StreamSynchronizationCallbacks, lambda s: recorder.stream_synchronized(key(s))),
-                (gpu_trace.DeviceSynchronizationCallbacks, recorder.device_synchronized),
-                (gpu_trace.MemoryAllocationCallbacks, recorder.memory_allocated),
-                (gpu_trace.MemoryDeallocationCallbacks, recorder.memory_freed),
-            )
-        except AttributeError as exc:
-            raise RecordingError(f"torch {torch.__version__}'s torch.cuda._gpu_trace lacks a callback registry the "
-                                 f"recorder needs ({exc})") from None
-        for registry, fn in callbacks:
-            cb = guard(fn)
-            registry.callback_list.append(cb)
-            self._undo.append(lambda registry=registry, cb=cb: registry.callback_list.remove(cb))
-        self._wrap_queries(recorder, guard)
+        self.allocator_log = AllocatorLog()
+        self._probe()
+        self.allocator_log.enable(True)
+        self._undo.append(lambda: self.allocator_log.enable(False))
+        recorder.pending, recorder.take = self.allocator_log.pending, self.allocator_log.take
+        self._observe_events(recorder, guard)
+        self._observe_streams(recorder, guard)
+        self._observe_device_sync(recorder, guard)
         self._wrap_host_register(recorder, guard)
 
-    def _probe(self, gpu_trace) -> None:
-        """Check that recording an event reaches the callbacks (it does not on a torch whose C++
-        was built without them): better one clear error than a trace without synchronization."""
-        seen = []
-
-        def probe(*args) -> None:  # called as (event, stream)
-            seen.append(args)
-        gpu_trace.EventRecordCallbacks.callback_list.insert(0, probe)
+    def _probe(self) -> None:
+        """Check that an allocation reaches the allocator log (it does not where torch uses another
+        allocator): better one clear error than a trace without lifetimes."""
+        log = self.allocator_log
+        log.enable(True)
         try:
-            self.torch.cuda.Event().record()
+            self.torch.empty(1, device="cuda")
+            seen = log.take(threading.get_ident())
         finally:
-            gpu_trace.EventRecordCallbacks.callback_list.remove(probe)
-        if not seen:
+            log.enable(False)
+        if not any(action == ALLOCATED for action, _ in seen):
             raise RecordingError(
-                f"torch {self.torch.__version__} did not report an event record to torch.cuda._gpu_trace: "
-                "the recorder cannot see streams and events with this torch")
+                "torch's CUDA caching allocator did not report an allocation to kvverify's allocator log: "
+                "record with torch's own caching allocator (unset PYTORCH_CUDA_ALLOC_CONF's backend, no "
+                "CUDAPluggableAllocator)")
 
-    def _wrap_queries(self, recorder: Recorder, guard) -> None:
+    def _patch(self, cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
+        """Observe ``cls.<name>`` in place: ``make(original)`` returns the method to put there."""
+        original = cls.__dict__[name]
+        self._undo.append(patch_method(cls, name, make(original), original))
+
+    def _observe_events(self, recorder: Recorder, guard) -> None:
+        """``record``, ``wait``, ``synchronize`` and ``query`` of ``torch.cuda.Event`` (its C base
+        ``torch._C._CudaEventBase``) and of the device-generic ``torch.Event``, in their types' own
+        dictionaries: every event stays exactly what it was."""
         torch = self.torch
-        report_event = guard(recorder.event_queried)
-        report_stream = guard(lambda key, result: recorder.stream_queried(key, result))
+        created, recorded = guard(recorder.event_created), guard(recorder.event_recorded)
+        waited, synchronized = guard(recorder.event_waited), guard(recorder.event_synchronized)
+        queried = guard(recorder.event_queried)
+        stream_of = self._stream_or_current
 
-        def wrap_method(cls, name: str, report: Callable) -> None:
-            own = cls.__dict__.get(name)  # defined by the class itself, or inherited (put back by deleting ours)
-            original = own if own is not None else getattr(cls, name)
-
-            def query(obj):
-                result = original(obj)
-                report(obj, result)
+        def record(original):
+            def method(event, *args, **kwargs):
+                before = _event_handle(event)
+                result = original(event, *args, **kwargs)
+                handle = _event_handle(event)
+                if handle:  # a CPU event has none
+                    if handle != before:  # torch makes the CUDA event at its first record
+                        created(handle)
+                    recorded(handle, stream_of(_argument(args, kwargs, "stream"), event))
                 return result
+            return method
 
-            query.__doc__ = original.__doc__
-            setattr(cls, name, query)
-            self._undo.append(lambda: setattr(cls, name, own) if own is not None else delattr(cls, name))
+        def wait(original):
+            def method(event, *args, **kwargs):
+                result = original(event, *args, **kwargs)
+                handle = _event_handle(event)
+                if handle:  # never recorded: the wait orders nothing, in CUDA as in the trace
+                    waited(handle, stream_of(_argument(args, kwargs, "stream"), event))
+                return result
+            return method
 
-        def event_handle(e) -> int:
-            return int(e.cuda_event if hasattr(e, "cuda_event") else e.event_id)
-
-        def report_query(e, result) -> None:
-            handle = event_handle(e)
-            if handle:  # 0: never recorded, nothing to order (and no handle to name it by)
-                report_event(handle, result)
-
-        wrap_method(torch.cuda.Event, "query", report_query)
-        wrap_method(torch.cuda.Stream, "query", lambda s, r: report_stream(self.stream_key_of(s), r))
-        generic = getattr(torch, "Event", None)
-        if isinstance(generic, type) and hasattr(generic, "event_id"):
-            original = generic.__dict__["query"]
-
-            def query(event):
+        def synchronize(original):
+            def method(event):
                 result = original(event)
-                report_query(event, result)
+                handle = _event_handle(event)
+                if handle:
+                    synchronized(handle)
+                return result
+            return method
+
+        def query(original):
+            def method(event):
+                result = original(event)
+                handle = _event_handle(event)
+                if handle:  # 0: never recorded, nothing to order (and no handle to name it by)
+                    queried(handle, result)
+                return result
+            return method
+
+        for cls in (torch._C._CudaEventBase, torch.Event):
+            for name, make in (("record", record), ("wait", wait), ("synchronize", synchronize), ("query", query)):
+                self._patch(cls, name, make)
+
+    def _observe_streams(self, recorder: Recorder, guard) -> None:
+        """``synchronize`` and ``query`` of ``torch.cuda.Stream`` (its C base) and of the generic
+        ``torch.Stream``, and the generic stream's own ``wait_event``, ``wait_stream`` and
+        ``record_event`` (``torch.cuda.Stream``'s are Python, made of the event methods above)."""
+        torch = self.torch
+        key = self.stream_key_of
+        synchronized, queried = guard(recorder.stream_synchronized), guard(recorder.stream_queried)
+        created, recorded = guard(recorder.event_created), guard(recorder.event_recorded)
+        waited, stream_waited = guard(recorder.event_waited), guard(recorder.stream_waited)
+
+        def synchronize(original):
+            def method(stream):
+                result = original(stream)
+                synchronized(key(stream))
+                return result
+            return method
+
+        def query(original):
+            def method(stream):
+                result = original(stream)
+                queried(key(stream), result)
+                return result
+            return method
+
+        def wait_event(original):
+            def method(stream, event):
+                result = original(stream, event)
+                handle = _event_handle(event)
+                if handle:
+                    waited(handle, key(stream))
+                return result
+            return method
+
+        def wait_stream(original):
+            def method(stream, other):
+                result = original(stream, other)
+                stream_waited(key(stream), key(other))
+                return result
+            return method
+
+        def record_event(original):
+            def method(stream, *args, **kwargs):
+                given = _argument(args, kwargs, "event")
+                before = _event_handle(given) if given is not None else 0
+                event = original(stream, *args, **kwargs)
+                handle = _event_handle(event)
+                if handle:
+                    if handle != before:
+                        created(handle)
+                    recorded(handle, key(stream))
+                return event
+            return method
+
+        for cls in (torch._C._CudaStreamBase, torch.Stream):
+            self._patch(cls, "synchronize", synchronize)
+            self._patch(cls, "query", query)
+        for name, make in (("wait_event", wait_event), ("wait_stream", wait_stream), ("record_event", record_event)):
+            self._patch(torch.Stream, name, make)
+
+    def _observe_device_sync(self, recorder: Recorder, guard) -> None:
+        """``torch.cuda.synchronize`` and ``torch.accelerator.synchronize`` call these functions of
+        ``torch._C`` at each call: replaced on the module while recording."""
+        module = self.torch._C
+        report = guard(recorder.device_synchronized)
+        for name in ("_cuda_synchronize", "_accelerator_synchronizeDevice"):
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+
+            def synchronize(*args, original=original, **kwargs):
+                result = original(*args, **kwargs)
+                report()
                 return result
 
-            try:
-                self._undo.append(patch_method(generic, "query", query, original))
-            except RecordingError as exc:
-                # unseen true answers only leave orderings out: more races reported, none missed
-                recorder.notes[f"torch.Event.query() answers not seen, written as not complete ({exc})"] += 1
+            synchronize.__name__, synchronize.__doc__ = name, original.__doc__
+            setattr(module, name, synchronize)
+            self._undo.append(lambda name=name, original=original: setattr(module, name, original))
+
+    def _stream_or_current(self, stream, event) -> object:
+        """The key of ``stream``, or of the current stream of ``event``'s device where it is None
+        (as ``Event.record()`` and ``wait()`` default)."""
+        if stream is not None:
+            return self.stream_key_of(stream)
+        device = getattr(event, "device", None)
+        index = getattr(device, "index", None)
+        if index is None:
+            index = self._current_device()
+        handle = self._raw_stream(index) if self._raw_stream is not None else self.torch.cuda.current_stream(index).cuda_stream
+        return Recorder.stream_key(int(handle), index)
 
     def stream_key_of(self, stream) -> object:
         """The key of a ``torch.cuda.Stream``, or of a device-generic ``torch.Stream`` (what the
@@ -243,8 +398,11 @@ class CudaPlatform(Platform):
         self._undo.append(lambda: (setattr(module, "cudaHostRegister", register),
                                    setattr(module, "cudaHostUnregister", unregister)))
 
+    def allocator_leftover(self) -> Counter:
+        return self.allocator_log.leftover()
+
     def uninstall(self) -> None:
-        """Undo ``install`` (the GPU-trace callbacks stay active in torch, calling nothing)."""
+        """Undo ``install`` (idempotent)."""
         while self._undo:
             with contextlib.suppress(Exception):
                 self._undo.pop()()

@@ -1,8 +1,8 @@
 """The recorder's state: what the program asked the device to do, in host program order.
 
-``Recorder`` turns what the hooks report (``kvverify.record.hooks``: torch's GPU-trace callbacks
-for streams, events and synchronization, the patched ``query()`` methods; ``kvverify.record.
-dispatch``: every aten op, copy and batched swap) into ops of the trace format
+``Recorder`` turns what the hooks report (``kvverify.record.hooks``: the observed event and
+stream methods, the caching allocator's log; ``kvverify.record.dispatch``: every aten op, copy
+and batched swap) into ops of the trace format
 (``docs/trace-format.md``), each with ``at``, where the user's code issued it. It knows nothing
 of torch: everything reaches it as integers (stream and event handles, byte addresses), which is
 what lets the CPU tests drive it with synthetic events.
@@ -12,9 +12,8 @@ Streams and events get readable, unique names: ``default`` (the legacy default s
 it was first recorded). An event handle that CUDA creates again after a destroy is a new event
 (a wait on it orders nothing until it is recorded again), as is the case in CUDA.
 
-Work reported while an op runs (torch records an event after a non-blocking copy, a blocking
-copy synchronizes its stream) is held back until the op itself is in the log: the event then
-captures the copy, as it does on the device.
+Work reported while an op runs (a Python custom op that records an event) is held back until the
+op itself is in the log: the event then captures the op's work.
 
 Lifetimes (trace format 1.2): the allocators' own ordering is written as ops, so that bytes a new
 owner receives can be one buffer with their old owner's (``kvverify.record.writer``):
@@ -24,9 +23,9 @@ owner receives can be one buffer with their old owner's (``kvverify.record.write
   at the free has completed: a ``record`` on each such stream at the free, a ``query_event`` that
   returned true at the reuse;
 - torch's pinned host allocator records an event on the stream of each non-blocking copy from or
-  to one of its blocks and hands the block out again once those events have completed: the same
-  ``query_event`` at the reuse; copies it does not see (a raw pointer in a batched swap) get no
-  event, and their bytes are reused under them;
+  to one of its blocks and hands the block out again once those events have completed: a
+  ``record`` after the copy, the same ``query_event`` at the reuse; copies it does not see (a raw
+  pointer in a batched swap) get no event, and their bytes are reused under them;
 - memory released with no ordering of its own (``cudaFreeHost`` of kvverify's host memory, a pool
   of the program's own: ``kvverify.record.free`` / ``reuse``) is a ``free`` op.
 """
@@ -46,6 +45,8 @@ LEGACY_STREAM, PER_THREAD_STREAM = 0, 2
 """``cudaStreamLegacy`` (torch's default stream, handle 0) and ``cudaStreamPerThread``: one per device."""
 DEFAULT_STREAMS = frozenset((LEGACY_STREAM, 1, PER_THREAD_STREAM))
 """The special handles: each names one stream per device (``Recorder.stream_key``)."""
+ALLOCATED, FREED = 1, 2
+"""The actions of the allocator's reports (``Recorder.take``): a block handed out, a free asked for."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +82,12 @@ class _Exclusive:
 
 
 class _PerThread(threading.local):
-    """Per thread: whether an op of it runs, and what it reported meanwhile (held back)."""
+    """Per thread: whether an op of it runs, what it reported meanwhile (held back), and whether
+    it is taking the allocator's reports."""
 
     in_op = False
     held = None
+    collecting = False
 
 
 def short_at(at: str | None) -> str:
@@ -106,6 +109,11 @@ class Recorder:
     added with ``thread_started``, and each op they log carries their name (``"thread"``). Ops are
     logged in the order they were observed; what several threads report goes through
     ``exclusive()``, which the hooks and the dispatcher take around their work.
+
+    The caching allocator reports from C++ into a log of its own, whatever thread frees (the
+    platform sets ``pending``, a cheap check that any thread has reports, and ``take(thread)``,
+    which removes and returns that thread's as ``(action, address)``, ``action`` one of
+    ``ALLOCATED`` and ``FREED``); ``collect`` logs this thread's before anything else it logs.
     """
 
     def __init__(self, locate: Callable[..., str | None]) -> None:
@@ -123,12 +131,15 @@ class Recorder:
         # every thread's name, in the order they came: an ident names another thread once its
         # thread ended and the system reuses it, the name stays its thread's
         self.names: list[str] = [self.threads[self.first]]
+        self.followed: set[int] = {self.first}  # every ident a followed thread had, ended ones too
         self._exclusive = _Exclusive()
         self._short: dict[str, str] = {}  # at -> short_at(at), for the names of new events
         self._stream_uses: dict[int, dict] = {}  # allocation index -> streams of record_stream (keys, in order)
         # freed blocks the caching allocator holds back: (base, end, events recorded at the free)
         self._fences: list[tuple[int, int, tuple[str, ...]]] = []
         self._host_fences: dict[int, list[str]] = {}  # pinned allocation index -> events torch's pinned allocator waits for
+        self.pending: Callable[[], bool] = lambda: False
+        self.take: Callable[[int], list[tuple[int, int]]] = lambda thread: []
 
     # -- names -------------------------------------------------------------------------------
 
@@ -178,6 +189,7 @@ class Recorder:
             unique = f"{name} #{k}"
         self.threads[ident] = unique
         self.names.append(unique)
+        self.followed.add(ident)
         return unique
 
     def thread_ended(self, ident: int) -> None:
@@ -192,7 +204,28 @@ class Recorder:
 
     # -- the log -----------------------------------------------------------------------------
 
+    def collect(self) -> None:
+        """Log what the caching allocator reported on this thread since the last ``collect``, in
+        the order it happened: called before anything else this thread logs, and by the dispatcher
+        hook between an op's return and its own entry (the op's fresh blocks, what it freed)."""
+        if not self.pending():
+            return
+        local = self._local
+        if local.collecting:  # a free's record_stream events are logged while collecting
+            return
+        with self._exclusive:
+            local.collecting = True
+            try:
+                for action, address in self.take(threading.get_ident()):
+                    if action == ALLOCATED:
+                        self.memory_allocated(address)
+                    else:
+                        self.memory_freed(address)
+            finally:
+                local.collecting = False
+
     def _log(self, op: dict) -> None:
+        self.collect()
         ident = threading.get_ident()
         if ident != self.first:
             op["thread"] = self.threads[ident]
@@ -213,6 +246,7 @@ class Recorder:
 
     def begin_op(self) -> None:
         """An op starts running on this thread: hold back what it reports until ``end_op``."""
+        self.collect()
         self._local.in_op = True
 
     def end_op(self) -> None:
@@ -234,7 +268,7 @@ class Recorder:
         synchronization object named ``sync`` (trace format 1.2, rule 8)."""
         self._log({"op": kind, "sync": sync})
 
-    # -- streams, events, synchronization (GPU-trace callbacks and patched methods) ------------
+    # -- streams, events, synchronization (the observed methods) ----------------------------------
 
     def event_created(self, handle: int) -> None:
         """CUDA made an event at ``handle``: a new event, whatever the handle named before."""
@@ -288,11 +322,20 @@ class Recorder:
         self._emit({"op": "record", "event": event, "stream": self.stream(stream, at), "at": at})
         self._emit({"op": "query_event", "event": event, "result": True, "at": at})
 
+    def stream_waited(self, stream: object, other: object) -> None:
+        """``torch.Stream.wait_stream(other)``: an event torch records on ``other`` and ``stream``
+        waits for (written with a name of its own)."""
+        at = self.locate()
+        self._event_serial += 1
+        event = f"wait{self._event_serial} ({self._short_at(at)})"
+        self._emit({"op": "record", "event": event, "stream": self.stream(other, at), "at": at})
+        self._emit({"op": "wait_event", "stream": self.stream(stream, at), "event": event, "at": at})
+
     def device_synchronized(self) -> None:
         """``cudaDeviceSynchronize``."""
         self._emit({"op": "sync_device", "at": self.locate()})
 
-    # -- memory (allocator callbacks, allocations the dispatcher sees) -----------------------
+    # -- memory (the allocator's reports, allocations the dispatcher sees) ------------------
 
     def memory_allocated(self, address: int) -> None:
         """The caching allocator handed out a block at ``address``: whatever the map held
@@ -329,27 +372,23 @@ class Recorder:
         if a is not None:
             self._stream_uses.setdefault(a.index, {})[stream] = None
 
-    def host_copy_fenced(self, allocation: int) -> None:
-        """The op being logged is a non-blocking copy from or to pinned ``allocation``: the events
-        recorded while it ran are torch's pinned allocator's (``CachingHostAllocator_recordEvent``),
-        which it waits for before handing the block out again."""
-        events = []
-        for op in self._held():
-            if op["op"] == "record":
-                # the allocator takes its events from a pool: the same CUDA event is recorded again
-                # for another block once this one's completed, and a query of the event's name would
-                # read that later record (rule 3). This record gets a name of its own.
-                self._event_serial += 1
-                op["event"] = f"pinned{self._event_serial} ({self._short_at(op['at'])})"
-                op["name"] = "pinned allocator: its event after a copy from or to the block"
-                events.append(op["event"])
-        if events:
-            self._host_fences.setdefault(allocation, []).extend(events)
+    def host_copy_fenced(self, allocation: int, stream: object, at: str | None) -> None:
+        """The copy just logged is a non-blocking copy from or to pinned ``allocation`` on
+        ``stream``: torch's pinned allocator records an event on the stream after it
+        (``CachingHostAllocator_recordEvent``) and waits for it before handing the block out
+        again. The event gets a name of its own: the allocator takes its events from a pool, and
+        the same CUDA event recorded again for another block must not stand for this record."""
+        self._event_serial += 1
+        event = f"pinned{self._event_serial} ({self._short_at(at)})"
+        self._log({"op": "record", "event": event, "stream": self.stream(stream, at), "at": at,
+                   "name": "pinned allocator: its event after a copy from or to the block"})
+        self._host_fences.setdefault(allocation, []).append(event)
 
     def allocated(self, base: int, size: int, space: str, origin: str, at: str | None):
         """Memory just handed to a new owner (an op's fresh output, new host memory); returns its
         ``Allocation``. Where an allocator reuses bytes only after events completed, the host has
         learnt so: a true ``query_event`` of each, logged before the new owner's first access."""
+        self.collect()
         end = base + size
         if self._fences:
             keep = []

@@ -30,6 +30,7 @@ from kvverify.record.threads import (
     OTHER_THREAD_WORK,
     ThreadCapture,
     busy,
+    unordered_sharing,
 )
 from kvverify.record.writer import Summary, build
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
@@ -120,6 +121,7 @@ class Recording:
                                  f"one ({threading.get_ident()}): the recording is still running")
         with _lock:
             try:
+                self._collect_leftover()
                 self._bindings.uninstall()
                 self._threads.stop()
                 self._mode.active = False  # the modes of threads still running record nothing more
@@ -131,6 +133,18 @@ class Recording:
                 self.running = False
                 _active = None
 
+    def _collect_leftover(self) -> None:
+        """The allocator's reports still in its log as the recording stops: this thread's are
+        logged; those of threads the recording never followed are its missed work."""
+        rec = self.recorder
+        with rec.exclusive():
+            rec.collect()
+            for ident, n in self._platform_in_use.allocator_leftover().items():
+                if ident not in rec.followed:
+                    thread = threading._active.get(ident)
+                    name = thread.name if thread is not None else f"ident {ident:#x}, ended"
+                    rec.notes[f"{OTHER_THREAD_WORK} torch's allocator reports from thread {name!r}"] += n
+
     def __enter__(self) -> Recording:
         return self.start()
 
@@ -139,11 +153,15 @@ class Recording:
 
     @contextlib.contextmanager
     def internal(self):
-        """Work of the recorder itself on this thread: the hooks report nothing meanwhile."""
+        """Work of the recorder itself on this thread: the hooks report nothing meanwhile, and
+        what the allocator reports meanwhile (the read-back's own blocks) is dropped."""
+        rec = self.recorder
+        rec.collect()
         INSIDE.depth += 1
         try:
             yield
         finally:
+            rec.take(threading.get_ident())
             INSIDE.depth -= 1
 
     def _follows(self) -> bool:
@@ -172,6 +190,11 @@ class Recording:
             doc, summary = build(self.recorder, keep_all=self.keep_all)
             summary.notes += [f"{what}: {n}" for what, n in sorted(self.recorder.notes.items())]
             summary.notes += self._threads.lines()
+            unordered, example = unordered_sharing(self.recorder.ops)
+            if unordered:
+                summary.notes.append(f"{NOT_RECORDED} (ops of two threads on one stream or event with no host "
+                                     f"ordering between them, whose order the driver may have seen the other way "
+                                     f"round; the first: {example}): {unordered}")
             if self.recorder.memory.overruns:
                 # their placeholder shares no bytes with the allocation they run into: a race there is not decided
                 summary.notes.append(f"{NOT_RECORDED} (ranges that run past the allocation they start in, listed "
@@ -225,7 +248,8 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
     locating ops (default: torch and kvverify's recorder and op wrappers).
 
     Use as ``with recording() as rec: ...``; starting raises RecordingError where no CUDA device
-    is visible, this torch lacks the GPU-trace hooks, or a recording is already running.
+    is visible, torch's allocator does not report to kvverify's allocator log (another allocator),
+    or a recording is already running.
     """
     return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip)
 

@@ -16,8 +16,8 @@ it runs, and writes what orders them as ``release`` / ``acquire`` ops (rule 8):
   that no lock guards orders nothing: the trace says so, and so does the checker.
 
 What stays unseen is named: threads already running when the recording started (the summary lists
-them; their device work is seen only through torch's event and allocator callbacks, noted as
-missed), and device work outside torch's dispatcher (native capture sees it). Each note of missed
+them; their device work is seen only through the observed event methods and the allocator's
+reports, noted as missed), and device work outside torch's dispatcher (native capture sees it). Each note of missed
 work starts with ``NOT_RECORDED``: ``Recording.complete()`` is then false, and ``kvverify record``
 exits 2 rather than call the rest SAFE.
 """
@@ -70,6 +70,7 @@ class ThreadCapture:
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Thread -> its start and end names
         self._syncs: dict[int, tuple[object, str]] = {}  # id(lock) -> (lock, name): held, so no id is reused
         self._undo: list[Callable[[], None]] = []
+        self.starting = 0  # threads started and not yet running (not in recorder.threads)
 
     # -- lifetime ----------------------------------------------------------------------------
 
@@ -109,11 +110,21 @@ class ThreadCapture:
 
         def started(thread) -> None:
             # in the parent, before the thread can run: what it did so far happens before the thread
-            if capture._following():
-                n = len(capture._names) + 1
-                capture._names[thread] = (f"start of thread {n} ({thread.name})", f"end of thread {n} ({thread.name})")
-                capture._sync("release", capture._names[thread][0])
-            start(thread)
+            if not capture._following():
+                return start(thread)
+            n = len(capture._names) + 1
+            capture._names[thread] = (f"start of thread {n} ({thread.name})", f"end of thread {n} ({thread.name})")
+            capture._sync("release", capture._names[thread][0])
+            # from now on this thread's locks may order it against the new one, which registers
+            # itself only once it runs
+            with capture.recorder.exclusive():
+                capture.starting += 1
+            try:
+                start(thread)
+            except BaseException:
+                with capture.recorder.exclusive():
+                    capture.starting -= 1
+                raise
 
         def bootstrap_inner(thread) -> None:
             names = capture._names.get(thread)
@@ -121,6 +132,7 @@ class ThreadCapture:
                 return bootstrap(thread)
             with capture.recorder.exclusive():
                 capture.recorder.thread_started(threading.get_ident(), thread.name)
+                capture.starting -= 1
             capture._sync("acquire", names[0])
             leave = capture.enter_thread()
             try:
@@ -175,11 +187,13 @@ class ThreadCapture:
         return acquire
 
     def _observing(self, lock) -> bool:
-        # with one thread followed, its locks order nothing its program order and the start of the
-        # next thread (a release it acquires) do not; threading's own bookkeeping locks order
-        # nothing the program asked for (start and join are written as such)
-        threads = self.recorder.threads
-        return (self.active and len(threads) >= 2 and not busy() and threading.get_ident() in threads
+        # until a second thread is started, locks order nothing program order and the start of the
+        # next thread (a release it acquires) do not; from then on they may, even once that thread
+        # ended (its releases order what acquires the lock later). threading's own bookkeeping locks
+        # order nothing the program asked for (start and join are written as such)
+        recorder = self.recorder
+        return (self.active and len(recorder.followed) + self.starting >= 2 and not busy()
+                and threading.get_ident() in recorder.threads
                 and id(lock) not in _BOOKKEEPING)
 
     def _lock(self, kind: str, lock) -> None:
@@ -201,3 +215,59 @@ class ThreadCapture:
 
     def _following(self) -> bool:
         return self.active and threading.get_ident() in self.recorder.threads
+
+
+STREAM_OPS = frozenset(("kernel", "copy", "copy_batch", "record", "wait_event", "sync_stream"))
+EVENT_OPS = frozenset(("record", "wait_event", "sync_event", "query_event"))
+
+
+def unordered_sharing(log: list[dict]) -> tuple[int, str | None]:
+    """Pairs of ops of two threads on one stream (or on one event, one of them a record) with no
+    host ordering between them (``release`` / ``acquire``, rule 8), in a recorder's op log; returns
+    their count and a description of the first.
+
+    Each op is logged after its CUDA call returned, not atomically with it: two threads' ops that
+    nothing orders on the host may have reached the driver in the other order than the log's, and
+    on one stream that order decides what a later event captures (or which record a wait reads).
+    Such a recording is not a complete account of the program (``NOT_RECORDED``)."""
+    clocks: dict[object, dict[object, int]] = {}  # thread -> its vector clock
+    syncs: dict[str, dict[object, int]] = {}  # sync name -> the clock its releases carry
+    last: dict[tuple[str, str], dict[object, tuple[int, dict]]] = {}  # (kind, name) -> thread -> (tick, op)
+    count, first = 0, None
+
+    def check(key: tuple[str, str], thread, clock: dict, op: dict, against: tuple[str, str]) -> None:
+        nonlocal count, first
+        for other, (tick, earlier) in last.get(against, {}).items():
+            if other != thread and clock.get(other, 0) < tick:
+                count += 1
+                if first is None:
+                    first = (f"{key[0]} {key[1]!r}: {earlier['op']} at {earlier.get('at') or '?'} "
+                             f"({other or 'the first thread'}) and {op['op']} at {op.get('at') or '?'} "
+                             f"({thread or 'the first thread'})")
+
+    for op in log:
+        thread, kind = op.get("thread"), op["op"]
+        clock = clocks.setdefault(thread, {})
+        clock[thread] = clock.get(thread, 0) + 1
+        if kind == "release":
+            carried = syncs.setdefault(op["sync"], {})
+            for t, c in clock.items():
+                carried[t] = max(carried.get(t, 0), c)
+            continue
+        if kind == "acquire":
+            for t, c in syncs.get(op["sync"], {}).items():
+                clock[t] = max(clock.get(t, 0), c)
+            continue
+        tick = clock[thread]
+        if kind in STREAM_OPS and "stream" in op:
+            key = ("stream", op["stream"])
+            check(key, thread, clock, op, key)
+            last.setdefault(key, {})[thread] = (tick, op)
+        if kind in EVENT_OPS and "event" in op:
+            key, records = ("event", op["event"]), ("record of event", op["event"])
+            # a record against every op on the event; anything else against its records only
+            check(key, thread, clock, op, key if kind == "record" else records)
+            if kind == "record":
+                last.setdefault(records, {})[thread] = (tick, op)
+            last.setdefault(key, {})[thread] = (tick, op)
+    return count, first

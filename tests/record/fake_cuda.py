@@ -3,25 +3,28 @@
 Tensors from ``FakeCuda.device`` are CPU tensors the stand-in calls device memory; ``pinned``
 ones are CPU tensors it calls pinned. Both are made with ``torch.from_numpy`` (which the dispatcher
 does not see), as memory the caching allocator and the pinned allocator would hand out. Streams
-and events report to the recorder exactly what torch's GPU-trace callbacks and the recorder's
-patched ``query()`` methods report on a GPU (``kvverify.record.hooks``): event creation at first
-record, record / wait / synchronize with the event's handle and the stream's handle, query with
-its result. Everything runs at once on the host: only the recording is under test.
+and events report to the recorder exactly what the observed event and stream methods report on a
+GPU (``kvverify.record.hooks``): event creation at first record, record / wait / synchronize with
+the event's handle and the stream's handle, query with its result. The caching allocator's
+allocations and frees go into a per-thread log the recorder takes them from, as the extension's
+allocator log on a GPU. Everything runs at once on the host: only the recording is under test.
 
-What this cannot test is torch's side of the hooks (which callbacks C++ fires, and when): the GPU
-tests in ``test_record_gpu.py`` do.
+What this cannot test is torch's side of the hooks (what its methods and allocator do, and when):
+the GPU tests in ``test_record_gpu.py`` do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
+from collections import Counter, defaultdict
 
 import numpy as np
 import torch
 
 from kvverify.record.dispatch import Platform
-from kvverify.record.recorder import LEGACY_STREAM, Recorder
+from kvverify.record.recorder import ALLOCATED, FREED, LEGACY_STREAM, Recorder
 
 _handles = itertools.count(0x7000_0000, 0x100)
 SHARED: list[FakeCuda] = []  # the stand-in of programs run by `kvverify record` in-process (shared())
@@ -97,6 +100,7 @@ class FakeCuda(Platform):
         self.current = self.default
         self.recorder: Recorder | None = None
         self.guard = None
+        self.allocator_rows: defaultdict[int, list[tuple[int, int]]] = defaultdict(list)  # by thread
         self._keep: list = []  # numpy arrays behind the tensors
 
     # -- kvverify.record.dispatch.Platform ---------------------------------------------------
@@ -133,6 +137,14 @@ class FakeCuda(Platform):
 
     def install(self, recorder: Recorder, guard) -> None:
         self.recorder, self.guard = recorder, guard
+        self.allocator_rows.clear()
+        recorder.pending = lambda: any(self.allocator_rows.values())
+        recorder.take = lambda thread: self.allocator_rows.pop(thread, [])
+
+    def allocator_leftover(self) -> Counter:
+        left = Counter({thread: len(rows) for thread, rows in self.allocator_rows.items() if rows})
+        self.allocator_rows.clear()
+        return left
 
     def uninstall(self) -> None:
         self.recorder = self.guard = None
@@ -154,7 +166,7 @@ class FakeCuda(Platform):
         storage = t.untyped_storage()
         self.device_storages.add(storage.data_ptr())
         self.blocks.append((storage.data_ptr(), storage.nbytes()))
-        self.report("memory_allocated", storage.data_ptr())
+        self._allocator(ALLOCATED, storage.data_ptr())
         return t
 
     def pinned(self, *shape, dtype=torch.uint8) -> torch.Tensor:
@@ -172,7 +184,12 @@ class FakeCuda(Platform):
         """The caching allocator takes the block back."""
         base = t.untyped_storage().data_ptr()
         self.blocks = [b for b in self.blocks if b[0] != base]
-        self.report("memory_freed", base)
+        self._allocator(FREED, base)
+
+    def _allocator(self, action: int, address: int) -> None:
+        """What the extension's allocator log does on a GPU: a row of this thread's, taken later."""
+        if self.recorder is not None:
+            self.allocator_rows[threading.get_ident()].append((action, address))
 
     def stream(self) -> FakeStream:
         return FakeStream(self)

@@ -4,6 +4,7 @@ a strict xfail names a defect left for the lead to fix."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import threading
 import time
@@ -118,22 +119,60 @@ def test_a_thread_that_gets_the_ident_of_one_that_ended_keeps_both_names_apart(f
     rec.check()  # a valid trace
 
 
+def _two_threads_on_one_stream(fake, *, locked: bool):
+    """A worker thread records an event on the side stream while the main thread copies on it; the
+    main thread then waits for the event on its default stream. ``locked``: both hold one lock."""
+    gpu, cpu = fake.device(BLOCK), fake.pinned(BLOCK)
+    side, lock = fake.stream(), threading.Lock()
+    held = lock if locked else contextlib.nullcontext()
+    event = fake.event()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        def worker():
+            with held:
+                event.record(side)
+
+        t = threading.Thread(target=worker, name="worker")
+        t.start()
+        with held, fake.use(side):
+            gpu.copy_(cpu, non_blocking=True)
+        t.join()
+        event.wait(fake.default)
+    return rec
+
+
+def test_two_threads_issuing_to_one_stream_with_no_host_ordering_make_the_recording_incomplete(fake):
+    """Each op is logged after its CUDA call returned: a record of one thread and a copy of another on
+    the same stream, unordered on the host, may have reached the driver in the other order than the
+    log's, and that order decides whether the event captures the copy. The recording must not call
+    what follows SAFE: it says so as missed (``NOT_RECORDED``)."""
+    rec = _two_threads_on_one_stream(fake, locked=False)
+    assert not rec.complete()
+    note = next(n for n in rec.summary().notes if "no host ordering" in n)
+    assert "stream 'stream" in note and "record at" in note and "(worker)" in note
+    assert int(note.rsplit(": ", 1)[1]) >= 1
+
+
+def test_two_threads_on_one_stream_ordered_by_a_lock_leave_the_recording_complete(fake):
+    rec = _two_threads_on_one_stream(fake, locked=True)
+    assert rec.complete(), rec.summary().notes
+
+
 # -- lifetimes -------------------------------------------------------------------------------------
 
 H = 0xE100  # one CUDA event handle
 
 
 def d2h(rec: Recorder, gpu, host, *, event: int | None, created: bool = True):
-    """``host.copy_(gpu, non_blocking=True)`` on SIDE as the dispatcher logs it: torch's pinned
-    allocator records ``event`` on the stream while the op runs (held back), then the copy is logged
-    and fenced, then what was held."""
+    """``host.copy_(gpu, non_blocking=True)`` on SIDE as the dispatcher logs it: the copy, then
+    torch's pinned allocator's event after it (``host_copy_fenced``). ``event``: a CUDA event the
+    program records meanwhile (a Python custom op's, held back until the op is logged)."""
     rec.begin_op()
     if event is not None:
         if created:
             rec.event_created(event)
         rec.event_recorded(event, SIDE)
     rec.copy(SIDE, "copy_", (gpu.index, 0, BLOCK), (host.index, 0, BLOCK), rec.locate())
-    rec.host_copy_fenced(host.index)
+    rec.host_copy_fenced(host.index, SIDE, rec.locate())
     rec.end_op()
 
 

@@ -97,9 +97,7 @@ def pinned_temporary(*, copied_by_torch: bool):
     rec.begin_op()
     if copied_by_torch:  # copy_(non_blocking=True): torch records the allocator's event on the stream
         rec.copy(SIDE, "copy_", (temp.index, 0, 4096), (gpu.index, 0, 4096), rec.locate())
-        rec.event_created(EVENT)
-        rec.event_recorded(EVENT, SIDE)
-        rec.host_copy_fenced(temp.index)
+        rec.host_copy_fenced(temp.index, SIDE, rec.locate())
     else:  # a batched swap of raw pointers: the allocator knows nothing of it
         copies = CopyArrays(*(np.array([v], dtype=np.int64) for v in (temp.index, 0, gpu.index, 0, 4096)))
         rec.copy_batch(SIDE, "swap_blocks_batch", "STREAM", copies, rec.locate())

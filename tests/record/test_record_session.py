@@ -1,5 +1,5 @@
 """``recording()`` and the annotations, on the CUDA stand-in; the torch hooks' wiring on the CPU (the
-callbacks torch's C++ would call are fired from Python); where the user's frame is."""
+C methods they observe stood in for by Python ones); where the user's frame is."""
 
 from __future__ import annotations
 
@@ -131,41 +131,113 @@ def test_a_written_trace_is_what_kvverify_check_reads(fake, tmp_path):
 # -- the torch hooks, wired on the CPU ---------------------------------------------------------
 
 
-def test_the_gpu_trace_callbacks_reach_the_recorder_and_uninstall_removes_them(monkeypatch):
-    import torch.cuda._gpu_trace as gpu_trace
+class _AllocatorLog:
+    """The extension's allocator log, without a GPU: rows put in by the test."""
 
-    platform = CudaPlatform()
-    monkeypatch.setattr(platform, "_probe", lambda gpu_trace: None)  # records a CUDA event
+    def __init__(self) -> None:
+        self.rows: dict[int, list] = {}
+        self.on = False
+
+    def enable(self, on: bool) -> None:
+        self.on, self.rows = on, {}
+
+    def pending(self) -> bool:
+        return any(self.rows.values())
+
+    def take(self, thread: int) -> list:
+        return self.rows.pop(thread, [])
+
+    def leftover(self):
+        from collections import Counter
+
+        left, self.rows = Counter({t: len(r) for t, r in self.rows.items()}), {}
+        return left
+
+
+def _stand_ins():
+    """Python stand-ins for the C methods the recorder observes, acting on SimpleNamespace events
+    (``cuda_event`` made at the first record, as torch does) and streams: ``(type, name, fn)``."""
+    handles = iter(range(0xE0, 0xF00, 0x10))
+
+    def record(event, stream=None):
+        if not event.cuda_event:
+            event.cuda_event = next(handles)
+
+    def nothing(*args, **kwargs):
+        return None
+
+    def done(_):
+        return True
+
+    def record_event(stream, event=None):
+        event = event or types.SimpleNamespace(cuda_event=0, device=None)
+        record(event)
+        return event
+
+    event_base, stream_base = torch._C._CudaEventBase, torch._C._CudaStreamBase
+    return [(event_base, "record", record), (event_base, "wait", nothing), (event_base, "synchronize", nothing),
+            (event_base, "query", done), (torch.Event, "record", record), (torch.Event, "wait", nothing),
+            (torch.Event, "synchronize", nothing), (torch.Event, "query", done),
+            (stream_base, "synchronize", nothing), (stream_base, "query", done), (torch.Stream, "synchronize", nothing),
+            (torch.Stream, "query", done), (torch.Stream, "wait_event", nothing), (torch.Stream, "wait_stream", nothing),
+            (torch.Stream, "record_event", record_event)]
+
+
+def test_the_observed_methods_report_to_the_recorder_and_uninstall_puts_them_back(monkeypatch):
+    """The wiring of ``CudaPlatform.install`` on the CPU: each C method the recorder observes is
+    first replaced by a Python stand-in (no CUDA here), which ``install`` then observes in place."""
+    from kvverify.record import hooks
+
+    monkeypatch.setattr(hooks, "AllocatorLog", _AllocatorLog)
+    monkeypatch.setattr(torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(CudaPlatform, "_probe", lambda self: None)  # allocates on the device
     device = [0]
     monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: device[0])  # what install() asks once CUDA is up
-    rec = Recorder(lambda: "prog.py:1 in f")
-    before = {r: list(r.callback_list) for r in (gpu_trace.EventRecordCallbacks, gpu_trace.MemoryAllocationCallbacks)}
-    query, generic, generic_query = torch.cuda.Event.query, torch.Event, torch.Event.__dict__["query"]
-    platform.install(rec, thread_guard(rec, lambda: False))
+    monkeypatch.setattr(torch._C, "_cuda_synchronize", lambda: None)
+    stand_ins = _stand_ins()
+    undo = [patch_method(cls, name, fn, cls.__dict__[name]) for cls, name, fn in stand_ins]
     try:
-        assert torch.cuda.Event.query is not query and torch.Event is generic
-        assert torch.Event.__dict__["query"] is not generic_query
-        gpu_trace.EventCreationCallbacks.fire_callbacks(0xE0)
-        gpu_trace.EventRecordCallbacks.fire_callbacks(0xE0, 0x5100)
-        gpu_trace.EventWaitCallbacks.fire_callbacks(0xE0, 0)  # the legacy default stream
-        device[0] = 1  # the default streams are one per device: asked at each callback
-        gpu_trace.StreamSynchronizationCallbacks.fire_callbacks(0)
-        device[0] = 0
-        gpu_trace.StreamSynchronizationCallbacks.fire_callbacks(0x5100)
-        gpu_trace.DeviceSynchronizationCallbacks.fire_callbacks()
-        gpu_trace.EventSynchronizationCallbacks.fire_callbacks(0xE0)
-        rec.memory.fresh(0x9000, 16, "device", "t")
-        gpu_trace.MemoryDeallocationCallbacks.fire_callbacks(0x9000)
+        platform = CudaPlatform()
+        platform._raw_stream = lambda device: 0  # the current stream: the legacy default
+        rec = Recorder(lambda *depth: "prog.py:1 in f")
+        platform.install(rec, thread_guard(rec, lambda: False))
+        try:
+            assert all(cls.__dict__[name] is not fn for cls, name, fn in stand_ins)
+            method = {(cls, name): cls.__dict__[name] for cls, name, _ in stand_ins}
+            side = types.SimpleNamespace(cuda_stream=0x5100, device_index=0)
+            event = types.SimpleNamespace(cuda_event=0, device=types.SimpleNamespace(index=0))
+            base = torch._C._CudaEventBase
+            method[base, "wait"](event, side)  # never recorded: orders nothing
+            method[base, "record"](event, side)
+            method[base, "wait"](event, None)  # the current stream
+            method[base, "synchronize"](event)
+            assert method[base, "query"](event) is True
+            device[0] = 1  # the default streams are one per device
+            method[torch._C._CudaStreamBase, "synchronize"](types.SimpleNamespace(cuda_stream=0, device_index=1))
+            device[0] = 0
+            method[torch.Stream, "wait_stream"](types.SimpleNamespace(cuda_stream=0, device_index=0), side)
+            made = method[torch.Stream, "record_event"](side)
+            torch._C._cuda_synchronize()
+            rec.memory.fresh(0x9000, 16, "device", "t")
+            platform.allocator_log.rows[threading.get_ident()] = [(2, 0x9000)]  # the block's free
+            rec.collect()
+        finally:
+            platform.uninstall()
+        assert [cls.__dict__[name] for cls, name, _ in stand_ins] == [fn for _, _, fn in stand_ins]
+        assert platform.allocator_log.on is False
     finally:
-        platform.uninstall()
-    assert [op["op"] for op in rec.ops] == ["record", "wait_event", "sync_stream", "sync_stream", "sync_device",
-                                            "sync_event"]
-    assert rec.ops[1]["stream"] == "default" and rec.ops[0]["stream"].startswith("stream1")
-    assert rec.ops[2]["stream"] == "default (cuda:1)" and rec.ops[3]["stream"] == rec.ops[0]["stream"]
-    assert rec.memory.find(0x9000) is None
-    assert {r: list(r.callback_list) for r in before} == before
-    assert torch.cuda.Event.query is query and torch.Event is generic and torch.Event.__dict__["query"] is generic_query
+        for u in undo:
+            u()
+    assert [op["op"] for op in rec.ops] == ["record", "wait_event", "sync_event", "query_event", "sync_stream",
+                                            "record", "wait_event", "record", "sync_device"]
+    ops = rec.ops
+    assert ops[0]["stream"].startswith("stream1") and ops[1]["stream"] == "default"
+    assert ops[0]["event"] == ops[1]["event"] == ops[2]["event"] == ops[3]["event"]
+    assert ops[4]["stream"] == "default (cuda:1)"
+    assert ops[5]["stream"] == ops[0]["stream"] and ops[6]["stream"] == "default" and ops[5]["event"] == ops[6]["event"]
+    assert ops[7]["stream"] == ops[0]["stream"] and ops[7]["event"] != ops[0]["event"] and made.cuda_event
+    assert rec.memory.find(0x9000) is None  # the allocator's free, collected
 
 
 def test_the_generic_event_class_reports_its_queries_and_stays_the_same_type():

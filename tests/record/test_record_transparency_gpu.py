@@ -127,18 +127,17 @@ def test_the_battery_gives_the_same_results_and_exceptions_recorded_as_plainly()
     assert any(op.get("thread") for op in rec.recorder.ops if op["op"] == "kernel")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "torch's GPU-trace hooks (torch._C._activate_gpu_trace, which the recorder and PyTorch's CUDA "
-    "Stream Sanitizer need, and which torch never deactivates) import a module from C++ at every "
-    "deallocation; a CUDA temporary freed while an op's exception unwinds makes that import fail, "
-    "and the program sees SystemError instead of its RuntimeError, during and after a recording. "
-    "Native capture (CUPTI, issue 24) needs no such hook"))
 def test_an_op_that_raises_while_its_cuda_temporary_is_freed_keeps_its_exception():
+    """torch's GPU-trace hooks (which PyTorch's CUDA Stream Sanitizer and an earlier recorder
+    activate, for good) call Python from C++ at each deallocation; a CUDA temporary freed while an
+    op's exception unwinds made the program see SystemError instead of its RuntimeError."""
+
     def raising():
         return outcome(lambda: torch.empty(1, device="cuda").copy_(torch.empty(2)))
 
     plain = raising()
     with recording():
         recorded = raising()
+    after = raising()
     assert plain[:2] == ("raise", "RuntimeError")
-    assert recorded == plain
+    assert recorded == plain == after

@@ -1,4 +1,4 @@
-"""The recorder's op log, fed synthetic events (as torch's GPU-trace callbacks deliver them), and the
+"""The recorder's op log, fed synthetic reports (as the observed methods and the allocator log deliver them), and the
 trace writer: names, held-back reports, what is summarized, and that every trace it writes is valid."""
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def test_reports_during_an_op_come_after_it_and_a_blocking_copys_sync_is_written
     cpu = rec.memory.fresh(0x90000, 4096, "host_pageable", "cpu")
     rec.begin_op()
     rec.stream_synchronized(COMPUTE)  # torch's memcpy_and_sync reports it while the copy runs
-    rec.event_recorded(EVENT, COMPUTE)  # the pinned allocator's event after a copy
+    rec.event_recorded(EVENT, COMPUTE)  # a Python custom op's event, while it runs
     rec.copy(COMPUTE, "d2h", (gpu.index, 0, 4096), (cpu.index, 0, 4096), "prog.py:7 in f")
     rec.synchronized_by_op(COMPUTE, "prog.py:7 in f")  # the dispatcher hook's own, for the blocking copy
     rec.end_op()
