@@ -101,7 +101,7 @@ HOST_CASES = {
     "copy": ("ids.copy_(descriptor, non_blocking=True): a host-to-device copy of pointers", 1),
     "swap": ("a batched swap of 256 pointers each way (sizes made by torch.full, as the demo)", 1),
     "event": ("the reports of one event as Stream.wait_stream makes it: create, record, wait", 3),
-    "alloc": ("one caching-allocator block's two rows (allocate, free), taken from the allocator log", 2),
+    "alloc": ("one caching-allocator block's two records (allocate, free), taken from the native log", 2),
 }
 
 
@@ -119,7 +119,7 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
 
     from kvverify.record import recording
     from kvverify.record.hooks import CudaPlatform
-    from kvverify.record.recorder import ALLOCATED, FREED
+    from kvverify.record.recorder import NativeRecord
 
     arena = torch.zeros(5 << 20, dtype=torch.uint8)  # everything the stand-in calls device memory
     lo, hi = arena.data_ptr(), arena.data_ptr() + arena.numel()
@@ -143,7 +143,8 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
                     return t.data_ptr(), t.numel(), "host_pinned"
             return None
 
-        def install(self, recorder, guard):  # the observed C methods need CUDA: their reports are sent below
+        def install(self, recorder, guard, native=True):  # the observed C methods need CUDA: their reports are sent below
+            self.capture_off = "a stand-in without a GPU"
             self.rows = []
             recorder.pending = lambda: bool(self.rows)
             recorder.take = self.take
@@ -191,7 +192,8 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
     def alloc_cycle(layer):
         if platform[0] is None:
             return
-        platform[0].rows += [(ALLOCATED, layer.data_ptr()), (FREED, layer.data_ptr())]
+        platform[0].rows += [NativeRecord("alloc", [layer.data_ptr(), 0, 0, 0]),
+                             NativeRecord("free", [layer.data_ptr(), 0, 0, 0])]
         platform[0].collect()
 
     cases = {

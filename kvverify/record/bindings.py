@@ -9,28 +9,29 @@ reaches torch's dispatcher or the methods the recorder observes. While a recordi
 wrappers that call them and then log what they did, on the calling thread if the recording follows
 it (``kvverify.record.threads``), else as missed work:
 
-- ``cuMemcpyBatchAsync``: a ``copy_batch`` per attribute group, in its ``srcAccessOrder``;
-  ``cuMemcpyAsync`` and the ``cuMemcpy{HtoD,DtoH,DtoD}Async`` family: a ``copy``;
-- ``cuEventCreate`` / ``cuEventDestroy`` (a handle made again is a new event),
+- ``cuMemcpyBatchAsync``, ``cuMemcpyAsync`` and the ``cuMemcpy{HtoD,DtoH,DtoD}Async`` family,
+  ``cuEventCreate`` / ``cuEventDestroy`` (a handle made again is a new event),
   ``cuEventRecord[WithFlags]``, ``cuStreamWaitEvent``, ``cuEventSynchronize``, ``cuEventQuery``
-  (with its answer), ``cuStreamSynchronize``, ``cuCtxSynchronize``;
-- ``cuMemMap``: device memory there from now on; ``cuMemUnmap``: a ``free`` of the range;
+  (with its answer), ``cuStreamSynchronize``, ``cuCtxSynchronize``, ``cuMemMap``, ``cuMemUnmap``:
+  as ``kvverify.record.driver`` writes them, located at the Python line that called them;
 - ``os.preadv`` / ``os.readv``: a ``host_write`` of the bytes the call read into its buffers.
 
 What a program bound before the recording (``from cuda.bindings.driver import cuMemcpyAsync``)
 calls directly, the runtime API, and kernels launched through cuda-python are not seen here:
-native capture (CUPTI) is what sees every call.
+native capture (``kvverify.record.native``) sees them, where it runs. The calls made through these
+wrappers are left to them (native capture is quiet inside: cuda-python releases the GIL, so
+native capture could not tell their Python line).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 from collections.abc import Callable
 
-from kvverify.record.recorder import CopyArrays, Recorder
+from kvverify.record.driver import DriverOps
 from kvverify.record.threads import busy
-from kvverify.terms import DEVICE_SPACE, SrcAccessOrder
 
 DRIVER_CALLS = ("cuMemcpyBatchAsync", "cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync",
                 "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent",
@@ -70,18 +71,18 @@ def _ok(result) -> bool:
 class Bindings:
     """The wrappers of one recording (see the module docstring).
 
-    ``recorder``: where ops go; ``mode``: the recording's ``RecordingMode`` (its pointer
-    resolution); ``follows``: whether this thread is recorded (else its work is noted as missed,
-    through ``missed(what)``); ``stream_key``: ``(handle) -> Recorder stream key`` for the current
-    device."""
+    ``driver``: the recording's ``kvverify.record.driver.DriverOps`` (what each call becomes);
+    ``follows``: whether this thread is recorded (else its work is noted as missed, through
+    ``missed(what)``); ``quiet``: a context manager factory each driver call runs inside (native
+    capture then leaves it to these wrappers, which locate it in Python)."""
 
-    def __init__(self, recorder: Recorder, mode, follows: Callable[[], bool], missed: Callable[[str], None],
-                 stream_key: Callable[[int], object]) -> None:
-        self.rec = recorder
-        self.mode = mode
+    def __init__(self, driver: DriverOps, follows: Callable[[], bool], missed: Callable[[str], None],
+                 quiet: Callable = contextlib.nullcontext) -> None:
+        self.driver = driver
+        self.rec = driver.rec
         self.follows = follows
         self.missed = missed
-        self.stream_key = stream_key
+        self.quiet = quiet
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -113,7 +114,8 @@ class Bindings:
         bindings = self
 
         def call(*args, **kwargs):
-            result = original(*args, **kwargs)
+            with bindings.quiet():
+                result = original(*args, **kwargs)
             if busy():  # the recorder's own call
                 return result
             if bindings.follows():
@@ -136,42 +138,31 @@ class Bindings:
 
     # -- cuda-python ---------------------------------------------------------------------------
 
+    def _key(self, stream) -> object:
+        return self.driver.stream_key(_int(stream))
+
     def _cuMemcpyBatchAsync(self, name, args, kwargs, result, at) -> None:
         if not _ok(result):
             return
         import numpy as np
 
         dsts, srcs, sizes, count, attrs, attr_idxs, num_attrs, stream = args[:8]
-        count = int(count)
+        count, num_attrs = int(count), int(num_attrs)
         dst = np.array([_int(p) for p in list(dsts)[:count]], dtype=np.int64)
         src = np.array([_int(p) for p in list(srcs)[:count]], dtype=np.int64)
         size = np.array([int(n) for n in list(sizes)[:count]], dtype=np.int64)
-        s_index, s_offset, d_index, d_offset = self.mode.resolve_both(src, dst, size, at)
-        starts = [int(i) for i in list(attr_idxs)[:int(num_attrs)]] + [count]
-        for k, attr in enumerate(list(attrs)[:int(num_attrs)]):
-            group = slice(starts[k], starts[k + 1])
-            order = SrcAccessOrder(int(attr.srcAccessOrder)).name
-            self.rec.copy_batch(self.stream_key(_int(stream)), f"cuda-python {name}", order,
-                                CopyArrays(s_index[group], s_offset[group], d_index[group], d_offset[group],
-                                           size[group]), at)
+        groups = [(int(attr.srcAccessOrder), int(first))
+                  for attr, first in zip(list(attrs)[:num_attrs], list(attr_idxs)[:num_attrs])]
+        self.driver.copy_batch(_int(stream), dst, src, size, groups, f"cuda-python {name}", at)
 
-    def _copy(self, dst, src, nbytes, stream, name, at) -> None:
-        import numpy as np
-
-        size = np.array([int(nbytes)], dtype=np.int64)
+    def _cuMemcpyAsync(self, name, args, kwargs, result, at) -> None:
+        if not _ok(result):
+            return
+        dst, src, nbytes, stream = args[:4]
         # the host side of HtoD / DtoH is any host pointer cuda-python accepts
         src = _host_pointer(src) if name == "cuMemcpyHtoDAsync" else _int(src)
         dst = _host_pointer(dst) if name == "cuMemcpyDtoHAsync" else _int(dst)
-        s_index, s_offset, d_index, d_offset = self.mode.resolve_both(
-            np.array([src], dtype=np.int64), np.array([dst], dtype=np.int64), size, at)
-        n = int(nbytes)
-        self.rec.copy(self.stream_key(_int(stream)), f"cuda-python {name}", (int(s_index[0]), int(s_offset[0]), n),
-                      (int(d_index[0]), int(d_offset[0]), n), at)
-
-    def _cuMemcpyAsync(self, name, args, kwargs, result, at) -> None:
-        if _ok(result):
-            dst, src, nbytes, stream = args[:4]
-            self._copy(dst, src, nbytes, stream, name, at)
+        self.driver.copy(_int(stream), dst, src, int(nbytes), f"cuda-python {name}", at)
 
     _cuMemcpyHtoDAsync = _cuMemcpyDtoHAsync = _cuMemcpyDtoDAsync = _cuMemcpyAsync
 
@@ -185,58 +176,39 @@ class Bindings:
 
     def _cuEventRecord(self, name, args, kwargs, result, at) -> None:
         if _ok(result):
-            self.rec.event_recorded(_int(args[0]), self.stream_key(_int(args[1])))
+            self.rec.event_recorded(_int(args[0]), self._key(args[1]), at=at)
 
     _cuEventRecordWithFlags = _cuEventRecord
 
     def _cuStreamWaitEvent(self, name, args, kwargs, result, at) -> None:
         if _ok(result):
-            self.rec.event_waited(_int(args[1]), self.stream_key(_int(args[0])))
+            self.rec.event_waited(_int(args[1]), self._key(args[0]), at=at)
 
     def _cuEventSynchronize(self, name, args, kwargs, result, at) -> None:
         if _ok(result):
-            self.rec.event_synchronized(_int(args[0]))
+            self.rec.event_synchronized(_int(args[0]), at=at)
 
     def _cuEventQuery(self, name, args, kwargs, result, at) -> None:
         # CUDA_SUCCESS: complete; CUDA_ERROR_NOT_READY: not yet (an answer too); anything else: no answer
         status = int(result[0] if isinstance(result, tuple) else result)
         if status in (0, 600):
-            self.rec.event_queried(_int(args[0]), status == 0)
+            self.rec.event_queried(_int(args[0]), status == 0, at=at)
 
     def _cuStreamSynchronize(self, name, args, kwargs, result, at) -> None:
         if _ok(result):
-            self.rec.stream_synchronized(self.stream_key(_int(args[0])))
+            self.rec.stream_synchronized(self._key(args[0]), at=at)
 
     def _cuCtxSynchronize(self, name, args, kwargs, result, at) -> None:
         if _ok(result):
-            self.rec.device_synchronized()
+            self.rec.device_synchronized(at=at)
 
     def _cuMemMap(self, name, args, kwargs, result, at) -> None:
         if _ok(result):
-            self.rec.allocated(_int(args[0]), int(args[1]), DEVICE_SPACE, f"cuda-python {name}", at)
+            self.driver.mapped(_int(args[0]), int(args[1]), f"cuda-python {name}", at)
 
     def _cuMemUnmap(self, name, args, kwargs, result, at) -> None:
-        if not _ok(result):
-            return
-        base, nbytes = _int(args[0]), int(args[1])
-        end = base + nbytes
-        memory = self.rec.memory
-        # the range may cover several mappings (and bytes the recording never learnt of): a free of
-        # each part where it lies, so that device work on any of them races with the unmap
-        spans, cursor = [], base
-        mapped = memory.overlapping(base, end)
-        for a in mapped:
-            lo, hi = max(a.base, base), min(a.end, end)
-            if lo > cursor:
-                spans.append(memory.unresolved_span(cursor, lo - cursor, "lies in no allocation the recording knows", at))
-            spans.append((a.index, lo - a.base, hi - lo))
-            cursor = hi
-        if cursor < end:
-            spans.append(memory.unresolved_span(cursor, end - cursor, "lies in no allocation the recording knows", at))
-        self.rec.released(spans, f"cuda-python {name}", at)
-        for a in mapped:
-            if not a.placeholder:
-                memory.retire(a.base)
+        if _ok(result):
+            self.driver.unmapped(_int(args[0]), int(args[1]), f"cuda-python {name}", at)
 
     # -- the operating system ------------------------------------------------------------------
 
@@ -250,6 +222,6 @@ class Bindings:
                 break
             view = memoryview(buffer).cast("B")
             n = min(left, view.nbytes)
-            spans.append(self.mode.host_span(ctypes.addressof(ctypes.c_char.from_buffer(view)), n, at))
+            spans.append(self.driver.mode.host_span(ctypes.addressof(ctypes.c_char.from_buffer(view)), n, at))
             left -= n
         self.rec.host_access("host_write", spans, f"os.{name}", at)

@@ -30,6 +30,7 @@ the tensor is read back (a synchronizing copy the trace does not show).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
@@ -98,15 +99,29 @@ class Platform:
         does not know of (pinned or registered host memory, raw ``cudaMalloc``), or None."""
         return None
 
-    def install(self, recorder: Recorder, guard: Callable[[Callable], Callable]) -> None:
+    def install(self, recorder: Recorder, guard: Callable[[Callable], Callable], native: bool = True) -> None:
         """Start reporting streams, events and synchronization to ``recorder``, each report
         through ``guard(report)`` (which drops other threads' and the recorder's own), and set
-        ``recorder.pending`` / ``take`` to the allocator's reports."""
+        ``recorder.pending`` / ``take`` to the native log; ``native``: capture driver calls too,
+        setting ``capture_off`` to why not where it cannot."""
         raise NotImplementedError
 
     def uninstall(self) -> None:
         """Stop reporting (idempotent)."""
         raise NotImplementedError
+
+    def suppressed(self):
+        """A context manager: the driver calls of this thread inside it are not captured natively
+        (the recorder sees them another way)."""
+        return contextlib.nullcontext()
+
+    def function_name(self, function: int) -> str:
+        """The name of a kernel native capture saw launched."""
+        return "?"
+
+    def on_launch(self, report: Callable[[int], None]) -> None:
+        """Call ``report(function)`` where a launcher that releases the GIL (Triton) is about to
+        launch kernel ``function`` on this thread, for as long as the recording runs."""
 
     def allocator_leftover(self):
         """The allocator's reports no ``take`` removed (a ``collections.Counter`` by thread), now
@@ -337,7 +352,7 @@ class RecordingMode(TorchDispatchMode):
         memory = self.rec.memory
         span = memory.resolve(address, length)
         if span is None:
-            self._learn(np.array([address], dtype=np.int64))
+            self.learn(np.array([address], dtype=np.int64))
             span = memory.resolve(address, length)
         if span is None:
             memory.known(address, length, HOST_SPACE["pageable"], "memory the host touched", at)
@@ -547,7 +562,7 @@ class RecordingMode(TorchDispatchMode):
         unknown = [i for i in np.flatnonzero(~found).tolist()
                    if (holder := memory.find(int(addresses[i]))) is None or not holder.placeholder]
         if unknown:
-            self._learn(addresses[unknown])
+            self.learn(addresses[unknown])
             index, offset, found = memory.resolve_batch(addresses, lengths)
         if not found.all():
             index, offset = index.copy(), offset.copy()
@@ -555,6 +570,20 @@ class RecordingMode(TorchDispatchMode):
                 a, n = int(addresses[i]), int(lengths[i])
                 index[i], offset[i], _ = memory.unresolved_span(a, n, f"{what}[{i}] {memory.why_not(a, n)}", at)
         return index, offset
+
+    def resolve_one(self, address: int, nbytes: int, at: str | None) -> tuple[int, int]:
+        """``(allocation index, offset)`` of ``nbytes`` at ``address`` (see ``_resolve``)."""
+        index, offset = self._resolve(np.array([address], dtype=np.int64), np.array([nbytes], dtype=np.int64),
+                                      "address", at)
+        return int(index[0]), int(offset[0])
+
+    def pointer_table(self, address: int) -> np.ndarray | None:
+        """The values of the device pointer table at ``address``, where a host copy the recording
+        saw filled it and its allocation is still the one it filled; else None."""
+        entry = self._pointers.get(address)
+        if entry is None or self.rec.memory.find(address) is not entry[0]:
+            return None
+        return entry[2]
 
     def resolve_both(self, src: np.ndarray, dst: np.ndarray, sizes: np.ndarray, at: str | None):
         """``_resolve`` of a swap's sources, then of its destinations: one lookup for both where
@@ -565,7 +594,9 @@ class RecordingMode(TorchDispatchMode):
             return index[:n], offset[:n], index[n:], offset[n:]
         return (*self._resolve(src, sizes, "src_ptrs", at), *self._resolve(dst, sizes, "dst_ptrs", at))
 
-    def _learn(self, addresses: np.ndarray) -> None:
+    def learn(self, addresses: np.ndarray) -> None:
+        """Learn the allocations that hold ``addresses`` (int64, shape ``(n,)``) where the map has
+        none: from the caching allocator's snapshot, else from CUDA's host allocations."""
         memory = self.rec.memory
         blocks = sorted(self.platform.allocator_blocks())
         starts = [b for b, _ in blocks]

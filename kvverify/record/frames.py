@@ -23,14 +23,16 @@ CALL_SITES = 1 << 16  # ``at`` strings a Locator keeps; past that it starts afre
 
 def library_dirs() -> tuple[str, ...]:
     """The folders (and files) whose frames are never the user's: torch, the recorder's modules
-    (not its demo) and kvverify's op wrappers (``kvverify/device``: a swap issued through
-    ``kvverify.swap_blocks_batch`` is located at the user's call). The standard library
+    (not its demo), kvverify's op wrappers (``kvverify/device``: a swap issued through
+    ``kvverify.swap_blocks_batch`` is located at the user's call) and Triton's runtime where it is
+    loaded. The standard library
     (``runpy``, ``contextlib``, ``threading``) is library code too, but not the installed packages
     under it (``site-packages``)."""
     dirs = [str(p) for p in sorted(_RECORD_DIR.glob("*.py")) if p.name not in USER_CODE] + [str(_DEVICE_DIR)]
-    torch = sys.modules.get("torch")
-    if torch is not None and getattr(torch, "__file__", None):
-        dirs.append(str(Path(torch.__file__).resolve().parent))
+    for package in ("torch", "triton"):  # triton: its launcher's frames, between a kernel's caller and the launch
+        module = sys.modules.get(package)
+        if module is not None and getattr(module, "__file__", None):
+            dirs.append(str(Path(module.__file__).resolve().parent))
     return tuple(dirs)
 
 
@@ -81,6 +83,19 @@ class Locator:
             shown = real.removeprefix(self._cwd)
             self._shown[filename] = shown
         return shown
+
+    def locate_frames(self, frames) -> str | None:
+        """The ``at`` string of the innermost user frame among ``frames`` (``(code, line)`` pairs,
+        innermost first, as native capture keeps them); None where there is none."""
+        cache = self._is_library
+        for code, line in frames:
+            name = code.co_filename
+            library = cache.get(name)
+            if library is None:
+                library = cache[name] = self._library(name)
+            if not library:
+                return f"{self._show(name)}:{line} in {code.co_name}"
+        return None
 
     def locate(self, depth: int = 1) -> str | None:
         """The ``at`` string of the innermost user frame above the caller's ``depth``-th frame."""

@@ -3,9 +3,14 @@
 What reports what:
 
 - torch's caching allocator: every block handed out and every free asked for, from every thread,
-  through the extension's allocator log (``csrc/allocator_log.cpp``: a trace tracker of
-  ``CUDACachingAllocator``, kept in C++). The recorder takes this thread's rows before anything it
-  logs (``Recorder.collect``), so they land in program order;
+  through the extension's native log (``kvverify.record.native``: a trace tracker of
+  ``CUDACachingAllocator``, kept in C++). The recorder takes this thread's records before
+  anything it logs (``Recorder.collect``), so they land in program order;
+- native capture (CUPTI, same log): the driver calls of every thread that neither the dispatcher
+  nor the methods below see: kernels launched by Triton or pybind11 code, torch's own work
+  outside ops, graph launches (``kvverify.record.driver`` writes them). Where it cannot start
+  (another CUPTI subscriber: Nsight Systems, torch.profiler), ``capture_off`` says why and the
+  rest runs on;
 - the methods that order work: ``record``, ``wait``, ``synchronize`` and ``query`` of
   ``torch.cuda.Event`` and of the device-generic ``torch.Event``; ``synchronize`` and ``query`` of
   the streams, the generic stream's ``wait_event``, ``wait_stream`` and ``record_event``;
@@ -21,10 +26,10 @@ torch's GPU-trace hooks (``torch._C._activate_gpu_trace``, which PyTorch's CUDA 
 uses) are not used: torch never turns them off, and they change the program's exceptions (C++
 calls Python at a free during an op's unwinding, and the program sees a ``SystemError``).
 
-Not seen at this level, each only an ordering left out (a race reported, never one hidden): events
-and synchronization inside torch's C++ (a ``nonzero``'s stream synchronization, autograd's stream
-events) and torch's pinned-allocator events, which the dispatcher hook writes for the copies it
-sees (``Recorder.host_copy_fenced``). Native capture (CUPTI) sees them.
+Not seen, each only an ordering left out (a race reported, never one hidden): events and
+synchronization inside an op of torch's dispatcher (a ``nonzero``'s stream synchronization), and
+torch's pinned-allocator events, which the dispatcher hook writes for the copies it sees
+(``Recorder.host_copy_fenced``).
 
 Only threads the recording follows are recorded: reports from other threads are counted and left
 out (``NOT_RECORDED``). Nothing is reported while the recorder reads pointer tensors back
@@ -34,7 +39,6 @@ out (``NOT_RECORDED``). Nothing is reported while the recorder reads pointer ten
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -43,65 +47,11 @@ import numpy as np
 
 from kvverify.errors import RecordingError
 from kvverify.record.dispatch import Platform
+from kvverify.record.native import NativeLog, cupti_library
 from kvverify.record.patching import patch_method
-from kvverify.record.recorder import ALLOCATED, DEFAULT_STREAMS, Recorder
+from kvverify.record.recorder import DEFAULT_STREAMS, Recorder
 from kvverify.record.threads import OTHER_THREAD_WORK
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
-
-ALLOCATOR_COLUMNS = ("thread", "action", "address", "size", "stream", "device")
-"""The columns of the allocator log's rows (``csrc/allocator_log.cpp``, ``Row``)."""
-
-
-class AllocatorLog:
-    """torch's caching allocator's allocations and frees, from every thread, as the extension's
-    tracker logged them (``csrc/allocator_log.cpp``). Raises RecordingError where the extension
-    does not load or the allocator refuses the tracker."""
-
-    ROWS = 1024  # rows taken per call
-
-    def __init__(self) -> None:
-        from kvverify.device.extension import ops
-
-        ops()  # raises with the build hint where the extension is missing
-        from kvverify import _C
-
-        lib = ctypes.CDLL(_C.__file__)
-        lib.kvverify_allocator_log_count.restype = ctypes.c_void_p
-        lib.kvverify_allocator_log_take.restype = ctypes.c_int64
-        lib.kvverify_allocator_log_take.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64]
-        lib.kvverify_allocator_log_enable.argtypes = [ctypes.c_int]
-        if lib.kvverify_allocator_log_attach() != 0:
-            raise RecordingError("torch's CUDA allocator refused kvverify's trace tracker (a pluggable allocator?): "
-                                 "record with torch's own caching allocator")
-        self._lib = lib
-        self._count = ctypes.c_int64.from_address(lib.kvverify_allocator_log_count())
-        self._rows = np.empty((self.ROWS, len(ALLOCATOR_COLUMNS)), dtype=np.int64)
-
-    def enable(self, on: bool) -> None:
-        """Log from now on (dropping any row left), or stop logging."""
-        self._lib.kvverify_allocator_log_enable(int(on))
-
-    def pending(self) -> bool:
-        """Whether any thread has rows not taken yet (one memory read, no call)."""
-        return self._count.value != 0
-
-    def _take(self, thread: int) -> np.ndarray:
-        parts = []
-        while True:
-            n = self._lib.kvverify_allocator_log_take(thread, self._rows.ctypes.data, self.ROWS)
-            parts.append(self._rows[:n].copy())
-            if n < self.ROWS:
-                return np.concatenate(parts)
-
-    def take(self, thread: int) -> list[tuple[int, int]]:
-        """``(action, address)`` of thread ``thread``'s rows (``threading.get_ident()``), oldest
-        first, removed from the log; ``action``: ``recorder.ALLOCATED`` or ``recorder.FREED``."""
-        rows = self._take(thread)
-        return list(zip(rows[:, 1].tolist(), rows[:, 2].tolist()))
-
-    def leftover(self) -> Counter:
-        """The count of rows not taken, by thread, removed from the log."""
-        return Counter(self._take(0)[:, 0].tolist())
 
 
 def _event_handle(event) -> int:
@@ -126,6 +76,8 @@ class CudaPlatform(Platform):
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._current_device = torch.cuda.current_device
         self._undo: list[Callable[[], None]] = []
+        self.log: NativeLog | None = None  # made by install()
+        self.capture_off: str | None = "not installed"
 
     def where(self, t) -> str | None:
         if t.is_cuda:
@@ -171,38 +123,75 @@ class CudaPlatform(Platform):
 
     # -- hooks ---------------------------------------------------------------------------------
 
-    def install(self, recorder: Recorder, guard: Callable[[Callable], Callable]) -> None:
+    def install(self, recorder: Recorder, guard: Callable[[Callable], Callable], native: bool = True) -> None:
         """Start reporting to ``recorder``; ``guard`` wraps each report (thread and internal
-        checks). Raises RecordingError where this torch lacks a method the recorder observes, or
-        its caching allocator does not report to the extension's tracker."""
+        checks); ``native``: start native capture too (``capture_off`` says why it did not).
+        Raises RecordingError where this torch lacks a method the recorder observes, or its
+        caching allocator does not report to the extension's log."""
         torch = self.torch
         torch.cuda.init()  # the allocator attaches trackers to the devices it has set up
         self._current_device = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
-        self.allocator_log = AllocatorLog()
+        self.log = NativeLog()
         self._probe()
-        self.allocator_log.enable(True)
-        self._undo.append(lambda: self.allocator_log.enable(False))
-        recorder.pending, recorder.take = self.allocator_log.pending, self.allocator_log.take
+        self.log.enable(True)
+        self._undo.append(lambda: self.log.enable(False))
+        recorder.pending, recorder.take = self.log.pending, self.log.take
         self._observe_events(recorder, guard)
         self._observe_streams(recorder, guard)
         self._observe_device_sync(recorder, guard)
         self._wrap_host_register(recorder, guard)
+        self.capture_off = self.log.start_capture(cupti_library()) if native else "not asked for"
+        self._undo.append(self.log.stop_capture)
 
     def _probe(self) -> None:
-        """Check that an allocation reaches the allocator log (it does not where torch uses another
+        """Check that an allocation reaches the native log (it does not where torch uses another
         allocator): better one clear error than a trace without lifetimes."""
-        log = self.allocator_log
+        log = self.log
         log.enable(True)
         try:
             self.torch.empty(1, device="cuda")
             seen = log.take(threading.get_ident())
         finally:
             log.enable(False)
-        if not any(action == ALLOCATED for action, _ in seen):
+        if not any(record.kind == "alloc" for record in seen):
             raise RecordingError(
-                "torch's CUDA caching allocator did not report an allocation to kvverify's allocator log: "
+                "torch's CUDA caching allocator did not report an allocation to kvverify's native log: "
                 "record with torch's own caching allocator (unset PYTORCH_CUDA_ALLOC_CONF's backend, no "
                 "CUDAPluggableAllocator)")
+
+    def suppressed(self):
+        return self.log.suppressed() if self.log is not None else contextlib.nullcontext()
+
+    def on_launch(self, report: Callable[[int], None]) -> None:
+        """Call ``report(function)`` as Triton is about to launch a kernel (its launch-enter hook,
+        on the launching thread, with the GIL): Triton launches with the GIL released, where
+        native capture cannot read the Python stack, so the launch is located here."""
+        try:
+            from triton import knobs
+        except ImportError:  # no Triton, or one without knobs (before 3.3): its launches are not located
+            return
+        chain = getattr(knobs.runtime, "launch_enter_hook", None)
+
+        def hook(metadata) -> None:
+            # Triton's LazyDict: its ready part, without running the kernel's own metadata function
+            data = getattr(metadata, "data", metadata)
+            function = data.get("function") if isinstance(data, dict) else None
+            if function is not None:
+                report(int(function))
+
+        if hasattr(chain, "add"):  # a HookChain (3.5 and later)
+            chain.add(hook)
+            self._undo.append(lambda: chain.remove(hook))
+        else:  # one callable, or None: ours calls the program's
+            def chained(metadata, previous=chain) -> None:
+                hook(metadata)
+                if previous is not None:
+                    previous(metadata)
+            knobs.runtime.launch_enter_hook = chained
+            self._undo.append(lambda: setattr(knobs.runtime, "launch_enter_hook", chain))
+
+    def function_name(self, function: int) -> str:
+        return self.log.function_name(function)
 
     def _patch(self, cls: type, name: str, make: Callable[[Callable], Callable]) -> None:
         """Observe ``cls.<name>`` in place: ``make(original)`` returns the method to put there."""
@@ -213,6 +202,7 @@ class CudaPlatform(Platform):
         """``record``, ``wait``, ``synchronize`` and ``query`` of ``torch.cuda.Event`` (its C base
         ``torch._C._CudaEventBase``) and of the device-generic ``torch.Event``, in their types' own
         dictionaries: every event stays exactly what it was."""
+        quiet = self.suppressed  # native capture leaves what these report to them
         torch = self.torch
         created, recorded = guard(recorder.event_created), guard(recorder.event_recorded)
         waited, synchronized = guard(recorder.event_waited), guard(recorder.event_synchronized)
@@ -222,7 +212,8 @@ class CudaPlatform(Platform):
         def record(original):
             def method(event, *args, **kwargs):
                 before = _event_handle(event)
-                result = original(event, *args, **kwargs)
+                with quiet():
+                    result = original(event, *args, **kwargs)
                 handle = _event_handle(event)
                 if handle:  # a CPU event has none
                     if handle != before:  # torch makes the CUDA event at its first record
@@ -233,7 +224,8 @@ class CudaPlatform(Platform):
 
         def wait(original):
             def method(event, *args, **kwargs):
-                result = original(event, *args, **kwargs)
+                with quiet():
+                    result = original(event, *args, **kwargs)
                 handle = _event_handle(event)
                 if handle:  # never recorded: the wait orders nothing, in CUDA as in the trace
                     waited(handle, stream_of(_argument(args, kwargs, "stream"), event))
@@ -242,7 +234,8 @@ class CudaPlatform(Platform):
 
         def synchronize(original):
             def method(event):
-                result = original(event)
+                with quiet():
+                    result = original(event)
                 handle = _event_handle(event)
                 if handle:
                     synchronized(handle)
@@ -251,7 +244,8 @@ class CudaPlatform(Platform):
 
         def query(original):
             def method(event):
-                result = original(event)
+                with quiet():
+                    result = original(event)
                 handle = _event_handle(event)
                 if handle:  # 0: never recorded, nothing to order (and no handle to name it by)
                     queried(handle, result)
@@ -266,6 +260,7 @@ class CudaPlatform(Platform):
         """``synchronize`` and ``query`` of ``torch.cuda.Stream`` (its C base) and of the generic
         ``torch.Stream``, and the generic stream's own ``wait_event``, ``wait_stream`` and
         ``record_event`` (``torch.cuda.Stream``'s are Python, made of the event methods above)."""
+        quiet = self.suppressed  # native capture leaves what these report to them
         torch = self.torch
         key = self.stream_key_of
         synchronized, queried = guard(recorder.stream_synchronized), guard(recorder.stream_queried)
@@ -274,21 +269,24 @@ class CudaPlatform(Platform):
 
         def synchronize(original):
             def method(stream):
-                result = original(stream)
+                with quiet():
+                    result = original(stream)
                 synchronized(key(stream))
                 return result
             return method
 
         def query(original):
             def method(stream):
-                result = original(stream)
+                with quiet():
+                    result = original(stream)
                 queried(key(stream), result)
                 return result
             return method
 
         def wait_event(original):
             def method(stream, event):
-                result = original(stream, event)
+                with quiet():
+                    result = original(stream, event)
                 handle = _event_handle(event)
                 if handle:
                     waited(handle, key(stream))
@@ -297,7 +295,8 @@ class CudaPlatform(Platform):
 
         def wait_stream(original):
             def method(stream, other):
-                result = original(stream, other)
+                with quiet():
+                    result = original(stream, other)
                 stream_waited(key(stream), key(other))
                 return result
             return method
@@ -306,7 +305,8 @@ class CudaPlatform(Platform):
             def method(stream, *args, **kwargs):
                 given = _argument(args, kwargs, "event")
                 before = _event_handle(given) if given is not None else 0
-                event = original(stream, *args, **kwargs)
+                with quiet():
+                    event = original(stream, *args, **kwargs)
                 handle = _event_handle(event)
                 if handle:
                     if handle != before:
@@ -324,6 +324,7 @@ class CudaPlatform(Platform):
     def _observe_device_sync(self, recorder: Recorder, guard) -> None:
         """``torch.cuda.synchronize`` and ``torch.accelerator.synchronize`` call these functions of
         ``torch._C`` at each call: replaced on the module while recording."""
+        quiet = self.suppressed  # native capture leaves what these report to them
         module = self.torch._C
         report = guard(recorder.device_synchronized)
         for name in ("_cuda_synchronize", "_accelerator_synchronizeDevice"):
@@ -332,7 +333,8 @@ class CudaPlatform(Platform):
                 continue
 
             def synchronize(*args, original=original, **kwargs):
-                result = original(*args, **kwargs)
+                with quiet():
+                    result = original(*args, **kwargs)
                 report()
                 return result
 
@@ -362,6 +364,7 @@ class CudaPlatform(Platform):
         return Recorder.stream_key(int(stream.cuda_stream), device)
 
     def _wrap_host_register(self, recorder: Recorder, guard) -> None:
+        quiet = self.suppressed  # native capture leaves what these report to them
         try:
             module = self.torch.cuda.cudart()
         except Exception:  # no CUDA runtime module in this torch build: nothing to wrap
@@ -385,21 +388,23 @@ class CudaPlatform(Platform):
         learn_guarded, retire_guarded = guard(learn), guard(release)
 
         def host_register(ptr, size, flags):
-            result = register(ptr, size, flags)
+            with quiet():
+                result = register(ptr, size, flags)
             if int(result) == 0:
                 learn_guarded(ptr, size)
             return result
 
         def host_unregister(ptr):
             retire_guarded(ptr)
-            return unregister(ptr)
+            with quiet():
+                return unregister(ptr)
 
         module.cudaHostRegister, module.cudaHostUnregister = host_register, host_unregister
         self._undo.append(lambda: (setattr(module, "cudaHostRegister", register),
                                    setattr(module, "cudaHostUnregister", unregister)))
 
     def allocator_leftover(self) -> Counter:
-        return self.allocator_log.leftover()
+        return self.log.leftover()
 
     def uninstall(self) -> None:
         """Undo ``install`` (idempotent)."""

@@ -37,6 +37,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kvverify.record.memory import MemoryMap, Span
 from kvverify.record.threads import INSIDE
@@ -45,8 +46,19 @@ LEGACY_STREAM, PER_THREAD_STREAM = 0, 2
 """``cudaStreamLegacy`` (torch's default stream, handle 0) and ``cudaStreamPerThread``: one per device."""
 DEFAULT_STREAMS = frozenset((LEGACY_STREAM, 1, PER_THREAD_STREAM))
 """The special handles: each names one stream per device (``Recorder.stream_key``)."""
-ALLOCATED, FREED = 1, 2
-"""The actions of the allocator's reports (``Recorder.take``): a block handed out, a free asked for."""
+HERE = object()
+"""``at`` of a report made where it happens: the recorder locates the user's frame itself."""
+
+
+class NativeRecord(NamedTuple):
+    """One record of the native log (``kvverify.record.native``): ``kind`` (``"alloc"`` and
+    ``"free"``: torch's caching allocator handed out a block, a free was asked for, fields
+    ``address, size, stream, device``; the driver calls of native capture), its ``fields``, and
+    the ``(code, line)`` frames of the call, innermost first (empty: not known)."""
+
+    kind: str
+    fields: list
+    frames: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -110,10 +122,11 @@ class Recorder:
     logged in the order they were observed; what several threads report goes through
     ``exclusive()``, which the hooks and the dispatcher take around their work.
 
-    The caching allocator reports from C++ into a log of its own, whatever thread frees (the
-    platform sets ``pending``, a cheap check that any thread has reports, and ``take(thread)``,
-    which removes and returns that thread's as ``(action, address)``, ``action`` one of
-    ``ALLOCATED`` and ``FREED``); ``collect`` logs this thread's before anything else it logs.
+    The caching allocator and native capture report from C++ into a log of their own, whatever
+    thread makes the call (the platform sets ``pending``, a cheap check that any thread has
+    records, and ``take(thread)``, which removes and returns that thread's ``NativeRecord``s);
+    ``collect`` logs this thread's before anything else it logs: allocations and frees here, the
+    driver calls through ``native`` (set by the session; None: none are captured).
     """
 
     def __init__(self, locate: Callable[..., str | None]) -> None:
@@ -139,7 +152,8 @@ class Recorder:
         self._fences: list[tuple[int, int, tuple[str, ...]]] = []
         self._host_fences: dict[int, list[str]] = {}  # pinned allocation index -> events torch's pinned allocator waits for
         self.pending: Callable[[], bool] = lambda: False
-        self.take: Callable[[int], list[tuple[int, int]]] = lambda thread: []
+        self.take: Callable[[int], list[NativeRecord]] = lambda thread: []
+        self.native: Callable[[NativeRecord], None] | None = None
 
     # -- names -------------------------------------------------------------------------------
 
@@ -216,11 +230,13 @@ class Recorder:
         with self._exclusive:
             local.collecting = True
             try:
-                for action, address in self.take(threading.get_ident()):
-                    if action == ALLOCATED:
-                        self.memory_allocated(address)
-                    else:
-                        self.memory_freed(address)
+                for record in self.take(threading.get_ident()):
+                    if record.kind == "alloc":
+                        self.memory_allocated(record.fields[0])
+                    elif record.kind == "free":
+                        self.memory_freed(record.fields[0])
+                    elif self.native is not None:
+                        self.native(record)
             finally:
                 local.collecting = False
 
@@ -278,29 +294,29 @@ class Recorder:
         """``cudaEventDestroy``: the handle names nothing until CUDA makes an event there again."""
         self._events.pop(handle, None)
 
-    def event_recorded(self, handle: int, stream: object) -> None:
+    def event_recorded(self, handle: int, stream: object, at: str | None | object = HERE) -> None:
         """``cudaEventRecord``: the event captures the work issued to ``stream`` so far."""
-        at = self.locate()
+        at = self.locate() if at is HERE else at
         self._emit({"op": "record", "event": self._event(handle, at), "stream": self.stream(stream, at), "at": at})
 
-    def event_waited(self, handle: int, stream: object) -> None:
+    def event_waited(self, handle: int, stream: object, at: str | None | object = HERE) -> None:
         """``cudaStreamWaitEvent``: later work on ``stream`` waits for the event's capture."""
-        at = self.locate()
+        at = self.locate() if at is HERE else at
         self._emit({"op": "wait_event", "stream": self.stream(stream, at), "event": self._event(handle, at), "at": at})
 
-    def event_synchronized(self, handle: int) -> None:
+    def event_synchronized(self, handle: int, at: str | None | object = HERE) -> None:
         """``cudaEventSynchronize``: the host continues once the capture completed."""
-        at = self.locate()
+        at = self.locate() if at is HERE else at
         self._emit({"op": "sync_event", "event": self._event(handle, at), "at": at})
 
-    def event_queried(self, handle: int, result: bool) -> None:
+    def event_queried(self, handle: int, result: bool, at: str | None | object = HERE) -> None:
         """``Event.query()`` returned ``result`` (true orders the captured work, false nothing)."""
-        at = self.locate()
+        at = self.locate() if at is HERE else at
         self._emit({"op": "query_event", "event": self._event(handle, at), "result": bool(result), "at": at})
 
-    def stream_synchronized(self, stream: object) -> None:
+    def stream_synchronized(self, stream: object, at: str | None | object = HERE) -> None:
         """``cudaStreamSynchronize`` (also inside a blocking copy)."""
-        at = self.locate()
+        at = self.locate() if at is HERE else at
         self._emit({"op": "sync_stream", "stream": self.stream(stream, at), "at": at})
 
     def synchronized_by_op(self, stream: object, at: str | None) -> None:
@@ -311,29 +327,29 @@ class Recorder:
             return
         self._emit({"op": "sync_stream", "stream": name, "at": at})
 
-    def stream_queried(self, stream: object, result: bool) -> None:
+    def stream_queried(self, stream: object, result: bool, at: str | None | object = HERE) -> None:
         """``Stream.query()``: true says all work issued to it so far has completed, which the
         format says as a fresh event recorded there and queried with result true."""
         if not result:
             return
-        at = self.locate()
+        at = self.locate() if at is HERE else at
         self._event_serial += 1
         event = f"query{self._event_serial} ({self._short_at(at)})"
         self._emit({"op": "record", "event": event, "stream": self.stream(stream, at), "at": at})
         self._emit({"op": "query_event", "event": event, "result": True, "at": at})
 
-    def stream_waited(self, stream: object, other: object) -> None:
+    def stream_waited(self, stream: object, other: object, at: str | None | object = HERE) -> None:
         """``torch.Stream.wait_stream(other)``: an event torch records on ``other`` and ``stream``
         waits for (written with a name of its own)."""
-        at = self.locate()
+        at = self.locate() if at is HERE else at
         self._event_serial += 1
         event = f"wait{self._event_serial} ({self._short_at(at)})"
         self._emit({"op": "record", "event": event, "stream": self.stream(other, at), "at": at})
         self._emit({"op": "wait_event", "stream": self.stream(stream, at), "event": event, "at": at})
 
-    def device_synchronized(self) -> None:
+    def device_synchronized(self, at: str | None | object = HERE) -> None:
         """``cudaDeviceSynchronize``."""
-        self._emit({"op": "sync_device", "at": self.locate()})
+        self._emit({"op": "sync_device", "at": self.locate() if at is HERE else at})
 
     # -- memory (the allocator's reports, allocations the dispatcher sees) ------------------
 

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Iterable
 
 from kvverify.errors import RecordingError
-from kvverify.record.bindings import Bindings
 from kvverify.record.frames import Locator
 from kvverify.record.recorder import Recorder
 from kvverify.record.threads import (
@@ -36,6 +35,9 @@ from kvverify.record.writer import Summary, build
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 _active: Recording | None = None
+CAPTURE_OFF = "native capture off"
+BLIND_SPOTS = ("kernels launched outside torch's dispatcher (Triton, pybind11, JIT kernels), torch's device work "
+               "outside ops, CUDA graph launches, and the device work of threads the recording does not follow")
 _lock = threading.Lock()
 
 
@@ -48,8 +50,10 @@ class Recording:
     """
 
     def __init__(self, *, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=None,
-                 skip: Iterable[str] | None = None) -> None:
+                 skip: Iterable[str] | None = None, native: bool = True) -> None:
         self.swap_ops = tuple(swap_ops)
+        self.native = native
+        self.capture_off: str | None = None
         self.keep_all = keep_all
         self._platform = platform
         self._skip = skip
@@ -80,22 +84,31 @@ class Recording:
 
             if platform is None:
                 platform = hooks.CudaPlatform()
+            from kvverify.record.bindings import Bindings
             from kvverify.record.dispatch import RecordingMode
+            from kvverify.record.driver import DriverOps
 
-            self.recorder = Recorder(Locator(self._skip).locate)
+            locator = Locator(self._skip)
+            self.recorder = Recorder(locator.locate)
             self.thread = threading.get_ident()
             guard = hooks.thread_guard(self.recorder, busy)
             try:
-                platform.install(self.recorder, guard)
+                platform.install(self.recorder, guard, native=self.native)
                 self._mode = RecordingMode(self.recorder, platform, self.swap_ops, internal=self.internal)
                 self._mode.__enter__()
             except BaseException:
                 platform.uninstall()
                 raise
             self._platform_in_use = platform
+            driver = DriverOps(self.recorder, self._mode, platform.handle_key, locator.locate_frames,
+                               platform.function_name)
+            self.capture_off = getattr(platform, "capture_off", None)
+            if self.capture_off is None:
+                self.recorder.native = driver.record
+                platform.on_launch(hooks.thread_guard(self.recorder, busy)(driver.launch_site))
             self._threads = ThreadCapture(self.recorder, self._enter_thread)
             self._threads.start()
-            self._bindings = Bindings(self.recorder, self._mode, self._follows, self._missed, platform.handle_key)
+            self._bindings = Bindings(driver, self._follows, self._missed, platform.suppressed)
             self._bindings.install()
             self._built = self._verdict = None
             self.running = True
@@ -190,6 +203,8 @@ class Recording:
             doc, summary = build(self.recorder, keep_all=self.keep_all)
             summary.notes += [f"{what}: {n}" for what, n in sorted(self.recorder.notes.items())]
             summary.notes += self._threads.lines()
+            if self.capture_off is not None:
+                summary.notes.append(f"{CAPTURE_OFF} ({self.capture_off}); not seen: {BLIND_SPOTS}")
             unordered, example = unordered_sharing(self.recorder.ops)
             if unordered:
                 summary.notes.append(f"{NOT_RECORDED} (ops of two threads on one stream or event with no host "
@@ -237,7 +252,7 @@ class Recording:
 
 
 def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=None,
-              skip: Iterable[str] | None = None) -> Recording:
+              skip: Iterable[str] | None = None, native: bool = True) -> Recording:
     """A recording of what the current thread asks the CUDA device to do, as a trace.
 
     ``swap_ops``: qualified names (``"ns::name"``) of batched-swap ops with the schema of
@@ -245,13 +260,15 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
     ``keep_all``: write kernels' accesses to every buffer (default: only buffers a copy touches,
     or both the host and the device). ``platform``: the device layer (default: the CUDA device
     through torch; tests pass a stand-in). ``skip``: folders whose frames are library code when
-    locating ops (default: torch and kvverify's recorder and op wrappers).
+    locating ops (default: torch and kvverify's recorder and op wrappers). ``native``: capture
+    the driver calls of every thread through CUPTI too (``kvverify.record.native``; False: the
+    dispatcher-level capture alone, as under another CUPTI subscriber).
 
     Use as ``with recording() as rec: ...``; starting raises RecordingError where no CUDA device
     is visible, torch's allocator does not report to kvverify's allocator log (another allocator),
     or a recording is already running.
     """
-    return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip)
+    return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip, native=native)
 
 
 # -- annotations ---------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from kvverify.record.dispatch import Platform
-from kvverify.record.recorder import ALLOCATED, FREED, LEGACY_STREAM, Recorder
+from kvverify.record.recorder import LEGACY_STREAM, NativeRecord, Recorder
 
 _handles = itertools.count(0x7000_0000, 0x100)
 SHARED: list[FakeCuda] = []  # the stand-in of programs run by `kvverify record` in-process (shared())
@@ -100,7 +100,8 @@ class FakeCuda(Platform):
         self.current = self.default
         self.recorder: Recorder | None = None
         self.guard = None
-        self.allocator_rows: defaultdict[int, list[tuple[int, int]]] = defaultdict(list)  # by thread
+        self.native_rows: defaultdict[int, list[NativeRecord]] = defaultdict(list)  # the native log, by thread
+        self.capture_off = None  # native capture "runs": tests put its records in with native()
         self._keep: list = []  # numpy arrays behind the tensors
 
     # -- kvverify.record.dispatch.Platform ---------------------------------------------------
@@ -135,15 +136,15 @@ class FakeCuda(Platform):
 
         return (*library_dirs(), __file__)
 
-    def install(self, recorder: Recorder, guard) -> None:
+    def install(self, recorder: Recorder, guard, native: bool = True) -> None:
         self.recorder, self.guard = recorder, guard
-        self.allocator_rows.clear()
-        recorder.pending = lambda: any(self.allocator_rows.values())
-        recorder.take = lambda thread: self.allocator_rows.pop(thread, [])
+        self.native_rows.clear()
+        recorder.pending = lambda: any(self.native_rows.values())
+        recorder.take = lambda thread: self.native_rows.pop(thread, [])
 
     def allocator_leftover(self) -> Counter:
-        left = Counter({thread: len(rows) for thread, rows in self.allocator_rows.items() if rows})
-        self.allocator_rows.clear()
+        left = Counter({thread: len(rows) for thread, rows in self.native_rows.items() if rows})
+        self.native_rows.clear()
         return left
 
     def uninstall(self) -> None:
@@ -166,7 +167,7 @@ class FakeCuda(Platform):
         storage = t.untyped_storage()
         self.device_storages.add(storage.data_ptr())
         self.blocks.append((storage.data_ptr(), storage.nbytes()))
-        self._allocator(ALLOCATED, storage.data_ptr())
+        self.native("alloc", storage.data_ptr(), storage.nbytes(), 0, 0)
         return t
 
     def pinned(self, *shape, dtype=torch.uint8) -> torch.Tensor:
@@ -184,12 +185,13 @@ class FakeCuda(Platform):
         """The caching allocator takes the block back."""
         base = t.untyped_storage().data_ptr()
         self.blocks = [b for b in self.blocks if b[0] != base]
-        self._allocator(FREED, base)
+        self.native("free", base, 0, 0, 0)
 
-    def _allocator(self, action: int, address: int) -> None:
-        """What the extension's allocator log does on a GPU: a row of this thread's, taken later."""
+    def native(self, kind: str, *fields: int, frames: tuple = ()) -> None:
+        """What the extension's native log does on a GPU: a record of this thread's, taken later
+        (the allocator's ``alloc`` / ``free``, native capture's driver calls)."""
         if self.recorder is not None:
-            self.allocator_rows[threading.get_ident()].append((action, address))
+            self.native_rows[threading.get_ident()].append(NativeRecord(kind, list(fields), frames))
 
     def stream(self) -> FakeStream:
         return FakeStream(self)

@@ -3,6 +3,7 @@ C methods they observe stood in for by Python ones); where the user's frame is."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import threading
@@ -20,7 +21,7 @@ from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
 from kvverify.record.hooks import CudaPlatform, thread_guard
 from kvverify.record.patching import patch_method
-from kvverify.record.recorder import Recorder
+from kvverify.record.recorder import NativeRecord, Recorder
 
 BLOCK = 4096
 
@@ -131,8 +132,8 @@ def test_a_written_trace_is_what_kvverify_check_reads(fake, tmp_path):
 # -- the torch hooks, wired on the CPU ---------------------------------------------------------
 
 
-class _AllocatorLog:
-    """The extension's allocator log, without a GPU: rows put in by the test."""
+class _NativeLog:
+    """The extension's native log, without a GPU: records put in by the test."""
 
     def __init__(self) -> None:
         self.rows: dict[int, list] = {}
@@ -152,6 +153,15 @@ class _AllocatorLog:
 
         left, self.rows = Counter({t: len(r) for t, r in self.rows.items()}), {}
         return left
+
+    def start_capture(self, library):
+        return "a test without a GPU"
+
+    def stop_capture(self) -> None:
+        pass
+
+    def suppressed(self):
+        return contextlib.nullcontext()
 
 
 def _stand_ins():
@@ -188,7 +198,7 @@ def test_the_observed_methods_report_to_the_recorder_and_uninstall_puts_them_bac
     first replaced by a Python stand-in (no CUDA here), which ``install`` then observes in place."""
     from kvverify.record import hooks
 
-    monkeypatch.setattr(hooks, "AllocatorLog", _AllocatorLog)
+    monkeypatch.setattr(hooks, "NativeLog", _NativeLog)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
     monkeypatch.setattr(CudaPlatform, "_probe", lambda self: None)  # allocates on the device
     device = [0]
@@ -220,12 +230,12 @@ def test_the_observed_methods_report_to_the_recorder_and_uninstall_puts_them_bac
             made = method[torch.Stream, "record_event"](side)
             torch._C._cuda_synchronize()
             rec.memory.fresh(0x9000, 16, "device", "t")
-            platform.allocator_log.rows[threading.get_ident()] = [(2, 0x9000)]  # the block's free
+            platform.log.rows[threading.get_ident()] = [NativeRecord("free", [0x9000, 16, 0, 0])]  # the block's free
             rec.collect()
         finally:
             platform.uninstall()
         assert [cls.__dict__[name] for cls, name, _ in stand_ins] == [fn for _, _, fn in stand_ins]
-        assert platform.allocator_log.on is False
+        assert platform.log.on is False and platform.capture_off == "a test without a GPU"
     finally:
         for u in undo:
             u()

@@ -1,0 +1,436 @@
+// Native capture: the CUDA driver calls of every thread, through CUPTI's callback API (the
+// interface Nsight Systems and compute-sanitizer use), into the native log (native_log.h).
+//
+// What the recorder sees another way is not logged: driver calls inside an op of torch's
+// dispatcher (a RecordFunction observer keeps the depth; the recorder's dispatch mode writes the
+// op) and inside the methods the recorder observes in Python (kvverify_native_suppress). The
+// rest is what no dispatch mode sees: Triton and pybind11 kernels, cuda-python's calls, torch's own
+// work outside ops, CUDA graph launches, unmaps; from any thread.
+//
+// CUPTI is loaded at run time (dlopen of the path Python finds), as the driver is: the extension
+// links neither. Driver-domain callbacks only: the runtime reaches the driver for every call.
+// CUPTI allows one subscriber per process: where Nsight Systems or torch.profiler holds it,
+// start() fails with CUPTI's reason and the recorder falls back to its Python-level capture.
+
+#include <ATen/record_function.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+
+#include <cstring>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#if __has_include(<cupti.h>)
+#include <cupti.h>
+#define KVVERIFY_HAS_CUPTI 1
+#else
+#define KVVERIFY_HAS_CUPTI 0
+#endif
+
+#include "native_log.h"
+
+namespace kvverify::native {
+namespace {
+
+std::mutex mutex;
+std::string failure;                                // the last start()'s reason, for Python
+std::unordered_map<uintptr_t, std::string> names;  // function -> its name
+std::unordered_map<uintptr_t, std::vector<size_t>> param_sizes;
+std::unique_ptr<at::ObserverContext> enter_op(const at::RecordFunction&) {
+  ++suppressed();
+  return nullptr;
+}
+void leave_op(const at::RecordFunction&, at::ObserverContext*) { --suppressed(); }
+at::CallbackHandle observer = 0;
+
+template <typename Fn>
+Fn driver_entry(const char* symbol, int version) {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();  // a missing symbol is an answer, not an error to leave behind
+    return nullptr;
+  }
+  return reinterpret_cast<Fn>(fn);
+}
+
+int64_t word(const void* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)); }
+
+#if KVVERIFY_HAS_CUPTI
+
+struct Cupti {
+  decltype(&cuptiSubscribe) subscribe = nullptr;
+  decltype(&cuptiUnsubscribe) unsubscribe = nullptr;
+  decltype(&cuptiEnableCallback) enable = nullptr;
+  decltype(&cuptiGetResultString) result_string = nullptr;
+  CUpti_SubscriberHandle subscriber = nullptr;
+};
+Cupti cupti;
+
+// The sizes of a kernel's parameters, in order (cuFuncGetParamInfo, CUDA 12.4; a library
+// kernel's through cuKernelGetParamInfo); empty where neither answers.
+const std::vector<size_t>* parameter_sizes(CUfunction f) {
+  static auto func_info = driver_entry<PFN_cuFuncGetParamInfo_v12040>("cuFuncGetParamInfo", 12040);
+  static auto kernel_info = driver_entry<PFN_cuKernelGetParamInfo_v12040>("cuKernelGetParamInfo", 12040);
+  static auto func_name = driver_entry<PFN_cuFuncGetName_v12030>("cuFuncGetName", 12030);
+  static auto kernel_name = driver_entry<PFN_cuKernelGetName_v12030>("cuKernelGetName", 12030);
+  const auto key = reinterpret_cast<uintptr_t>(f);
+  std::lock_guard<std::mutex> guard(mutex);
+  auto found = param_sizes.find(key);
+  if (found != param_sizes.end()) {
+    return found->second.empty() ? nullptr : &found->second;
+  }
+  std::vector<size_t> sizes;
+  bool readable = false;
+  size_t offset = 0, size = 0;
+  if (func_info != nullptr && func_info(f, 0, &offset, &size) == CUDA_SUCCESS) {
+    readable = true;
+    for (size_t i = 0; func_info(f, i, &offset, &size) == CUDA_SUCCESS; ++i) sizes.push_back(size);
+  } else if (kernel_info != nullptr && kernel_info(reinterpret_cast<CUkernel>(f), 0, &offset, &size) == CUDA_SUCCESS) {
+    readable = true;
+    for (size_t i = 0; kernel_info(reinterpret_cast<CUkernel>(f), i, &offset, &size) == CUDA_SUCCESS; ++i) {
+      sizes.push_back(size);
+    }
+  }
+  const char* name = nullptr;
+  if (!(func_name != nullptr && func_name(&name, f) == CUDA_SUCCESS) &&
+      !(kernel_name != nullptr && kernel_name(&name, reinterpret_cast<CUkernel>(f)) == CUDA_SUCCESS)) {
+    name = nullptr;
+  }
+  names[key] = name != nullptr ? name : "?";
+  if (readable && sizes.empty()) {
+    sizes.push_back(0);  // a kernel without parameters: readable, no words
+  }
+  auto& kept = param_sizes[key] = std::move(sizes);
+  return kept.empty() ? nullptr : &kept;
+}
+
+constexpr int64_t kMaxWords = 4096;
+
+// The 8-byte-aligned words of a launch's parameters: any of them may be a pointer.
+std::vector<int64_t> launch(CUstream stream, CUfunction f, void** params, void** extra) {
+  std::vector<int64_t> fields{word(stream), word(f), 0};
+  const auto* sizes = parameter_sizes(f);
+  int64_t n = 0;
+  auto add = [&](const char* bytes, size_t size) {
+    for (size_t k = 0; k + 8 <= size && n < kMaxWords; k += 8, ++n) {
+      int64_t w;
+      std::memcpy(&w, bytes + k, 8);
+      fields.push_back(w);
+    }
+  };
+  if (params != nullptr && sizes != nullptr) {
+    for (size_t i = 0; i < sizes->size(); ++i) {
+      if ((*sizes)[i] >= 8) add(static_cast<const char*>(params[i]), (*sizes)[i]);
+    }
+  } else if (extra != nullptr) {
+    const char* buffer = nullptr;
+    size_t size = 0;
+    for (size_t k = 0; extra[k] != CU_LAUNCH_PARAM_END; k += 2) {
+      if (extra[k] == CU_LAUNCH_PARAM_BUFFER_POINTER) buffer = static_cast<const char*>(extra[k + 1]);
+      if (extra[k] == CU_LAUNCH_PARAM_BUFFER_SIZE) size = *static_cast<size_t*>(extra[k + 1]);
+    }
+    if (buffer == nullptr) {
+      n = -1;
+    } else {
+      add(buffer, size);
+    }
+  } else if (params != nullptr) {
+    n = -1;  // the kernel's parameters cannot be told apart: a kernel the recorder cannot place
+  }
+  fields[2] = n;
+  return fields;
+}
+
+// A batched copy's fields (both forms of cuMemcpyBatchAsync's parameters).
+template <typename Params>
+std::vector<int64_t> batch(const Params& a) {
+  std::vector<int64_t> fields{word(a.hStream), static_cast<int64_t>(a.count), static_cast<int64_t>(a.numAttrs)};
+  for (size_t i = 0; i < a.count; ++i) {
+    fields.insert(fields.end(), {static_cast<int64_t>(a.dsts[i]), static_cast<int64_t>(a.srcs[i]),
+                                 static_cast<int64_t>(a.sizes[i])});
+  }
+  for (size_t i = 0; i < a.numAttrs; ++i) {
+    fields.insert(fields.end(), {static_cast<int64_t>(a.attrs[i].srcAccessOrder), static_cast<int64_t>(a.attrsIdxs[i])});
+  }
+  return fields;
+}
+
+void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  const auto* call = static_cast<const CUpti_CallbackData*>(data);
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || call->callbackSite != CUPTI_API_EXIT || !enabled() ||
+      suppressed() > 0) {
+    return;
+  }
+  const CUresult result = *static_cast<const CUresult*>(call->functionReturnValue);
+  const void* p = call->functionParams;
+  const bool ok = result == CUDA_SUCCESS;
+#define PARAMS(T) (*static_cast<const T*>(p))
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuLaunchKernel_params);
+        append(kLaunch, launch(a.hStream, a.f, a.kernelParams, a.extra), true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuLaunchKernelEx_params);
+        append(kLaunch, launch(a.config->hStream, a.f, a.kernelParams, a.extra), true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyAsync_params);
+        append(kCopy, {word(a.hStream), static_cast<int64_t>(a.dst), static_cast<int64_t>(a.src),
+                       static_cast<int64_t>(a.ByteCount), 0}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyHtoDAsync_v2_params);
+        append(kCopy, {word(a.hStream), static_cast<int64_t>(a.dstDevice), word(a.srcHost),
+                       static_cast<int64_t>(a.ByteCount), 0}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyDtoHAsync_v2_params);
+        append(kCopy, {word(a.hStream), word(a.dstHost), static_cast<int64_t>(a.srcDevice),
+                       static_cast<int64_t>(a.ByteCount), 0}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyDtoDAsync_v2_params);
+        append(kCopy, {word(a.hStream), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.srcDevice),
+                       static_cast<int64_t>(a.ByteCount), 0}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpy:
+      if (ok) {  // on the legacy default stream, and the host waits for it
+        const auto& a = PARAMS(cuMemcpy_params);
+        append(kCopy, {0, static_cast<int64_t>(a.dst), static_cast<int64_t>(a.src), static_cast<int64_t>(a.ByteCount), 1},
+               true);
+      }
+      break;
+#if CUDA_VERSION >= 13000
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz:
+      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_v2_params)), true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2:
+      if (ok) append(kDeviceSync, {}, true);
+      break;
+#endif
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync:  // CUDA 12.8's form (with failIdx)
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz:
+      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_params)), true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemsetD8Async_params);
+        append(kMemset, {word(a.hStream), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.N)}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemsetD32Async_params);
+        append(kMemset, {word(a.hStream), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(4 * a.N)}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecord:
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecord_ptsz:
+      if (ok) append(kEventRecord, {word(PARAMS(cuEventRecord_params).hEvent), word(PARAMS(cuEventRecord_params).hStream)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags:
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuEventRecordWithFlags_params);
+        append(kEventRecord, {word(a.hEvent), word(a.hStream)}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz:
+      if (ok) append(kEventWait, {word(PARAMS(cuStreamWaitEvent_params).hStream), word(PARAMS(cuStreamWaitEvent_params).hEvent)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize:
+      if (ok) append(kEventSync, {word(PARAMS(cuEventSynchronize_params).hEvent)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventQuery:
+      if (ok || result == CUDA_ERROR_NOT_READY) {
+        append(kEventQuery, {word(PARAMS(cuEventQuery_params).hEvent), ok ? 1 : 0}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz:
+      if (ok) append(kStreamSync, {word(PARAMS(cuStreamSynchronize_params).hStream)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery_ptsz:
+      if (ok || result == CUDA_ERROR_NOT_READY) {
+        append(kStreamQuery, {word(PARAMS(cuStreamQuery_params).hStream), ok ? 1 : 0}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize:
+      if (ok) append(kDeviceSync, {}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventCreate:
+      if (ok) append(kEventCreate, {word(*PARAMS(cuEventCreate_params).phEvent)}, false);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventDestroy_v2:
+      if (ok) append(kEventDestroy, {word(PARAMS(cuEventDestroy_v2_params).hEvent)}, false);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap:
+      if (ok) append(kUnmap, {static_cast<int64_t>(PARAMS(cuMemUnmap_params).ptr), static_cast<int64_t>(PARAMS(cuMemUnmap_params).size)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemMap:
+      if (ok) append(kMap, {static_cast<int64_t>(PARAMS(cuMemMap_params).ptr), static_cast<int64_t>(PARAMS(cuMemMap_params).size)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2:
+      if (ok) append(kHostRegister, {word(PARAMS(cuMemHostRegister_v2_params).p), static_cast<int64_t>(PARAMS(cuMemHostRegister_v2_params).bytesize)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister:
+      if (ok) append(kHostUnregister, {word(PARAMS(cuMemHostUnregister_params).p)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
+      if (ok) append(kGraphLaunch, {word(PARAMS(cuGraphLaunch_params).hGraph), word(PARAMS(cuGraphLaunch_params).hStream)}, true);
+      break;
+    default:  // a call the recorder sees and cannot write down: said by name, never left out silently
+      if (ok) append(kUnmodelled, {static_cast<int64_t>(cbid), word(call->functionName)}, true);
+      break;
+  }
+#undef PARAMS
+}
+
+// Calls written down, then calls only named (the trace format cannot say them yet).
+constexpr CUpti_CallbackId kCalls[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx, CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync, CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy, CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz, CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz, CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz, CUPTI_DRIVER_TRACE_CBID_cuEventRecord,
+    CUPTI_DRIVER_TRACE_CBID_cuEventRecord_ptsz, CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags,
+    CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags_ptsz, CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz, CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize,
+    CUPTI_DRIVER_TRACE_CBID_cuEventQuery, CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz, CUPTI_DRIVER_TRACE_CBID_cuStreamQuery,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamQuery_ptsz, CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize,
+    CUPTI_DRIVER_TRACE_CBID_cuEventCreate,
+    CUPTI_DRIVER_TRACE_CBID_cuEventDestroy_v2, CUPTI_DRIVER_TRACE_CBID_cuMemUnmap, CUPTI_DRIVER_TRACE_CBID_cuMemMap,
+    CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2, CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    // named only
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
+    CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc, CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DBatchAsync,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+#if CUDA_VERSION >= 13000
+    CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DBatchAsync_v2,
+#endif
+};
+
+const char* start(const char* library) {
+  if (cupti.subscriber != nullptr) return "native capture is running already";
+  if (cupti.subscribe == nullptr) {
+    void* handle = dlopen(library, RTLD_NOW | RTLD_LOCAL);
+    if (handle == nullptr) {
+      failure = std::string("cannot load CUPTI (") + library + "): " + dlerror();
+      return failure.c_str();
+    }
+    cupti.subscribe = reinterpret_cast<decltype(cupti.subscribe)>(dlsym(handle, "cuptiSubscribe"));
+    cupti.unsubscribe = reinterpret_cast<decltype(cupti.unsubscribe)>(dlsym(handle, "cuptiUnsubscribe"));
+    cupti.enable = reinterpret_cast<decltype(cupti.enable)>(dlsym(handle, "cuptiEnableCallback"));
+    cupti.result_string = reinterpret_cast<decltype(cupti.result_string)>(dlsym(handle, "cuptiGetResultString"));
+    if (!cupti.subscribe || !cupti.unsubscribe || !cupti.enable || !cupti.result_string) {
+      cupti.subscribe = nullptr;
+      failure = std::string(library) + " lacks the callback API (cuptiSubscribe, cuptiEnableCallback)";
+      return failure.c_str();
+    }
+  }
+  CUptiResult status = cupti.subscribe(&cupti.subscriber, on_driver_call, nullptr);
+  if (status != CUPTI_SUCCESS) {
+    const char* text = nullptr;
+    cupti.result_string(status, &text);
+    cupti.subscriber = nullptr;
+    failure = std::string("CUPTI refused a subscriber: ") + (text != nullptr ? text : "?");
+    return failure.c_str();
+  }
+  for (CUpti_CallbackId cbid : kCalls) {
+    status = cupti.enable(1, cupti.subscriber, CUPTI_CB_DOMAIN_DRIVER_API, cbid);
+    if (status != CUPTI_SUCCESS) {
+      const char* text = nullptr;
+      cupti.result_string(status, &text);
+      cupti.unsubscribe(cupti.subscriber);
+      cupti.subscriber = nullptr;
+      failure = std::string("CUPTI refused a driver callback: ") + (text != nullptr ? text : "?");
+      return failure.c_str();
+    }
+  }
+  observer = at::addGlobalCallback(
+      at::RecordFunctionCallback(enter_op, leave_op).scopes({at::RecordScope::FUNCTION}).needsInputs(false));
+  return nullptr;
+}
+
+void stop() {
+  if (observer != 0) {
+    at::removeCallback(observer);
+    observer = 0;
+  }
+  if (cupti.subscriber != nullptr) {
+    cupti.unsubscribe(cupti.subscriber);
+    cupti.subscriber = nullptr;
+  }
+}
+
+#else
+
+const char* start(const char*) { return "kvverify._C was built without CUPTI's headers (cupti.h)"; }
+void stop() {}
+
+#endif
+
+}  // namespace
+}  // namespace kvverify::native
+
+extern "C" {
+
+// Subscribe to the driver calls of every thread through the CUPTI library at `library`. Returns
+// nullptr, or why not (another subscriber holds CUPTI: Nsight Systems, torch.profiler).
+__attribute__((visibility("default"))) const char* kvverify_native_start(const char* library) {
+  return kvverify::native::start(library);
+}
+
+// Stop the capture (idempotent); the log keeps what it holds.
+__attribute__((visibility("default"))) void kvverify_native_stop() { kvverify::native::stop(); }
+
+// The name of the kernel `function` of a launch record ("?" where the driver gave none).
+__attribute__((visibility("default"))) const char* kvverify_native_function_name(int64_t function) {
+  std::lock_guard<std::mutex> guard(kvverify::native::mutex);
+  auto found = kvverify::native::names.find(static_cast<uintptr_t>(function));
+  return found == kvverify::native::names.end() ? "?" : found->second.c_str();
+}
+
+}  // extern "C"

@@ -1,0 +1,50 @@
+// The recorder's native log (kvverify/record/native.py reads it): what torch's caching allocator
+// and the CUDA driver report, from every thread, kept per thread until the recorder takes it.
+//
+// A record is int64 words: [kind, n, nframes, (code, line) x nframes, fields...], n counting what
+// follows it. `code` is a PyCodeObject* whose reference the record holds (native.py releases it);
+// frames are captured only where the calling thread holds the GIL. The kinds and their fields are
+// listed once, in kKinds (native_log.cpp), which Python reads at load.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvverify::native {
+
+enum Kind : int64_t {
+  kAlloc = 1,          // address, size, stream, device
+  kFree = 2,           // address, size, stream, device
+  kLaunch = 10,        // stream, function, nwords (-1: arguments not readable), words...
+  kCopy = 11,          // stream, dst, src, bytes, blocking
+  kCopyBatch = 12,     // stream, count, nattrs, (dst, src, size) x count, (order, first) x nattrs
+  kMemset = 13,        // stream, dst, bytes
+  kEventRecord = 20,   // event, stream
+  kEventWait = 21,     // stream, event
+  kEventSync = 22,     // event
+  kEventQuery = 23,    // event, complete (1 / 0)
+  kStreamSync = 24,    // stream
+  kStreamQuery = 25,   // stream, complete (1 / 0)
+  kDeviceSync = 26,    //
+  kEventCreate = 27,   // event
+  kEventDestroy = 28,  // event
+  kUnmap = 30,         // address, size
+  kMap = 31,           // address, size
+  kHostRegister = 32,  // address, size
+  kHostUnregister = 33,  // address
+  kGraphLaunch = 40,   // graph, stream
+  kUnmodelled = 50,    // cbid, name (a char* CUPTI keeps: a driver call the recorder cannot write down)
+};
+
+// Whether the log takes records now (a recording runs).
+bool enabled();
+
+// Append one record of the calling thread: `fields` after its frames (captured here when the
+// thread holds the GIL and `frames` is true).
+void append(Kind kind, const std::vector<int64_t>& fields, bool frames);
+
+// The calling thread's depth in work the recorder sees another way (an op of torch's dispatcher,
+// a method the recorder observes in Python): driver calls there are not logged.
+int& suppressed();
+
+}  // namespace kvverify::native

@@ -1,0 +1,221 @@
+"""CUDA driver calls, given as integers, as the recorder's ops: one translation for both places that
+see them, cuda-python's calls where Python makes them (``kvverify.record.bindings``) and native
+capture's records of every thread (``kvverify.record.native``).
+
+- ``cuMemcpyBatchAsync``: a ``copy_batch`` per attribute group, in its ``srcAccessOrder``; a copy
+  (``cuMemcpyAsync``, the ``cuMemcpy{HtoD,DtoH,DtoD}Async`` family; ``cuMemcpy``, which the host
+  waits for): a ``copy``; a memset: a ``kernel`` writing the range;
+- a kernel launch outside the dispatcher (Triton, pybind11, a JIT kernel): a ``kernel`` that reads
+  and writes every allocation one of its argument words points into, and every allocation a
+  pointer table it is given points into (a device table filled by a host copy the recording saw):
+  with no declaration of what it touches, the whole of each (a report too many, never a race
+  missed); a launch whose arguments could not be read makes the recording incomplete;
+- event and stream operations, synchronization: the recorder's own reports;
+- ``cuMemMap``: device memory there from now on; ``cuMemUnmap``: a ``free`` of the range;
+  ``cuMemHostRegister`` / ``Unregister``: registered host memory, and its ``free``;
+- a graph launch and the calls the trace format cannot say yet: named in the summary as missed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from collections.abc import Callable
+
+import numpy as np
+
+from kvverify.record.recorder import CopyArrays, NativeRecord, Recorder
+from kvverify.record.threads import NOT_RECORDED
+from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
+
+POINTER_RANGE = (1 << 16, 1 << 57)
+"""Argument words outside this range are taken for numbers, not addresses (no lookup)."""
+UNREADABLE = f"{NOT_RECORDED} (kernels launched outside the dispatcher whose arguments could not be read):"
+GRAPHS = f"{NOT_RECORDED} (CUDA graph launches: the work captured in a graph is not recorded yet):"
+UNMODELLED = f"{NOT_RECORDED} (driver calls the trace cannot say yet):"
+
+
+class DriverOps:
+    """Writes driver calls into ``recorder``.
+
+    ``mode``: the recording's ``RecordingMode`` (pointer resolution, pointer tables);
+    ``stream_key``: ``(handle) -> Recorder stream key``; ``locate_frames``: ``(frames) -> at`` of a
+    record's ``(code, line)`` frames; ``function_name``: ``(function) -> kernel name``.
+    """
+
+    def __init__(self, recorder: Recorder, mode, stream_key: Callable[[int], object],
+                 locate_frames: Callable[[tuple], str | None] = lambda frames: None,
+                 function_name: Callable[[int], str] = lambda function: "?") -> None:
+        self.rec = recorder
+        self.mode = mode
+        self.stream_key = stream_key
+        self.locate_frames = locate_frames
+        self.function_name = function_name
+        self._sites: dict[tuple[int, int], str | None] = {}  # (thread, function) -> where it is about to launch
+
+    def launch_site(self, function: int) -> None:
+        """A launcher (Triton's launch-enter hook) is about to launch ``function`` on this thread,
+        with the GIL released: the launch's record has no frames, and takes this line."""
+        self._sites[(threading.get_ident(), function)] = self.rec.locate()
+
+    # -- copies -----------------------------------------------------------------------------------
+
+    def copy(self, stream: int, dst: int, src: int, nbytes: int, name: str, at: str | None,
+             blocking: bool = False) -> None:
+        """One copy of ``nbytes`` from ``src`` to ``dst`` on stream handle ``stream``; ``blocking``:
+        the host waits for it (``cuMemcpy``, on the legacy default stream)."""
+        size = np.array([nbytes], dtype=np.int64)
+        s_index, s_offset, d_index, d_offset = self.mode.resolve_both(
+            np.array([src], dtype=np.int64), np.array([dst], dtype=np.int64), size, at)
+        key = self.stream_key(stream)
+        self.rec.copy(key, name, (int(s_index[0]), int(s_offset[0]), nbytes), (int(d_index[0]), int(d_offset[0]), nbytes),
+                      at)
+        if blocking:
+            self.rec.synchronized_by_op(key, at)
+
+    def copy_batch(self, stream: int, dst: np.ndarray, src: np.ndarray, sizes: np.ndarray,
+                   groups: list[tuple[int, int]], name: str, at: str | None) -> None:
+        """``cuMemcpyBatchAsync``: int64 arrays ``dst``, ``src``, ``sizes`` of shape ``(n,)``;
+        ``groups``: ``(srcAccessOrder, first index)`` of each attribute group, in order."""
+        count = len(sizes)
+        s_index, s_offset, d_index, d_offset = self.mode.resolve_both(src, dst, sizes, at)
+        starts = [first for _, first in groups] + [count]
+        for k, (order, _) in enumerate(groups):
+            part = slice(starts[k], starts[k + 1])
+            self.rec.copy_batch(self.stream_key(stream), name, SrcAccessOrder(order).name,
+                                CopyArrays(s_index[part], s_offset[part], d_index[part], d_offset[part], sizes[part]), at)
+
+    def memset(self, stream: int, dst: int, nbytes: int, name: str, at: str | None) -> None:
+        span = self._span(dst, nbytes, at)
+        self.rec.kernel(self.stream_key(stream), name, [], [span], at)
+
+    # -- kernels ------------------------------------------------------------------------------------
+
+    def launch(self, stream: int, function: int, words: list[int], at: str | None) -> None:
+        """A kernel launched outside the dispatcher, with its argument words (``None``: they could
+        not be read)."""
+        name = f"kernel {self.function_name(function)}"
+        if words is None:
+            self.rec.notes[f"{UNREADABLE} {name}"] += 1
+            return
+        spans = self.touched(words, at)
+        if spans:
+            self.rec.kernel(self.stream_key(stream), name, spans, spans, at)
+
+    def touched(self, words: list[int], at: str | None) -> list:
+        """The whole-allocation spans of what ``words`` point into, and of what the pointer tables
+        among them point into (a device table's values known from the host copy that filled it)."""
+        lo, hi = POINTER_RANGE
+        candidates = np.array(sorted({w for w in words if lo <= w < hi}), dtype=np.int64)
+        if not len(candidates):
+            return []
+        memory = self.rec.memory
+        self.mode.learn(candidates)
+        seen: dict[int, tuple] = {}
+        for address in candidates.tolist():
+            holder = memory.find(address)
+            if holder is None or holder.placeholder:
+                continue
+            seen[holder.index] = (holder.index, 0, holder.size)
+            table = self.mode.pointer_table(address)
+            if table is not None:
+                values = table[(table >= lo) & (table < hi)]
+                self.mode.learn(values)
+                for value in values.tolist():
+                    inner = memory.find(value)
+                    if inner is not None and not inner.placeholder:
+                        seen[inner.index] = (inner.index, 0, inner.size)
+        return list(seen.values())
+
+    def _span(self, address: int, nbytes: int, at: str | None):
+        index, offset = self.mode.resolve_one(address, nbytes, at)
+        return index, offset, nbytes
+
+    # -- memory -------------------------------------------------------------------------------------
+
+    def mapped(self, base: int, nbytes: int, name: str, at: str | None) -> None:
+        self.rec.allocated(base, nbytes, DEVICE_SPACE, name, at)
+
+    def unmapped(self, base: int, nbytes: int, name: str, at: str | None) -> None:
+        """A release of ``[base, base + nbytes)``, which may cover several mappings (and bytes the
+        recording never learnt of): a free of each part where it lies, so that device work on any
+        of them races with the unmap."""
+        end = base + nbytes
+        memory = self.rec.memory
+        spans, cursor = [], base
+        mapped = memory.overlapping(base, end)
+        for a in mapped:
+            lo, hi = max(a.base, base), min(a.end, end)
+            if lo > cursor:
+                spans.append(memory.unresolved_span(cursor, lo - cursor, "lies in no allocation the recording knows", at))
+            spans.append((a.index, lo - a.base, hi - lo))
+            cursor = hi
+        if cursor < end:
+            spans.append(memory.unresolved_span(cursor, end - cursor, "lies in no allocation the recording knows", at))
+        self.rec.released(spans, name, at)
+        for a in mapped:
+            if not a.placeholder:
+                memory.retire(a.base)
+
+    def registered(self, base: int, nbytes: int, name: str, at: str | None) -> None:
+        self.rec.allocated(base, nbytes, HOST_SPACE["registered"], name, at)
+
+    def unregistered(self, base: int, name: str, at: str | None) -> None:
+        # the release orders nothing: device work still on the bytes races with it
+        released = self.rec.memory.retire(base)
+        if released is not None:
+            self.rec.released([(released.index, 0, released.size)], name, at)
+
+    # -- native capture's records ---------------------------------------------------------------------
+
+    def record(self, record: NativeRecord) -> None:
+        """Write one record of native capture (``kvverify.record.native``), located by its frames."""
+        kind, f = record.kind, record.fields
+        at = self.locate_frames(record.frames)
+        rec, key = self.rec, self.stream_key
+        if kind == "launch":
+            stream, function, n = f[0], f[1], f[2]
+            site = self._sites.pop((threading.get_ident(), function), None)
+            self.launch(stream, function, None if n < 0 else f[3:3 + n], at or site)
+        elif kind == "copy":
+            self.copy(f[0], f[1], f[2], f[3], "native copy", at, blocking=bool(f[4]))
+        elif kind == "copy_batch":
+            stream, count, nattrs = f[0], f[1], f[2]
+            triples = np.array(f[3:3 + 3 * count], dtype=np.int64).reshape(count, 3)
+            attrs = f[3 + 3 * count:3 + 3 * count + 2 * nattrs]
+            groups = [(attrs[2 * k], attrs[2 * k + 1]) for k in range(nattrs)]
+            self.copy_batch(stream, triples[:, 0].copy(), triples[:, 1].copy(), triples[:, 2].copy(), groups,
+                            "native cuMemcpyBatchAsync", at)
+        elif kind == "memset":
+            self.memset(f[0], f[1], f[2], "native memset", at)
+        elif kind == "event_record":
+            rec.event_recorded(f[0], key(f[1]), at=at)
+        elif kind == "event_wait":
+            rec.event_waited(f[1], key(f[0]), at=at)
+        elif kind == "event_sync":
+            rec.event_synchronized(f[0], at=at)
+        elif kind == "event_query":
+            rec.event_queried(f[0], bool(f[1]), at=at)
+        elif kind == "stream_sync":
+            rec.stream_synchronized(key(f[0]), at=at)
+        elif kind == "stream_query":
+            rec.stream_queried(key(f[0]), bool(f[1]), at=at)
+        elif kind == "device_sync":
+            rec.device_synchronized(at=at)
+        elif kind == "event_create":
+            rec.event_created(f[0])
+        elif kind == "event_destroy":
+            rec.event_deleted(f[0])
+        elif kind == "map":
+            self.mapped(f[0], f[1], "native cuMemMap", at)
+        elif kind == "unmap":
+            self.unmapped(f[0], f[1], "native cuMemUnmap", at)
+        elif kind == "host_register":
+            self.registered(f[0], f[1], "native cuMemHostRegister", at)
+        elif kind == "host_unregister":
+            self.unregistered(f[0], "native cuMemHostUnregister", at)
+        elif kind == "graph_launch":
+            rec.notes[f"{GRAPHS} {at or '?'}"] += 1
+        else:  # "unmodelled": the driver function's name, from CUPTI's constant string
+            name = ctypes.string_at(f[1]).decode() if len(f) > 1 and f[1] else f"callback {f[0]}"
+            rec.notes[f"{UNMODELLED} {name}"] += 1

@@ -1,0 +1,175 @@
+"""The native log: what torch's caching allocator and the CUDA driver report from every thread,
+kept in C++ (``csrc/native_log.cpp``, ``csrc/cupti_capture.cpp``) until the recorder takes it.
+
+Two sources fill it while a recording runs:
+
+- torch's caching allocator, through a trace tracker (every block handed out, every free asked for);
+- native capture: the driver calls of every thread through CUPTI's callback API (kernel launches
+  with their arguments, copies, batched copies, event and stream operations, synchronization,
+  maps and unmaps, host registrations, graph launches), except those inside an op of torch's
+  dispatcher or a method the recorder observes in Python (``suppressed``), which the recorder
+  sees there.
+
+Each record is a ``NativeRecord``: its kind (a name the C++ lists once, read here at load), its
+fields (ints), and the Python frames of the call as ``(code, line)`` where the thread held the GIL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import glob
+import os
+from collections import Counter
+
+import numpy as np
+
+from kvverify.errors import RecordingError
+from kvverify.record.recorder import NativeRecord
+
+
+def cupti_library() -> str | None:
+    """The path of a CUPTI library to load: ``KVVERIFY_CUPTI`` if set; else the one of torch's
+    ``nvidia`` CUDA wheels, else the toolkit's (``CUDA_HOME``, ``/usr/local/cuda*``); None where
+    none is found."""
+    given = os.environ.get("KVVERIFY_CUPTI")
+    if given:
+        return given
+    places = []
+    with contextlib.suppress(ImportError):
+        import nvidia
+
+        places += [os.path.join(root, "*", "lib", "libcupti.so*") for root in nvidia.__path__]
+    for home in [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda", *sorted(glob.glob("/usr/local/cuda-*"), reverse=True)]:
+        if home:
+            places += [os.path.join(home, sub, "libcupti.so*") for sub in ("lib64", "lib", "extras/CUPTI/lib64",
+                                                                           "targets/x86_64-linux/lib")]
+    for pattern in places:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+class NativeLog:
+    """The native log of ``kvverify._C`` through ctypes. Raises RecordingError where the extension
+    does not load or the allocator refuses the tracker (call after CUDA is initialised)."""
+
+    WORDS = 1 << 20  # words taken per call (a record longer than half of it would stay in the log)
+
+    def __init__(self) -> None:
+        from kvverify.device.extension import ops
+
+        ops()  # raises with the build hint where the extension is missing
+        from kvverify import _C
+
+        # PyDLL: the GIL stays held during each call, since take() and enable() hand over or drop
+        # references to code objects
+        lib = ctypes.PyDLL(_C.__file__)
+        lib.kvverify_native_kinds.restype = ctypes.c_char_p
+        lib.kvverify_native_count.restype = ctypes.c_void_p
+        lib.kvverify_native_take.restype = ctypes.c_int64
+        lib.kvverify_native_take.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64]
+        lib.kvverify_native_enable.argtypes = [ctypes.c_int]
+        lib.kvverify_native_start.restype = ctypes.c_char_p
+        lib.kvverify_native_start.argtypes = [ctypes.c_char_p]
+        lib.kvverify_native_function_name.restype = ctypes.c_char_p
+        lib.kvverify_native_function_name.argtypes = [ctypes.c_int64]
+        lib.kvverify_native_suppress.argtypes = [ctypes.c_int]
+        if lib.kvverify_native_attach_allocator() != 0:
+            raise RecordingError("torch's CUDA allocator refused kvverify's trace tracker (a pluggable allocator?): "
+                                 "record with torch's own caching allocator")
+        self._lib = lib
+        self.kinds = {int(number): name for name, number in
+                      (pair.split("=") for pair in lib.kvverify_native_kinds().decode().split())}
+        self._count = ctypes.c_int64.from_address(lib.kvverify_native_count())
+        self._words = np.empty(self.WORDS, dtype=np.int64)
+        self._quiet = _Quiet(lib.kvverify_native_suppress)
+        self.capturing = False
+
+    def enable(self, on: bool) -> None:
+        """Log from now on (dropping any record left), or stop logging."""
+        self._lib.kvverify_native_enable(int(on))
+
+    def start_capture(self, library: str | None) -> str | None:
+        """Start native capture through the CUPTI library at ``library``; returns None, or why it
+        could not start (no CUPTI found, another subscriber holds it)."""
+        if library is None:
+            return "no CUPTI library was found (set KVVERIFY_CUPTI to libcupti.so's path)"
+        why = self._lib.kvverify_native_start(library.encode())
+        self.capturing = why is None
+        return None if why is None else why.decode()
+
+    def stop_capture(self) -> None:
+        if self.capturing:
+            self._lib.kvverify_native_stop()
+            self.capturing = False
+
+    def function_name(self, function: int) -> str:
+        """The name of a launch record's kernel."""
+        return self._lib.kvverify_native_function_name(function).decode(errors="replace")
+
+    def suppressed(self) -> _Quiet:
+        """A context manager: the driver calls of this thread inside it are not logged (the
+        recorder sees them another way)."""
+        return self._quiet
+
+    def pending(self) -> bool:
+        """Whether any thread has records not taken yet (one memory read, no call)."""
+        return self._count.value != 0
+
+    def _take(self, thread: int) -> np.ndarray:
+        parts = []
+        while True:
+            n = self._lib.kvverify_native_take(thread, self._words.ctypes.data, self.WORDS)
+            parts.append(self._words[:n].copy())
+            if n < self.WORDS // 2:  # a record longer than what is left stays for the next call
+                return np.concatenate(parts)
+
+    def take(self, thread: int) -> list[NativeRecord]:
+        """Thread ``thread``'s records (``threading.get_ident()``), oldest first, removed from the log."""
+        return parse(self._take(thread).tolist(), self.kinds)
+
+    def leftover(self) -> Counter:
+        """The count of records not taken, by thread, removed from the log."""
+        words = self._take(0).tolist()
+        left: Counter = Counter()
+        k = 0
+        while k < len(words):
+            left[words[k]] += 1
+            n = 3 + words[k + 2]
+            parse(words[k + 1:k + n], self.kinds)  # releases its frames
+            k += n
+        return left
+
+
+class _Quiet:
+    """``NativeLog.suppressed()``: one object for every use (a method the recorder observes pays
+    two C calls, not a generator)."""
+
+    def __init__(self, suppress) -> None:
+        self._suppress = suppress
+
+    def __enter__(self) -> None:
+        self._suppress(1)
+
+    def __exit__(self, *exc) -> None:
+        self._suppress(-1)
+
+
+def parse(words: list[int], kinds: dict[int, str]) -> list[NativeRecord]:
+    """The records in ``words`` (``[kind, n, nframes, (code, line) x nframes, fields...]`` each,
+    ``n`` counting what follows it); takes over the references to their code objects."""
+    out = []
+    k = 0
+    while k < len(words):
+        kind, n, nframes = words[k], words[k + 1], words[k + 2]
+        frames = []
+        for f in range(nframes):
+            address, line = words[k + 3 + 2 * f], words[k + 4 + 2 * f]
+            code = ctypes.cast(address, ctypes.py_object).value
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(code))  # the record's reference, now ours
+            frames.append((code, line))
+        out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 3 + 2 * nframes:k + 2 + n], tuple(frames)))
+        k += 2 + n
+    return out

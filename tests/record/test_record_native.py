@@ -1,0 +1,155 @@
+"""Native capture's records as the recording writes them (``kvverify.record.driver``), on the CPU
+stand-in: the records a GPU's CUPTI callbacks put in the native log (``csrc/cupti_capture.cpp``)
+are put in by the test, between the program's ops, as the C++ puts them on the calling thread.
+What the driver reports, and when, is under test on a GPU (``test_record_native_gpu.py``)."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import pytest
+import torch
+from fake_cuda import FakeCuda
+
+import kvverify.record as record
+
+BLOCK = 4096
+KERNEL = 0xF00  # a CUfunction
+
+
+def launcher():  # the user's line that launched a native kernel: its code object is the record's frame
+    return None
+
+
+FRAME = ((launcher.__code__, 17),)
+
+
+@pytest.fixture
+def fake():
+    fake = FakeCuda()
+    fake.function_name = lambda function: "copy_blocks_kernel" if function == KERNEL else "?"
+    return fake
+
+
+def kinds(rec):
+    doc = rec.trace()
+    return [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
+
+
+def test_a_native_kernel_that_writes_a_block_races_with_a_copy_on_another_stream(fake):
+    """A Triton kernel writes block ``a`` on a side stream (its argument words hold a's address and
+    a number); the default stream copies ``a`` to the host with no wait: RAW, the kernel's line
+    taken from the record's frames."""
+    a, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("launch", side.handle, KERNEL, 2, a.data_ptr(), 12345, frames=FRAME)
+        host.copy_(a, non_blocking=True)
+    assert kinds(rec) == [("RAW", "kernel", "copy")]
+    kernel = next(op for op in rec.trace()["ops"] if op["op"] == "kernel")
+    assert kernel["name"] == "kernel copy_blocks_kernel"
+    assert kernel["at"].endswith("test_record_native.py:17 in launcher")
+    assert rec.complete()
+
+
+def test_the_same_kernel_waited_for_is_safe(fake):
+    a, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("launch", side.handle, KERNEL, 1, a.data_ptr(), frames=FRAME)
+        fake.default.wait_stream(side)
+        host.copy_(a, non_blocking=True)
+        fake.synchronize()
+    assert rec.check().verdict == "SAFE" and rec.complete()
+
+
+def test_a_kernel_given_a_pointer_table_touches_the_blocks_the_table_points_into(fake):
+    """A load kernel gets a device table of block addresses, filled by a host copy the recording
+    saw: the blocks it points into are the kernel's too (the engine's Triton load's shape)."""
+    table, block, host = fake.device(2, dtype=torch.int64), fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        table.copy_(torch.tensor([block.data_ptr(), block.data_ptr() + 64], dtype=torch.int64))
+        fake.native("launch", side.handle, KERNEL, 1, table.data_ptr(), frames=FRAME)
+        host.copy_(block, non_blocking=True)
+    assert ("RAW", "kernel", "copy") in kinds(rec)
+
+
+def test_a_native_copy_into_pinned_memory_read_by_the_host_unsynchronized_races(fake):
+    a, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("copy", side.handle, host.data_ptr(), a.data_ptr(), BLOCK, 0, frames=FRAME)
+        record.host_read(host)
+    assert kinds(rec) == [("RAW", "copy", "host_read")]
+
+
+def test_a_blocking_native_copy_is_waited_for_by_the_host(fake):
+    a, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("copy", 0, host.data_ptr(), a.data_ptr(), BLOCK, 1, frames=FRAME)
+        record.host_read(host)
+    assert rec.check().verdict == "SAFE"
+
+
+def test_a_native_batched_copy_keeps_each_attribute_groups_order(fake):
+    """cuMemcpyBatchAsync from a C++ extension: a ``copy_batch`` per attribute group, in the
+    group's source access order."""
+    src, dst = fake.device(2 * BLOCK), fake.pinned(2 * BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("copy_batch", side.handle, 2, 2,
+                    dst.data_ptr(), src.data_ptr(), BLOCK, dst.data_ptr() + BLOCK, src.data_ptr() + BLOCK, BLOCK,
+                    0x1, 0, 0x3, 1, frames=FRAME)
+    batches = [op for op in rec.trace()["ops"] if op["op"] == "copy_batch"]
+    assert [(b["order"], len(b["copies"])) for b in batches] == [("STREAM", 1), ("ANY", 1)]
+
+
+def test_an_unmap_under_a_native_kernel_is_a_use_after_free(fake):
+    """Sleep mode's shape (vllm-project/vllm#45268): memory mapped, a kernel on it in flight,
+    unmapped with no wait."""
+    side = fake.stream()
+    base = 0x7F00_0000_0000
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("map", base, 1 << 20, frames=FRAME)
+        fake.native("launch", side.handle, KERNEL, 1, base + 4096, frames=FRAME)
+        fake.native("unmap", base, 1 << 20, frames=FRAME)
+        record.host_read(fake.pinned(16))  # the next thing the thread logs takes the records
+    assert ("FREE", "kernel", "free") in kinds(rec)
+
+
+def test_what_the_trace_cannot_say_makes_the_recording_incomplete_by_name(fake):
+    name = ctypes.create_string_buffer(b"cuMemcpy2DAsync_v2")
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("launch", side.handle, KERNEL, -1, frames=FRAME)
+        fake.native("graph_launch", 0xABC, side.handle, frames=FRAME)
+        fake.native("unmodelled", 289, ctypes.addressof(name), frames=FRAME)
+        fake.synchronize()
+    notes = "\n".join(rec.summary().notes)
+    assert not rec.complete()
+    assert "arguments could not be read" in notes and "copy_blocks_kernel" in notes
+    assert "CUDA graph launches" in notes and "test_record_native.py:17" in notes
+    assert "cuMemcpy2DAsync_v2" in notes
+
+
+def test_native_records_of_a_thread_the_recording_does_not_follow_are_missed_work(fake):
+    a = fake.device(BLOCK)
+    side = fake.stream()
+    started = threading.Event()
+    finish = threading.Event()
+
+    def worker():  # running before the recording: not followed
+        started.set()
+        finish.wait()
+        fake.native("launch", side.handle, KERNEL, 1, a.data_ptr())
+
+    t = threading.Thread(target=worker, name="old-worker")
+    t.start()
+    started.wait()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        finish.set()
+        t.join()
+    assert not rec.complete()
+    assert any("old-worker" in note or "ended" in note for note in rec.summary().notes)

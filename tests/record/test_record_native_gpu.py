@@ -1,0 +1,124 @@
+"""Native capture on a GPU (``csrc/cupti_capture.cpp``): what CUPTI reports of work no dispatch mode
+sees (a Triton kernel, a runtime copy called from C), written as the recording's ops; work the
+recorder sees another way is not written twice; under another CUPTI subscriber the recording says
+so and runs on."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from kvverify.record import host_read, recording
+
+pytestmark = pytest.mark.gpu
+
+N = 1 << 16
+
+
+def triton_copy():
+    """A Triton kernel copying ``n`` floats from ``src`` to ``dst`` (launched outside torch's dispatcher)."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    @triton.jit
+    def copy_kernel(src, dst, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(dst + offsets, tl.load(src + offsets, mask=mask), mask=mask)
+
+    def launch(src, dst):
+        copy_kernel[(triton.cdiv(src.numel(), 1024),)](src, dst, src.numel(), BLOCK=1024)
+
+    return launch
+
+
+def races(rec):
+    doc = rec.trace()
+    return [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["no-wait", "wait_stream"])
+def test_a_triton_load_on_a_side_stream_races_with_a_read_unless_the_reader_waits(wait):
+    """The engine's small-load path: a Triton copy kernel fills a device block on the load stream;
+    attention (here a copy of the block) on the default stream reads it. Without ``wait_stream``:
+    RACY, the kernel named and located at the launching line; with it: SAFE."""
+    launch = triton_copy()
+    src, dst = torch.randn(N, device="cuda"), torch.empty(N, device="cuda")
+    host = torch.empty(N, pin_memory=True)
+    load = torch.cuda.Stream()
+    launch(src, dst)  # compiled before the recording
+    torch.cuda.synchronize()
+    with recording() as rec:
+        with torch.cuda.stream(load):
+            torch.cuda._sleep(20_000_000)
+            launch(src, dst)  # <- the load
+        if wait:
+            torch.cuda.current_stream().wait_stream(load)
+        host.copy_(dst, non_blocking=True)
+        torch.cuda.synchronize()
+    assert rec.capture_off is None, rec.capture_off
+    kernels = [op for op in rec.recorder.ops if op["op"] == "kernel" and "copy_kernel" in op["name"]]
+    assert len(kernels) == 1, rec.recorder.ops
+    assert kernels[0]["at"] and "test_record_native_gpu.py" in kernels[0]["at"] and "in test_a_triton" in kernels[0]["at"]
+    assert races(rec) == ([] if wait else [("RAW", "kernel", "copy")])
+    assert rec.complete(), rec.summary().notes
+
+
+def _cudart():
+    """The CUDA runtime library torch loaded, through ctypes (a C caller torch's dispatcher never sees)."""
+    with open("/proc/self/maps") as maps:
+        paths = sorted({line.split()[-1] for line in maps if "libcudart.so" in line})
+    if not paths:
+        pytest.skip("no libcudart.so is mapped in this process")
+    return ctypes.CDLL(paths[0])
+
+
+def test_a_runtime_copy_made_from_c_is_seen_from_the_driver():
+    """``cudaMemcpyAsync`` called from C (ctypes here; a pybind11 extension in an engine): the
+    runtime reaches the driver, and native capture writes the copy; the host reading the pinned
+    destination unsynchronized races with it."""
+    cudart = _cudart()
+    gpu = torch.randn(N, device="cuda")
+    host = torch.empty(N, pin_memory=True)
+    side = torch.cuda.Stream()
+    with recording() as rec:
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(20_000_000)
+        status = cudart.cudaMemcpyAsync(ctypes.c_void_p(host.data_ptr()), ctypes.c_void_p(gpu.data_ptr()),
+                                        ctypes.c_size_t(gpu.nbytes), 2, ctypes.c_void_p(side.cuda_stream))
+        assert status == 0
+        host_read(host)
+        torch.cuda.synchronize()
+    assert ("RAW", "copy", "host_read") in races(rec)
+
+
+def test_an_op_of_the_dispatcher_is_written_once():
+    """Its kernels reach CUPTI too; the RecordFunction observer keeps them out of the native log."""
+    x = torch.zeros(N, device="cuda")
+    with recording() as rec:
+        x.add_(1)
+        torch.cuda.synchronize()
+    kernels = [op for op in rec.recorder.ops if op["op"] == "kernel"]
+    assert [op["name"] for op in kernels] == ["aten.add_.Tensor"]
+
+
+def test_an_event_recorded_through_torch_is_written_once():
+    with recording() as rec:
+        e = torch.cuda.Event()
+        e.record()
+        e.synchronize()
+    assert [op["op"] for op in rec.recorder.ops if op["op"] in ("record", "sync_event")] == ["record", "sync_event"]
+
+
+def test_under_the_profiler_native_capture_steps_aside_and_says_so():
+    """CUPTI allows one subscriber: under torch.profiler (or Nsight Systems) the recording runs
+    with its dispatcher-level capture and names what that cannot see."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+        torch.zeros(1, device="cuda").add_(1)
+        with recording() as rec:
+            torch.zeros(1, device="cuda").add_(1)
+    if rec.capture_off is None:
+        pytest.skip("this CUPTI let a second subscriber in beside the profiler")
+    assert any(note.startswith("native capture off") and "Triton" in note for note in rec.summary().notes)
