@@ -23,6 +23,11 @@
 #include <mutex>
 #include <unordered_map>
 
+// Outside the limited API the extension is built against (3.10), in every CPython since 3.9: the
+// abi3 build declares them itself.
+extern "C" int PyGILState_Check(void);
+extern "C" PyFrameObject* PyFrame_GetBack(PyFrameObject* frame);
+
 namespace kvverify::native {
 namespace {
 
@@ -70,10 +75,10 @@ void capture_frames(std::vector<int64_t>& words) {
 
 int64_t stream_handle(const void* stream) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(stream)); }
 // The allocator's entry holds a raw handle in some torch versions, a c10::Stream or CUDAStream in others.
-int64_t stream_handle(const c10::Stream& stream) {
+[[maybe_unused]] int64_t stream_handle(const c10::Stream& stream) {
   return stream_handle(c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, stream).stream());
 }
-int64_t stream_handle(const c10::cuda::CUDAStream& stream) { return stream_handle(stream.stream()); }
+[[maybe_unused]] int64_t stream_handle(const c10::cuda::CUDAStream& stream) { return stream_handle(stream.stream()); }
 
 void track(const TraceEntry& entry) {
   if (!enabled()) {
