@@ -121,6 +121,7 @@ class Bindings:
             if bindings.follows():
                 at = bindings.rec.locate()
                 with bindings.rec.exclusive():
+                    bindings.rec.collect()  # what the native log holds of this thread happened before
                     try:
                         log(name, args, kwargs, result, at)
                     except Exception as exc:  # the program runs on: the summary says what is missing

@@ -428,6 +428,7 @@ def thread_guard(recorder: Recorder, busy: Callable[[], bool]) -> Callable[[Call
             if busy():
                 return None
             with recorder.exclusive():
+                recorder.collect()  # what the native log holds of this thread happened before
                 return fn(*args)
 
         return cb

@@ -285,6 +285,7 @@ def _current(what: str = "") -> Recording | None:
             with rec.recorder.exclusive():
                 rec.recorder.notes[f"{OTHER_THREAD_WORK} {what} from thread {threading.current_thread().name!r}"] += 1
         return None
+    rec.recorder.collect()  # what the native log holds of this thread happened before the annotation
     return rec
 
 

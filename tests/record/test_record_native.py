@@ -153,3 +153,26 @@ def test_native_records_of_a_thread_the_recording_does_not_follow_are_missed_wor
         t.join()
     assert not rec.complete()
     assert any("old-worker" in note or "ended" in note for note in rec.summary().notes)
+
+
+def test_a_destroy_the_native_log_holds_comes_before_the_next_observed_record(fake):
+    """The program drops an event (``cuEventDestroy``: native capture logs it) and records a new one
+    that CUDA makes at the same handle (a method the recorder observes in Python). The destroy was
+    taken from the log only after the record had its name, so it took the new event's name away:
+    the synchronization that follows named an event never recorded, and a safe read was RACY."""
+    gpu, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    compute = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        first = fake.event()
+        first.record(compute)
+        handle = first.handle
+        with fake.use(compute):
+            host.copy_(gpu, non_blocking=True)
+        fake.native("event_destroy", handle)  # the old event dropped
+        again = fake.event()
+        again.handle = handle  # CUDA makes the new event at the freed handle
+        fake.report("event_created", handle)
+        again.record(compute)
+        again.synchronize()
+        record.host_read(host)
+    assert rec.check().verdict == "SAFE", rec.check().render()

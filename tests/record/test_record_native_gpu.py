@@ -61,7 +61,9 @@ def test_a_triton_load_on_a_side_stream_races_with_a_read_unless_the_reader_wait
     assert rec.capture_off is None, rec.capture_off
     kernels = [op for op in rec.recorder.ops if op["op"] == "kernel" and "copy_kernel" in op["name"]]
     assert len(kernels) == 1, rec.recorder.ops
-    assert kernels[0]["at"] and "test_record_native_gpu.py" in kernels[0]["at"] and "in test_a_triton" in kernels[0]["at"]
+    # Triton launches with the GIL released: the line is its launch-enter hook's, the user's frame
+    # innermost there (the helper that launches)
+    assert kernels[0]["at"] and "test_record_native_gpu.py:" in kernels[0]["at"] and kernels[0]["at"].endswith(" in launch")
     assert races(rec) == ([] if wait else [("RAW", "kernel", "copy")])
     assert rec.complete(), rec.summary().notes
 
