@@ -22,8 +22,6 @@ import glob
 import os
 from collections import Counter
 
-import numpy as np
-
 from kvverify.errors import RecordingError
 from kvverify.record.recorder import NativeRecord
 
@@ -69,7 +67,7 @@ class NativeLog:
         lib.kvverify_native_kinds.restype = ctypes.c_char_p
         lib.kvverify_native_count.restype = ctypes.c_void_p
         lib.kvverify_native_take.restype = ctypes.c_int64
-        lib.kvverify_native_take.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_int64]
+        lib.kvverify_native_take.argtypes = [ctypes.c_uint64, ctypes.POINTER(ctypes.c_int64), ctypes.c_int64]
         lib.kvverify_native_enable.argtypes = [ctypes.c_int]
         lib.kvverify_native_start.restype = ctypes.c_char_p
         lib.kvverify_native_start.argtypes = [ctypes.c_char_p]
@@ -83,7 +81,8 @@ class NativeLog:
         self.kinds = {int(number): name for name, number in
                       (pair.split("=") for pair in lib.kvverify_native_kinds().decode().split())}
         self._count = ctypes.c_int64.from_address(lib.kvverify_native_count())
-        self._words = np.empty(self.WORDS, dtype=np.int64)
+        # a ctypes array: slicing it gives a list of ints in one C loop (most takes are a few words)
+        self._words = (ctypes.c_int64 * self.WORDS)()
         self._quiet = _Quiet(lib.kvverify_native_suppress)
         self.capturing = False
 
@@ -118,21 +117,21 @@ class NativeLog:
         """Whether any thread has records not taken yet (one memory read, no call)."""
         return self._count.value != 0
 
-    def _take(self, thread: int) -> np.ndarray:
-        parts = []
+    def _take(self, thread: int) -> list[int]:
+        words: list[int] = []
         while True:
-            n = self._lib.kvverify_native_take(thread, self._words.ctypes.data, self.WORDS)
-            parts.append(self._words[:n].copy())
+            n = self._lib.kvverify_native_take(thread, self._words, self.WORDS)
+            words += self._words[:n]
             if n < self.WORDS // 2:  # a record longer than what is left stays for the next call
-                return np.concatenate(parts)
+                return words
 
     def take(self, thread: int) -> list[NativeRecord]:
         """Thread ``thread``'s records (``threading.get_ident()``), oldest first, removed from the log."""
-        return parse(self._take(thread).tolist(), self.kinds)
+        return parse(self._take(thread), self.kinds)
 
     def leftover(self) -> Counter:
         """The count of records not taken, by thread, removed from the log."""
-        words = self._take(0).tolist()
+        words = self._take(0)
         left: Counter = Counter()
         k = 0
         while k < len(words):
@@ -164,6 +163,10 @@ def parse(words: list[int], kinds: dict[int, str]) -> list[NativeRecord]:
     k = 0
     while k < len(words):
         kind, n, nframes = words[k], words[k + 1], words[k + 2]
+        if not nframes:  # the allocator's records, most of them
+            out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 3:k + 2 + n]))
+            k += 2 + n
+            continue
         frames = []
         for f in range(nframes):
             address, line = words[k + 3 + 2 * f], words[k + 4 + 2 * f]

@@ -233,7 +233,9 @@ def test_a_pinned_temporary_dropped_under_its_copy_races_only_where_torch_did_no
         temp = torch.full((1 << 16,), 3, dtype=torch.uint8).pin_memory()
         address = temp.data_ptr()
         with torch.cuda.stream(side):
-            torch.cuda._sleep(10_000_000)
+            # ~50 ms: a new pinned block (cudaHostAlloc) can take milliseconds, and the copy must
+            # still be pending when the next one is handed out
+            torch.cuda._sleep(100_000_000)
             if raw:
                 swap(torch.tensor([address]), torch.tensor([gpu.data_ptr()]), torch.tensor([1 << 16]), 1)
             else:
@@ -241,7 +243,9 @@ def test_a_pinned_temporary_dropped_under_its_copy_races_only_where_torch_did_no
         del temp
         again = torch.full((1 << 16,), 5, dtype=torch.uint8).pin_memory()
         reused = again.data_ptr() == address
+        pending = not side.query()
         torch.cuda.synchronize()
+    assert pending, "the copy completed before the block was handed out again: the window did not open"
     assert reused == raw  # torch's pinned allocator waits for the events of the copies it saw
     verdict = rec.check()
     assert verdict.safe != raw, verdict.render()

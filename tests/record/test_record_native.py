@@ -176,3 +176,22 @@ def test_a_destroy_the_native_log_holds_comes_before_the_next_observed_record(fa
         again.synchronize()
         record.host_read(host)
     assert rec.check().verdict == "SAFE", rec.check().render()
+
+
+def test_the_log_parser_takes_over_each_frames_code_reference():
+    """A record's frames hold references to code objects (taken by the C++ under the GIL); the
+    parser hands them to Python and drops the record's own, or every recorded call would leak."""
+    import sys
+
+    from kvverify.record.native import parse
+
+    code = launcher.__code__
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(code))  # the record's reference, as the C++ takes it
+    before = sys.getrefcount(code)
+    kinds = {1: "alloc", 23: "event_query", 26: "device_sync"}
+    records = parse([1, 5, 0, 10, 20, 0, 0, 23, 3, 0, 7, 1, 26, 3, 1, id(code), 42], kinds)
+    assert [(r.kind, r.fields) for r in records] == [("alloc", [10, 20, 0, 0]), ("event_query", [7, 1]),
+                                                     ("device_sync", [])]
+    assert records[2].frames == ((code, 42),)
+    del records
+    assert sys.getrefcount(code) == before - 1
