@@ -14,7 +14,8 @@ most ``--in-flight`` pending, completion found by polling ``Event.query()``. Two
 launching them, the recorder's worst case) and ``model`` (a ``tokens x hidden`` by ``hidden x
 hidden`` fp16 matmul per layer too, as a forward pass has). Each repeat runs the loop plain, under
 a pass-through dispatch mode (what any ``__torch_dispatch__`` hook costs, the recorder's included:
-torch's floor) and recorded, in turn; medians and bests are printed. Needs a CUDA device and ``kvverify._C``. Not a test: it prints the figures
+torch's floor), recorded, and recorded without native capture, in turn; medians and bests are
+printed; ``--csan`` then runs each load under PyTorch's CUDA Stream Sanitizer. Needs a CUDA device and ``kvverify._C``. Not a test: it prints the figures
 (the target is at most 2x, docs/record.md).
 
 ``--host-only`` needs no GPU: it times ``layer[0:8].fill_(1)`` (a view and an in-place op) over 32
@@ -82,15 +83,31 @@ def time_loop(shape, context) -> float:
 
 def run_once(shape, how: str):
     """Wall seconds of one loop, run ``how``: ``"plain"``, ``"mode"`` (under
-    ``pass_through_mode``) or ``"recorded"``; and the recording if any."""
+    ``pass_through_mode``), ``"recorded"`` or ``"dispatcher"`` (recorded without native capture);
+    and the recording if any."""
     from kvverify.record import recording
 
-    context = {"plain": contextlib.nullcontext, "mode": pass_through_mode(), "recorded": recording}[how]()
+    context = {"plain": contextlib.nullcontext, "mode": pass_through_mode(), "recorded": recording,
+               "dispatcher": lambda: recording(native=False)}[how]()
     return time_loop(shape, context), context if how == "recorded" else None
 
 
-RUNS = ("plain", "mode", "recorded")
+RUNS = ("plain", "mode", "recorded", "dispatcher")
 """How each loop runs (``run_once``): the median of each, and the recorded / plain ratio, are printed."""
+
+
+def csan_seconds(shape, repeats: int) -> list[float]:
+    """Wall seconds of ``repeats`` loops under PyTorch's CUDA Stream Sanitizer
+    (``torch.cuda._sanitizer``), which cannot be turned off again: call it after every other run."""
+    import warnings
+
+    import torch.cuda._sanitizer as csan
+
+    csan.enable_cuda_sanitizer()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # its reports are not what is measured here
+        time_loop(dataclasses.replace(shape, steps=3), contextlib.nullcontext())
+        return [time_loop(shape, contextlib.nullcontext()) for _ in range(repeats)]
 
 # The host-only cases: what each does once (a fixture of tensors and ids is passed in), and how many
 # times one call does it (the figures are per op, or per report).
@@ -257,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--host-only", action="store_true", help="only the recorder's cost per op on the host")
+    parser.add_argument("--csan", action="store_true",
+                        help="then each load under PyTorch's CUDA Stream Sanitizer (last: it stays on in the process)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="then run each load recorded once more under cProfile and print the N functions with "
                              "the most own time (where the recorded time goes; cProfile slows every call)")
@@ -312,18 +331,27 @@ def main(argv: list[str] | None = None) -> int:
             "ratio": statistics.median(seconds["recorded"]) / statistics.median(seconds["plain"]),
             "best_ratio": min(seconds["recorded"]) / min(seconds["plain"]),
             "mode_ratio": statistics.median(seconds["mode"]) / statistics.median(seconds["plain"]),
+            "dispatcher_ratio": statistics.median(seconds["dispatcher"]) / statistics.median(seconds["plain"]),
             "ops_recorded": summary.ops_recorded, "ops_written": summary.ops_written, "copies_written": copies,
             "trace_build_s": build_s, "check_s": check_s, "verdict": verdict.verdict,
         }
         results[name] = row
         print(f"{name:5s}: {row['plain_ms_per_step']:.2f} ms/step plain, {row['mode_ms_per_step']:.2f} under a "
               f"pass-through dispatch mode ({row['mode_ratio']:.2f}x), {row['recorded_ms_per_step']:.2f} recorded "
-              f"({row['ratio']:.2f}x; best of {args.repeats}: {row['plain_best_ms_per_step']:.2f} / "
+              f"({row['ratio']:.2f}x; without native capture {row['dispatcher_ms_per_step']:.2f}, "
+              f"{row['dispatcher_ratio']:.2f}x; best of {args.repeats}: {row['plain_best_ms_per_step']:.2f} / "
               f"{row['recorded_best_ms_per_step']:.2f}, {row['best_ratio']:.2f}x); {row['ops_recorded']} ops recorded, "
               f"{row['ops_written']} written ({copies} copies); trace built in {build_s:.2f} s, checked in "
               f"{check_s:.2f} s: {verdict.verdict}", flush=True)
         if args.profile:
             profile_recorded(shape, name, args.profile)
+    if args.csan:
+        for name, shape in loads.items():
+            row = results[name]
+            row["csan_ms_per_step"] = 1e3 * statistics.median(csan_seconds(shape, args.repeats)) / shape.steps
+            row["csan_ratio"] = row["csan_ms_per_step"] / row["plain_ms_per_step"]
+            print(f"{name:5s}: {row['csan_ms_per_step']:.2f} ms/step under PyTorch's CUDA Stream Sanitizer "
+                  f"({row['csan_ratio']:.2f}x plain)", flush=True)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=2) + "\n")
