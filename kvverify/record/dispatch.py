@@ -124,8 +124,8 @@ class Platform:
         launch kernel ``function`` on this thread, for as long as the recording runs."""
 
     def allocator_leftover(self):
-        """The allocator's reports no ``take`` removed (a ``collections.Counter`` by thread), now
-        removed; called once the recording's own threads have taken theirs."""
+        """The native log's records no ``take`` removed (a ``collections.Counter`` by ``(thread,
+        kind)``), now removed; called once the recording's own thread has taken its own."""
         return Counter()
 
 

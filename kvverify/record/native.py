@@ -130,14 +130,14 @@ class NativeLog:
         return parse(self._take(thread), self.kinds)
 
     def leftover(self) -> Counter:
-        """The count of records not taken, by thread, removed from the log."""
+        """The count of records not taken, by ``(thread, kind)``, removed from the log."""
         words = self._take(0)
         left: Counter = Counter()
         k = 0
         while k < len(words):
-            left[words[k]] += 1
             n = 3 + words[k + 2]
-            parse(words[k + 1:k + n], self.kinds)  # releases its frames
+            for record in parse(words[k + 1:k + n], self.kinds):  # (which releases its frames)
+                left[words[k], record.kind] += 1
             k += n
         return left
 

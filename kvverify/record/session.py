@@ -36,6 +36,7 @@ from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 _active: Recording | None = None
 CAPTURE_OFF = "native capture off"
+LATE_WORK = f"{NOT_RECORDED} (driver calls made after the last op the thread logged, as the recording stopped), thread"
 BLIND_SPOTS = ("kernels launched outside torch's dispatcher (Triton, pybind11, JIT kernels), torch's device work "
                "outside ops, CUDA graph launches, and the device work of threads the recording does not follow")
 _lock = threading.Lock()
@@ -147,16 +148,19 @@ class Recording:
                 _active = None
 
     def _collect_leftover(self) -> None:
-        """The allocator's reports still in its log as the recording stops: this thread's are
-        logged; those of threads the recording never followed are its missed work."""
+        """The native log's records still there as the recording stops: this thread's are logged;
+        those of threads the recording never followed are its missed work, and so are the driver
+        calls a followed thread made after the last op it logged (its frees then change nothing)."""
         rec = self.recorder
         with rec.exclusive():
             rec.collect()
-            for ident, n in self._platform_in_use.allocator_leftover().items():
+            for (ident, kind), n in self._platform_in_use.allocator_leftover().items():
+                thread = threading._active.get(ident)
+                name = thread.name if thread is not None else f"ident {ident:#x}, ended"
                 if ident not in rec.followed:
-                    thread = threading._active.get(ident)
-                    name = thread.name if thread is not None else f"ident {ident:#x}, ended"
-                    rec.notes[f"{OTHER_THREAD_WORK} torch's allocator reports from thread {name!r}"] += n
+                    rec.notes[f"{OTHER_THREAD_WORK} torch's allocator and driver calls from thread {name!r}"] += n
+                elif kind not in ("alloc", "free"):
+                    rec.notes[f"{LATE_WORK} {name!r}"] += n
 
     def __enter__(self) -> Recording:
         return self.start()

@@ -143,7 +143,7 @@ class FakeCuda(Platform):
         recorder.take = lambda thread: self.native_rows.pop(thread, [])
 
     def allocator_leftover(self) -> Counter:
-        left = Counter({thread: len(rows) for thread, rows in self.native_rows.items() if rows})
+        left = Counter((thread, record.kind) for thread, rows in self.native_rows.items() for record in rows)
         self.native_rows.clear()
         return left
 

@@ -195,3 +195,33 @@ def test_the_log_parser_takes_over_each_frames_code_reference():
     assert records[2].frames == ((code, 42),)
     del records
     assert sys.getrefcount(code) == before - 1
+
+
+def test_a_followed_threads_driver_calls_after_its_last_op_at_the_stop_are_missed_work(fake):
+    """A worker started while recording launches a kernel and is still running (it logs nothing
+    more) when the recording stops: its launch was never taken, and the recording says so; its
+    frees after its last op change nothing and are not counted."""
+    import time
+
+    side = fake.stream()
+    block = fake.device(BLOCK)
+    launched, finish = [], []  # flags, not locks: a lock op would be logged, and take the records with it
+
+    def worker():
+        fake.native("launch", side.handle, KERNEL, 1, block.data_ptr())
+        fake.native("free", 0x1234, 0, 0, 0)
+        launched.append(True)
+        while not finish:
+            time.sleep(0.001)
+
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        t = threading.Thread(target=worker, name="late")
+        t.start()
+        while not launched:
+            time.sleep(0.001)
+    finish.append(True)
+    t.join()
+    notes = [n for n in rec.summary().notes if "after the last op" in n]
+    assert notes == ["NOT RECORDED (driver calls made after the last op the thread logged, as the recording "
+                     "stopped), thread 'late': 1"]
+    assert not rec.complete()

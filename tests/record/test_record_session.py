@@ -151,7 +151,7 @@ class _NativeLog:
     def leftover(self):
         from collections import Counter
 
-        left, self.rows = Counter({t: len(r) for t, r in self.rows.items()}), {}
+        left, self.rows = Counter((t, record.kind) for t, rows in self.rows.items() for record in rows), {}
         return left
 
     def start_capture(self, library):
