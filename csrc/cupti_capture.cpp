@@ -310,6 +310,39 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
     case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
       if (ok) append(kGraphLaunch, {word(PARAMS(cuGraphLaunch_params).hGraph), word(PARAMS(cuGraphLaunch_params).hStream)}, true);
       break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
+      // every form starts with the stream
+      if (ok) append(kCaptureBegin, {word(PARAMS(cuStreamBeginCapture_params).hStream)}, true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuStreamEndCapture_params);
+        append(kCaptureEnd, {word(a.hStream), word(*a.phGraph)}, true);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags:
+      if (ok) {
+        const auto& a = PARAMS(cuGraphInstantiateWithFlags_params);
+        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuGraphInstantiateWithParams_params);
+        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2:
+      if (ok) {
+        const auto& a = PARAMS(cuGraphInstantiate_v2_params);
+        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false);
+      }
+      break;
     default:  // a call the recorder sees and cannot write down: said by name, never left out silently
       if (ok) append(kUnmodelled, {static_cast<int64_t>(cbid), word(call->functionName)}, true);
       break;
@@ -339,13 +372,18 @@ constexpr CUpti_CallbackId kCalls[] = {
     CUPTI_DRIVER_TRACE_CBID_cuEventDestroy_v2, CUPTI_DRIVER_TRACE_CBID_cuMemUnmap, CUPTI_DRIVER_TRACE_CBID_cuMemMap,
     CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2, CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister,
     CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture, CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2,
     // named only
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyPeerAsync,
     CUPTI_DRIVER_TRACE_CBID_cuMemsetD16Async, CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel,
     CUPTI_DRIVER_TRACE_CBID_cuLaunchHostFunc, CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DBatchAsync,
-    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz,
 #if CUDA_VERSION >= 13000
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpy3DBatchAsync_v2,

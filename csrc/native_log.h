@@ -32,7 +32,10 @@ enum Kind : int64_t {
   kMap = 31,           // address, size
   kHostRegister = 32,  // address, size
   kHostUnregister = 33,  // address
-  kGraphLaunch = 40,   // graph, stream
+  kGraphLaunch = 40,   // graph exec, stream
+  kCaptureBegin = 41,  // stream
+  kCaptureEnd = 42,    // stream, graph
+  kGraphInstantiate = 43,  // graph exec, graph
   kUnmodelled = 50,    // cbid, name (a char* CUPTI keeps: a driver call the recorder cannot write down)
 };
 

@@ -13,7 +13,9 @@ capture's records of every thread (``kvverify.record.native``).
 - event and stream operations, synchronization: the recorder's own reports;
 - ``cuMemMap``: device memory there from now on; ``cuMemUnmap``: a ``free`` of the range;
   ``cuMemHostRegister`` / ``Unregister``: registered host memory, and its ``free``;
-- a graph launch and the calls the trace format cannot say yet: named in the summary as missed.
+- a stream capture: the ops issued to the stream meanwhile are the graph's, not run; a graph
+  launch runs them on its stream, in capture order (``Recorder.graph_launched``); a graph captured
+  before the recording, and the calls the trace format cannot say yet, are named as missed.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
 POINTER_RANGE = (1 << 16, 1 << 57)
 """Argument words outside this range are taken for numbers, not addresses (no lookup)."""
 UNREADABLE = f"{NOT_RECORDED} (kernels launched outside the dispatcher whose arguments could not be read):"
-GRAPHS = f"{NOT_RECORDED} (CUDA graph launches: the work captured in a graph is not recorded yet):"
+GRAPHS = f"{NOT_RECORDED} (launches of CUDA graphs captured before the recording: their work is not known):"
 UNMODELLED = f"{NOT_RECORDED} (driver calls the trace cannot say yet):"
 
 
@@ -214,8 +216,15 @@ class DriverOps:
             self.registered(f[0], f[1], "native cuMemHostRegister", at)
         elif kind == "host_unregister":
             self.unregistered(f[0], "native cuMemHostUnregister", at)
+        elif kind == "capture_begin":
+            rec.capture_began(key(f[0]), at)
+        elif kind == "capture_end":
+            rec.capture_ended(key(f[0]), f[1])
+        elif kind == "graph_instantiate":
+            rec.graph_instantiated(f[0], f[1])
         elif kind == "graph_launch":
-            rec.notes[f"{GRAPHS} {at or '?'}"] += 1
+            if not rec.graph_launched(f[0], key(f[1]), at):
+                rec.notes[f"{GRAPHS} {at or '?'}"] += 1
         else:  # "unmodelled": the driver function's name, from CUPTI's constant string
             name = ctypes.string_at(f[1]).decode() if len(f) > 1 and f[1] else f"callback {f[0]}"
             rec.notes[f"{UNMODELLED} {name}"] += 1

@@ -151,6 +151,10 @@ class Recorder:
         # freed blocks the caching allocator holds back: (base, end, events recorded at the free)
         self._fences: list[tuple[int, int, tuple[str, ...]]] = []
         self._host_fences: dict[int, list[str]] = {}  # pinned allocation index -> events torch's pinned allocator waits for
+        # CUDA graphs: stream name -> ops captured on it so far; graph -> its ops; graph exec -> graph
+        self._capturing: dict[str, list[dict]] = {}
+        self._graphs: dict[int, list[dict]] = {}
+        self._execs: dict[int, int] = {}
         self.pending: Callable[[], bool] = lambda: False
         self.take: Callable[[int], list[NativeRecord]] = lambda thread: []
         self.native: Callable[[NativeRecord], None] | None = None
@@ -242,6 +246,9 @@ class Recorder:
 
     def _log(self, op: dict) -> None:
         self.collect()
+        if self._capturing and op.get("stream") in self._capturing:
+            self._capturing[op["stream"]].append(op)  # runs at each launch of the graph, not now
+            return
         ident = threading.get_ident()
         if ident != self.first:
             op["thread"] = self.threads[ident]
@@ -346,6 +353,39 @@ class Recorder:
         event = f"wait{self._event_serial} ({self._short_at(at)})"
         self._emit({"op": "record", "event": event, "stream": self.stream(other, at), "at": at})
         self._emit({"op": "wait_event", "stream": self.stream(stream, at), "event": event, "at": at})
+
+    def capture_began(self, stream: object, at: str | None) -> None:
+        """``cudaStreamBeginCapture``: what is issued to ``stream`` from now on is captured into a
+        graph (it runs when the graph is launched, not now)."""
+        self._capturing[self.stream(stream, at)] = []
+
+    def capture_ended(self, stream: object, graph: int) -> None:
+        """``cudaStreamEndCapture``: the ops captured on ``stream`` are graph ``graph``'s."""
+        self._graphs[graph] = self._capturing.pop(self.stream(stream, None), [])
+
+    def graph_instantiated(self, graph_exec: int, graph: int) -> None:
+        self._execs[graph_exec] = graph
+
+    def graph_launched(self, graph_exec: int, stream: object, at: str | None) -> bool:
+        """``cudaGraphLaunch``: the graph's ops run on ``stream`` now, in the order they were captured
+        (the graph starts after ``stream``'s earlier work, and its later work waits for all of it),
+        each event recorded in it a new one at each launch. False where the graph was not
+        captured while recording (nothing is logged)."""
+        ops = self._graphs.get(self._execs.get(graph_exec, -1))
+        if ops is None:
+            return False
+        launch = self.stream(stream, at)
+        renamed: dict[str, str] = {}
+        for op in ops:
+            replay = dict(op, stream=launch, at=op.get("at") or at)
+            replay["name"] = f"graph replay ({short_at(at)}): {op.get('name') or op['op']}"
+            if "event" in op:
+                if op["op"] == "record":
+                    self._event_serial += 1
+                    renamed[op["event"]] = f"{op['event']} #{self._event_serial}"
+                replay["event"] = renamed.get(op["event"], op["event"])
+            self._log(replay)
+        return True
 
     def device_synchronized(self, at: str | None | object = HERE) -> None:
         """``cudaDeviceSynchronize``."""

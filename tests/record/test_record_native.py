@@ -130,7 +130,7 @@ def test_what_the_trace_cannot_say_makes_the_recording_incomplete_by_name(fake):
     notes = "\n".join(rec.summary().notes)
     assert not rec.complete()
     assert "arguments could not be read" in notes and "copy_blocks_kernel" in notes
-    assert "CUDA graph launches" in notes and "test_record_native.py:17" in notes
+    assert "CUDA graphs captured before the recording" in notes and "test_record_native.py:17" in notes
     assert "cuMemcpy2DAsync_v2" in notes
 
 
@@ -225,3 +225,30 @@ def test_a_followed_threads_driver_calls_after_its_last_op_at_the_stop_are_misse
     assert notes == ["NOT RECORDED (driver calls made after the last op the thread logged, as the recording "
                      "stopped), thread 'late': 1"]
     assert not rec.complete()
+
+
+def test_a_kernel_captured_in_a_graph_runs_at_each_launch_on_the_launch_stream(fake):
+    """Stream capture: the fill issued to the capturing stream runs when the graph is launched,
+    on the launch stream, not at capture: a read of the block before the launch is no race, a read
+    after it with no wait is one (each launch's own)."""
+    a, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    capture, replay = fake.stream(), fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("capture_begin", capture.handle, frames=FRAME)
+        with fake.use(capture):
+            a.fill_(1)  # captured
+        fake.native("capture_end", capture.handle, 0x6A, frames=FRAME)
+        fake.native("graph_instantiate", 0xE7, 0x6A)
+        host.copy_(a, non_blocking=True)  # before any launch: the fill has not run
+        fake.synchronize()
+        for _ in range(2):
+            fake.native("graph_launch", 0xE7, replay.handle, frames=FRAME)
+            host.copy_(a, non_blocking=True)  # no wait for the replay
+            fake.synchronize()
+    doc = rec.trace()
+    found = rec.check().races
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in found] == [("RAW", "kernel", "copy")] * 2
+    replays = [op for op in doc["ops"] if op["op"] == "kernel"]
+    assert len(replays) == 2 and all(op["name"].startswith("graph replay (test_record_native.py:17)") for op in replays)
+    assert all(op["stream"] == replays[0]["stream"] != "default" for op in replays)
+    assert rec.complete(), rec.summary().notes

@@ -124,3 +124,32 @@ def test_under_the_profiler_native_capture_steps_aside_and_says_so():
     if rec.capture_off is None:
         pytest.skip("this CUPTI let a second subscriber in beside the profiler")
     assert any(note.startswith("native capture off") and "Triton" in note for note in rec.summary().notes)
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["no-wait", "wait_stream"])
+def test_a_copy_inside_a_replayed_cuda_graph_races_with_a_read_unless_the_reader_waits(wait):
+    """A forward pass replayed as a CUDA graph: the copy captured into it runs at each replay, on
+    the replay's stream, not at capture. A read of its destination on the default stream races
+    with the replay unless the default stream waits for it."""
+    src, dst = torch.randn(N, device="cuda"), torch.zeros(N, device="cuda")
+    host = torch.empty(N, pin_memory=True)
+    graph, warm = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        dst.copy_(src)  # as torch asks: warm up outside the capture
+    torch.cuda.current_stream().wait_stream(warm)
+    with recording() as rec:
+        with torch.cuda.graph(graph):
+            dst.copy_(src)  # <- captured
+        replay = torch.cuda.Stream()
+        with torch.cuda.stream(replay):
+            torch.cuda._sleep(20_000_000)
+            graph.replay()  # <- the launch
+        if wait:
+            torch.cuda.current_stream().wait_stream(replay)
+        host.copy_(dst, non_blocking=True)
+        torch.cuda.synchronize()
+    replays = [op for op in rec.recorder.ops if op.get("name", "").startswith("graph replay")]
+    assert len(replays) == 1, rec.recorder.ops
+    assert rec.complete(), rec.summary().notes
+    assert races(rec) == ([] if wait else [("RAW", "kernel", "copy")])
