@@ -299,7 +299,7 @@ def _interrupts():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    from kvverify.stress.executors import gate
+    from kvverify.device import gate
 
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)

@@ -125,7 +125,7 @@ def _past(deadline: float | None) -> bool:
 
 
 def _release_and_free(runners: dict, pools, device) -> None:
-    from kvverify.stress.executors.gate import release_everything
+    from kvverify.device.gate import release_everything
 
     for r in runners.values():
         try:

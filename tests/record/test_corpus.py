@@ -271,7 +271,7 @@ def synchronous_device(monkeypatch):
 
     monkeypatch.setattr(corpus.vllm_45268, "map_pool", map_pool)
     monkeypatch.setattr(corpus.vllm_45268, "wake", lambda pool, size: None)
-    from kvverify.stress.executors import gate
+    from kvverify.device import gate
 
     monkeypatch.setattr(gate, "StreamGate", _Gate)
     driver = pytest.importorskip("cuda.bindings.driver")

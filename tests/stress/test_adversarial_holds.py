@@ -46,7 +46,7 @@ from kvverify.stress import planning, running
 from kvverify.stress.campaign import load
 from kvverify.stress.executors import adversarial as adversarial_module
 from kvverify.stress.executors import base as base_module
-from kvverify.stress.executors import gate as gate_module
+from kvverify.device import gate as gate_module
 from kvverify.stress.executors import pools as pools_module
 
 TINY = KVLayout(ModelGeometry("tiny", 2, 1, 16, 2), block_size=4)  # 128-byte pages, 4 tensors

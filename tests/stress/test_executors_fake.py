@@ -185,7 +185,7 @@ def _driven_gate(deadline_s=60.0):
     import numpy as np
     import torch
 
-    from kvverify.stress.executors import gate
+    from kvverify.device import gate
 
     g = gate.StreamGate(torch.device("cpu"), deadline_s=deadline_s)
     g._driver, g._geq = _FakeDriver(), 0
@@ -220,7 +220,7 @@ def test_gate_watchdog_and_release_everything():
     import time
     import types
 
-    from kvverify.stress.executors import gate
+    from kvverify.device import gate
 
     g = _driven_gate(deadline_s=0.1)
     gate._start_watchdog()

@@ -132,7 +132,7 @@ def run(form: str) -> Witness:
     from cuda.bindings import driver as d
 
     from kvverify.device import ops
-    from kvverify.stress.executors.gate import StreamGate
+    from kvverify.device.gate import StreamGate
 
     source, host = pinned_pages(PAGES, KV), pinned_pages(PAGES)
     offload = torch.cuda.Stream()

@@ -55,7 +55,7 @@ from __future__ import annotations
 import numpy as np
 
 from kvverify.stress.executors.base import Executor, SwapData
-from kvverify.stress.executors.gate import StreamGate
+from kvverify.device.gate import StreamGate
 
 SCHEDULES = ("early", "mixed", "late")
 GATE_DEADLINE_S = 2.0  # no hold outlives this: the host issues a trial's work in milliseconds
