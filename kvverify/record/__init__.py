@@ -7,7 +7,8 @@ trace (``docs/trace-format.md``), each op with ``at``, the line of the user's co
 ``kvverify.check`` decides it. ``docs/record.md`` says what is seen and what is not.
 
 - :func:`recording` (``with recording() as rec: ...; rec.check()``) and :class:`Recording`;
-- :func:`host_write`, :func:`host_read`, :func:`host_buffer`, :func:`free`, :func:`reuse`:
+- :func:`host_write`, :func:`host_read`, :func:`host_buffer`, :func:`free`, :func:`reuse`,
+  :func:`kernel`:
   annotations for what the dispatcher cannot see (no-ops outside a recording);
 - ``kvverify record -- python prog.py`` / ``-- pytest ...`` (:mod:`kvverify.record.cli`), and the
   pytest plugin ``pytest --kvverify-record`` (:mod:`kvverify.record.pytest_plugin`).
@@ -21,8 +22,9 @@ from kvverify.record.session import (
     host_buffer,
     host_read,
     host_write,
+    kernel,
     recording,
     reuse,
 )
 
-__all__ = ["Recording", "free", "host_buffer", "host_read", "host_write", "recording", "reuse"]
+__all__ = ["Recording", "free", "host_buffer", "host_read", "host_write", "kernel", "recording", "reuse"]

@@ -520,7 +520,7 @@ class RecordingMode(TorchDispatchMode):
             # (ADInplaceOrView runs above the dispatcher hook); _to_copy's output stays at 0
             self._remember_pointers(dst, src, bumps=bumps)
 
-    def _values(self, t: torch.Tensor) -> np.ndarray:
+    def values(self, t: torch.Tensor) -> np.ndarray:
         """An int64 tensor's values as a numpy array (a device tensor: from the host copy that
         filled it, else read back)."""
         if self.platform.where(t) != "device":
@@ -551,7 +551,7 @@ class RecordingMode(TorchDispatchMode):
         while len(self._pointers) > POINTER_TABLES:
             self._pointers.popitem(last=False)
 
-    def _resolve(self, addresses: np.ndarray, lengths: np.ndarray, what: str, at: str | None):
+    def resolve(self, addresses: np.ndarray, lengths: np.ndarray, what: str, at: str | None):
         """Allocation indices and offsets of raw ranges; what no allocation holds is learnt from
         the allocator's snapshot and CUDA's host allocations, else kept unresolved."""
         memory = self.rec.memory
@@ -572,8 +572,8 @@ class RecordingMode(TorchDispatchMode):
         return index, offset
 
     def resolve_one(self, address: int, nbytes: int, at: str | None) -> tuple[int, int]:
-        """``(allocation index, offset)`` of ``nbytes`` at ``address`` (see ``_resolve``)."""
-        index, offset = self._resolve(np.array([address], dtype=np.int64), np.array([nbytes], dtype=np.int64),
+        """``(allocation index, offset)`` of ``nbytes`` at ``address`` (see ``resolve``)."""
+        index, offset = self.resolve(np.array([address], dtype=np.int64), np.array([nbytes], dtype=np.int64),
                                       "address", at)
         return int(index[0]), int(offset[0])
 
@@ -592,7 +592,7 @@ class RecordingMode(TorchDispatchMode):
         index, offset, found = self.rec.memory.resolve_batch(np.concatenate((src, dst)), np.concatenate((sizes, sizes)))
         if found.all():
             return index[:n], offset[:n], index[n:], offset[n:]
-        return (*self._resolve(src, sizes, "src_ptrs", at), *self._resolve(dst, sizes, "dst_ptrs", at))
+        return (*self.resolve(src, sizes, "src_ptrs", at), *self.resolve(dst, sizes, "dst_ptrs", at))
 
     def learn(self, addresses: np.ndarray) -> None:
         """Learn the allocations that hold ``addresses`` (int64, shape ``(n,)``) where the map has
@@ -614,7 +614,7 @@ class RecordingMode(TorchDispatchMode):
 
     def _swap(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         tensors = [args[k] if k < len(args) else kwargs.get(name) for k, name, _, _ in info.tensor_args[:3]]
-        src, dst, sizes = (self._values(t).astype(np.int64, copy=False) for t in tensors)
+        src, dst, sizes = (self.values(t).astype(np.int64, copy=False) for t in tensors)
         if not len(sizes):
             return
         order = SrcAccessOrder.STREAM
@@ -634,7 +634,7 @@ class RecordingMode(TorchDispatchMode):
 
     def _swap_loop(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         # one cudaMemcpyAsync per entry: stream-ordered, and ordered among themselves
-        src, dst, sizes = (self._values(t).astype(np.int64, copy=False) for t in args[:3])
+        src, dst, sizes = (self.values(t).astype(np.int64, copy=False) for t in args[:3])
         at = self.rec.locate(HANDLER_DEPTH)
         s_index, s_offset, d_index, d_offset = self.resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
@@ -647,10 +647,10 @@ class RecordingMode(TorchDispatchMode):
         stream, reads, writes, host_reads, host_writes = self._accesses(info, args, kwargs, out, at)
         ptrs = _argument(info, args, kwargs, "block_ptrs")
         block_bytes = int(_argument(info, args, kwargs, "block_bytes"))
-        addresses = self._values(ptrs).astype(np.int64, copy=False)
+        addresses = self.values(ptrs).astype(np.int64, copy=False)
         if len(addresses):
             lengths = np.full(len(addresses), block_bytes, dtype=np.int64)
-            index, offset = self._resolve(addresses, lengths, "block_ptrs", at)
+            index, offset = self.resolve(addresses, lengths, "block_ptrs", at)
             spans = [(i, o, block_bytes) for i, o in zip(index.tolist(), offset.tolist())]
             (writes if POINTER_KERNELS[info.qualified] == "writes" else reads).extend(spans)
         if stream is None:

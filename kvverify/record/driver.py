@@ -54,6 +54,15 @@ class DriverOps:
         self.locate_frames = locate_frames
         self.function_name = function_name
         self._sites: dict[tuple[int, int], str | None] = {}  # (thread, function) -> where it is about to launch
+        self._declared: dict[int, tuple] = {}  # thread -> (reads, writes, name) of kvverify.record.kernel
+
+    def declare(self, declared: tuple | None) -> None:
+        """This thread's launches outside the dispatcher read and write these spans from now on
+        (``(reads, writes, name)``; None: what their arguments point into again)."""
+        if declared is None:
+            self._declared.pop(threading.get_ident(), None)
+        else:
+            self._declared[threading.get_ident()] = declared
 
     def launch_site(self, function: int) -> None:
         """A launcher (Triton's launch-enter hook) is about to launch ``function`` on this thread,
@@ -97,6 +106,12 @@ class DriverOps:
         """A kernel launched outside the dispatcher, with its argument words (``None``: they could
         not be read)."""
         name = f"kernel {self.function_name(function)}"
+        declared = self._declared.get(threading.get_ident())
+        if declared is not None:  # kvverify.record.kernel: what the program says the launch touches
+            reads, writes, given = declared
+            if reads or writes:
+                self.rec.kernel(self.stream_key(stream), given or name, reads, writes, at)
+            return
         if words is None:
             self.rec.notes[f"{UNREADABLE} {name}"] += 1
             return

@@ -109,6 +109,7 @@ class Recording:
                 platform.on_launch(hooks.thread_guard(self.recorder, busy)(driver.launch_site))
             self._threads = ThreadCapture(self.recorder, self._enter_thread)
             self._threads.start()
+            self._driver = driver
             self._bindings = Bindings(driver, self._follows, self._missed, platform.suppressed)
             self._bindings.install()
             self._built = self._verdict = None
@@ -380,6 +381,53 @@ def reuse(*objs, name: str | None = None) -> None:
     owner's device work not ordered before the hand-over races with it, as with the new owner's
     accesses after it. Call it where the pool hands the block out. As ``free`` otherwise."""
     _release("reuse", objs, name)
+
+
+@contextlib.contextmanager
+def kernel(*, reads=(), writes=(), reads_through=None, writes_through=None, name: str | None = None):
+    """Declare what the kernels this thread launches inside the ``with`` block read and write,
+    where torch's dispatcher does not see them (a Triton kernel, a pybind11 extension's): native
+    capture then writes each such launch with these accesses, not with the whole of every
+    allocation its arguments point into (the default: a report too many, never a race missed).
+
+    ``reads`` / ``writes``: tensors (CUDA or pinned; views name exactly their span), numpy arrays
+    or ``(address, bytes)`` pairs. ``reads_through`` / ``writes_through``: ``(table, nbytes)``, a
+    table of pointers (an int64 tensor, on the device when a host copy the recording saw filled
+    it) and the bytes each pointed-to block holds: a copy kernel's source and destination tables,
+    ``kernel(reads_through=(src_ptrs, block_bytes), writes_through=(dst_ptrs, block_bytes))``.
+    ``name``: the kernels' name in the trace. Outside a recording: does nothing. A wrong
+    declaration hides races: declare what the kernel can touch, not what it usually touches.
+    Raises TypeError for an object whose bytes cannot be told.
+    """
+    rec = _current("kvverify.record.kernel")
+    if rec is None:
+        yield
+        return
+    at = rec.recorder.locate(3)
+    with rec.recorder.exclusive():
+        declared = (_spans(rec, reads, at, device=True) + _through(rec, reads_through, at),
+                    _spans(rec, writes, at, device=True) + _through(rec, writes_through, at), name)
+    rec._driver.declare(declared)
+    try:
+        yield
+    finally:
+        rec.recorder.collect()  # the launches inside are taken while the declaration holds
+        rec._driver.declare(None)
+
+
+def _through(rec: Recording, table, at: str | None) -> list:
+    """The spans a table of pointers names (see ``kernel``)."""
+    if table is None:
+        return []
+    import numpy as np
+
+    pointers, nbytes = table
+    addresses = rec._mode.values(pointers).astype(np.int64, copy=False)
+    if not len(addresses):
+        return []
+    lengths = np.full(len(addresses), int(nbytes), dtype=np.int64)
+    index, offset = rec._mode.resolve(addresses, lengths, "a declared pointer table", at)
+    return [(i, o, int(nbytes)) for i, o in zip(index.tolist(), offset.tolist())]
 
 
 def host_buffer(obj, kind: str = "pinned", *, name: str | None = None) -> None:

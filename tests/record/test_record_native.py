@@ -252,3 +252,48 @@ def test_a_kernel_captured_in_a_graph_runs_at_each_launch_on_the_launch_stream(f
     assert len(replays) == 2 and all(op["name"].startswith("graph replay (test_record_native.py:17)") for op in replays)
     assert all(op["stream"] == replays[0]["stream"] != "default" for op in replays)
     assert rec.complete(), rec.summary().notes
+
+
+def test_a_declared_kernel_touches_what_it_declares_and_no_more(fake):
+    """``kvverify.record.kernel`` declares a launcher's reads and writes: the copy kernel reads
+    ``src`` and writes ``dst`` (its arguments point into both); an unsynchronized read of ``src``
+    on another stream is then no race, a read of ``dst`` is one."""
+    src, dst = fake.device(BLOCK), fake.device(BLOCK)
+    out1, out2 = fake.pinned(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        with record.kernel(reads=[src], writes=[dst], name="copy src to dst"):
+            fake.native("launch", side.handle, KERNEL, 2, src.data_ptr(), dst.data_ptr(), frames=FRAME)
+        out1.copy_(src, non_blocking=True)
+        out2.copy_(dst, non_blocking=True)
+        fake.synchronize()
+    doc = rec.trace()
+    found = rec.check().races
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in found] == [("RAW", "kernel", "copy")]
+    kernel = next(op for op in doc["ops"] if op["op"] == "kernel")
+    assert kernel["name"] == "copy src to dst"
+
+
+def test_a_declared_kernel_reaches_blocks_through_its_pointer_tables(fake):
+    """A Triton load's tables of source and destination block addresses, declared in one line."""
+    host_blocks, gpu_blocks = fake.pinned(4, BLOCK), fake.device(4, BLOCK)
+    out = fake.pinned(BLOCK)
+    src_table = torch.tensor([host_blocks[k].data_ptr() for k in (0, 2)], dtype=torch.int64)
+    dst_table = torch.tensor([gpu_blocks[k].data_ptr() for k in (1, 3)], dtype=torch.int64)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        with record.kernel(reads_through=(src_table, BLOCK), writes_through=(dst_table, BLOCK)):
+            fake.native("launch", side.handle, KERNEL, 0, frames=FRAME)
+        out.copy_(gpu_blocks[3], non_blocking=True)  # a block the load writes: a race
+        out.copy_(gpu_blocks[0], non_blocking=True)  # a block it does not touch
+        fake.synchronize()
+    doc = rec.trace()
+    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
+    assert kinds == [("RAW", "kernel", "copy")]
+    logged = next(op for op in rec.recorder.ops if op["op"] == "kernel")  # (the trace drops untouched buffers)
+    assert len(logged["reads"]) == 2 and len(logged["writes"]) == 2
+
+
+def test_kernel_outside_a_recording_does_nothing():
+    with record.kernel(reads=[(0x1000, 16)]):
+        pass
