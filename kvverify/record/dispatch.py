@@ -123,6 +123,10 @@ class Platform:
         """Call ``report(function)`` where a launcher that releases the GIL (Triton) is about to
         launch kernel ``function`` on this thread, for as long as the recording runs."""
 
+    def on_graph_replay(self, report: Callable[[], None]) -> None:
+        """Call ``report()`` where the program is about to launch a CUDA graph on this thread with
+        the GIL released (``torch.cuda.CUDAGraph.replay``), for as long as the recording runs."""
+
     def allocator_leftover(self):
         """The native log's records no ``take`` removed (a ``collections.Counter`` by ``(thread,
         kind)``), now removed; called once the recording's own thread has taken its own."""

@@ -35,6 +35,7 @@ POINTER_RANGE = (1 << 16, 1 << 57)
 UNREADABLE = f"{NOT_RECORDED} (kernels launched outside the dispatcher whose arguments could not be read):"
 GRAPHS = f"{NOT_RECORDED} (launches of CUDA graphs captured before the recording: their work is not known):"
 UNMODELLED = f"{NOT_RECORDED} (driver calls the trace cannot say yet):"
+GRAPH = -1  # the key of a graph launch's site (kernel sites are keyed by their function)
 
 
 class DriverOps:
@@ -55,6 +56,11 @@ class DriverOps:
         self.function_name = function_name
         self._sites: dict[tuple[int, int], str | None] = {}  # (thread, function) -> where it is about to launch
         self._declared: dict[int, tuple] = {}  # thread -> (reads, writes, name) of kvverify.record.kernel
+
+    def graph_site(self) -> None:
+        """The program is about to launch a CUDA graph on this thread with the GIL released: the
+        launch's record has no frames, and takes this line."""
+        self._sites[(threading.get_ident(), GRAPH)] = self.rec.locate()
 
     def declare(self, declared: tuple | None) -> None:
         """This thread's launches outside the dispatcher read and write these spans from now on
@@ -238,6 +244,7 @@ class DriverOps:
         elif kind == "graph_instantiate":
             rec.graph_instantiated(f[0], f[1])
         elif kind == "graph_launch":
+            at = at or self._sites.pop((threading.get_ident(), GRAPH), None)
             if not rec.graph_launched(f[0], key(f[1]), at):
                 rec.notes[f"{GRAPHS} {at or '?'}"] += 1
         else:  # "unmodelled": the driver function's name, from CUPTI's constant string

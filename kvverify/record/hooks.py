@@ -162,6 +162,21 @@ class CudaPlatform(Platform):
     def suppressed(self):
         return self.log.suppressed() if self.log is not None else contextlib.nullcontext()
 
+    def on_graph_replay(self, report: Callable[[], None]) -> None:
+        """Call ``report()`` as ``torch.cuda.CUDAGraph.replay`` is about to launch its graph (torch
+        releases the GIL for the launch, where native capture cannot read the Python stack):
+        observed on its C base in place."""
+        base = getattr(self.torch._C, "_CUDAGraph", None)
+        original = base.__dict__.get("replay") if base is not None else None
+        if original is None:
+            return
+
+        def replay(graph, *args, **kwargs):
+            report()
+            return original(graph, *args, **kwargs)
+
+        self._undo.append(patch_method(base, "replay", replay, original))
+
     def on_launch(self, report: Callable[[int], None]) -> None:
         """Call ``report(function)`` as Triton is about to launch a kernel (its launch-enter hook,
         on the launching thread, with the GIL): Triton launches with the GIL released, where

@@ -106,7 +106,9 @@ class Recording:
             self.capture_off = getattr(platform, "capture_off", None)
             if self.capture_off is None:
                 self.recorder.native = driver.record
-                platform.on_launch(hooks.thread_guard(self.recorder, busy)(driver.launch_site))
+                guard = hooks.thread_guard(self.recorder, busy)
+                platform.on_launch(guard(driver.launch_site))
+                platform.on_graph_replay(guard(driver.graph_site))
             self._threads = ThreadCapture(self.recorder, self._enter_thread)
             self._threads.start()
             self._driver = driver

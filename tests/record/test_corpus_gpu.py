@@ -13,17 +13,14 @@ from pathlib import Path
 import pytest
 
 from kvverify import record as kvrecord
-from kvverify.record.corpus import CASES, FORMS, report, runner
-from kvverify.record.corpus.results import FormResult
+from kvverify.record.corpus import CASES, FORMS, runner
 
 pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 DISPATCHER = [c for c in CASES if c.capture == "recorded"]
-NATIVE = [c for c in CASES if c.capture == "native"]
-# The broken unmap is never run; ANY was seen read in stream order on an H200 (DESIGN.md), which
-# hides vllm-39306 natively there.
-MAY_NOT_SHOW = {"vllm-45268", "vllm-39306"}
+# ANY was seen read in stream order on an H200 (DESIGN.md), which hides vllm-39306 natively there.
+MAY_NOT_SHOW = {"vllm-39306"}
 ANNOTATED = {"sglang-28468"}  # calls kvverify.record.reuse
 
 
@@ -44,15 +41,6 @@ def test_the_fixed_form_is_safe_over_a_complete_recording(case):
     needs_annotations(case)
     rec = runner.recorded(case, "fixed")
     assert rec.error is None and rec.verdict == "SAFE" and rec.complete, rec
-
-
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("case", NATIVE, ids=lambda c: c.name)
-def test_a_case_that_needs_native_capture_is_never_shown_safe(case, form):
-    rec = runner.recorded(case, form)
-    assert rec.error is None and rec.blind, rec
-    cell = report.recorded_cell(FormResult(case.name, case.source, case.capture, form, recorded=rec))
-    assert cell.startswith("needs native capture: ") and "SAFE" not in cell
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -82,4 +70,5 @@ def test_the_command_runs_the_whole_corpus_with_the_sanitizer(tmp_path):
     # raw pointers in a custom op: what it does not
     assert csan[("vllm-31341", "broken")] == "nothing", csan
     assert all(outcome == "nothing" for (_, form), outcome in csan.items() if form == "fixed"), csan
-    assert csan[("vllm-45268", "broken")] == "not run"
+    # a cuda-python unmap under a store in a custom op: nothing the sanitizer sees
+    assert csan[("vllm-45268", "broken")] == "nothing"

@@ -114,18 +114,6 @@ def test_an_event_recorded_through_torch_is_written_once():
     assert [op["op"] for op in rec.recorder.ops if op["op"] in ("record", "sync_event")] == ["record", "sync_event"]
 
 
-def test_under_the_profiler_native_capture_steps_aside_and_says_so():
-    """CUPTI allows one subscriber: under torch.profiler (or Nsight Systems) the recording runs
-    with its dispatcher-level capture and names what that cannot see."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
-        torch.zeros(1, device="cuda").add_(1)
-        with recording() as rec:
-            torch.zeros(1, device="cuda").add_(1)
-    if rec.capture_off is None:
-        pytest.skip("this CUPTI let a second subscriber in beside the profiler")
-    assert any(note.startswith("native capture off") and "Triton" in note for note in rec.summary().notes)
-
-
 @pytest.mark.parametrize("wait", [False, True], ids=["no-wait", "wait_stream"])
 def test_a_copy_inside_a_replayed_cuda_graph_races_with_a_read_unless_the_reader_waits(wait):
     """A forward pass replayed as a CUDA graph: the copy captured into it runs at each replay, on
@@ -149,7 +137,36 @@ def test_a_copy_inside_a_replayed_cuda_graph_races_with_a_read_unless_the_reader
             torch.cuda.current_stream().wait_stream(replay)
         host.copy_(dst, non_blocking=True)
         torch.cuda.synchronize()
-    replays = [op for op in rec.recorder.ops if op.get("name", "").startswith("graph replay")]
+    assert rec.capture_off is None, rec.capture_off
+    replays = [op for op in rec.recorder.ops if (op.get("name") or "").startswith("graph replay")]
     assert len(replays) == 1, rec.recorder.ops
+    assert "test_record_native_gpu.py" in replays[0]["name"]  # the replay's line (torch.cuda.CUDAGraph.replay)
     assert rec.complete(), rec.summary().notes
     assert races(rec) == ([] if wait else [("RAW", "kernel", "copy")])
+
+
+PROFILED = """
+import torch
+from kvverify.record import recording
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+    torch.zeros(1, device="cuda").add_(1)
+    with recording() as rec:
+        torch.zeros(1, device="cuda").add_(1)
+print(repr(rec.capture_off))
+print(repr([note for note in rec.summary().notes if note.startswith("native capture off")]))
+"""
+
+
+def test_under_the_profiler_native_capture_steps_aside_and_says_so():
+    """CUPTI allows one subscriber: under torch.profiler (or Nsight Systems) the recording runs
+    with its dispatcher-level capture and names what that cannot see. In a child process: torch's
+    profiler keeps CUPTI for the rest of its process."""
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", PROFILED], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    capture_off, notes = (eval(line) for line in child.stdout.strip().splitlines()[-2:])
+    if capture_off is None:
+        pytest.skip("this CUPTI let a second subscriber in beside the profiler")
+    assert notes and "Triton" in notes[0], notes
