@@ -62,13 +62,17 @@ class DriverOps:
         launch's record has no frames, and takes this line."""
         self._sites[(threading.get_ident(), GRAPH)] = self.rec.locate()
 
-    def declare(self, declared: tuple | None) -> None:
+    def declare(self, declared: tuple | None) -> tuple | None:
         """This thread's launches outside the dispatcher read and write these spans from now on
-        (``(reads, writes, name)``; None: what their arguments point into again)."""
+        (``(reads, writes, name)``; None: what their arguments point into again); returns the
+        declaration it replaces (a nested ``kernel(...)`` gives it back at its end)."""
+        ident = threading.get_ident()
+        previous = self._declared.get(ident)
         if declared is None:
-            self._declared.pop(threading.get_ident(), None)
+            self._declared.pop(ident, None)
         else:
-            self._declared[threading.get_ident()] = declared
+            self._declared[ident] = declared
+        return previous
 
     def launch_site(self, function: int) -> None:
         """A launcher (Triton's launch-enter hook) is about to launch ``function`` on this thread,

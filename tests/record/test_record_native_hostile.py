@@ -97,7 +97,6 @@ def test_a_blocking_device_to_host_cumemcpy_still_synchronizes(fake):
     assert rec.check().verdict == "SAFE"
 
 
-@pytest.mark.xfail(strict=True, reason="false SAFE, not fixed yet")
 def test_a_nested_kernel_declaration_gives_the_outer_one_back_at_its_end(fake):
     """``kernel(...)`` inside ``kernel(...)``: the inner block's end dropped the thread's
     declaration altogether, so a launch after it in the outer block (a table-driven kernel whose
