@@ -141,7 +141,7 @@ class DriverOps:
         seen: dict[int, tuple] = {}
         for address in candidates.tolist():
             holder = memory.find(address)
-            if holder is None or holder.placeholder:
+            if holder is None:  # (a placeholder is bytes a copy reached unknown: the kernel's too)
                 continue
             seen[holder.index] = (holder.index, 0, holder.size)
             table = self.mode.pointer_table(address)
@@ -150,7 +150,7 @@ class DriverOps:
                 self.mode.learn(values)
                 for value in values.tolist():
                     inner = memory.find(value)
-                    if inner is not None and not inner.placeholder:
+                    if inner is not None:
                         seen[inner.index] = (inner.index, 0, inner.size)
         return list(seen.values())
 

@@ -114,7 +114,6 @@ def test_a_nested_kernel_declaration_gives_the_outer_one_back_at_its_end(fake):
     assert ("RAW", "kernel", "copy") in kinds(rec), rec.check().render()
 
 
-@pytest.mark.xfail(strict=True, reason="false SAFE, not fixed yet")
 def test_a_kernel_given_an_address_the_recording_resolved_as_unknown_touches_it(fake):
     """Memory the recording does not know (``cudaMalloc`` of an extension's own) is a placeholder
     buffer (``unresolved 0x...``) where a copy writes it; a kernel on another stream whose argument
