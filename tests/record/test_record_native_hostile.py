@@ -75,7 +75,6 @@ def test_a_capture_begun_before_the_recording_is_a_graph_whose_work_is_not_known
     assert not rec.complete(), rec.summary().notes
 
 
-@pytest.mark.xfail(strict=True, reason="false SAFE, not fixed yet")
 def test_a_blocking_device_to_device_cumemcpy_does_not_synchronize_the_host(fake):
     """``cuMemcpy`` between two device buffers: CUDA's API synchronization behaviour says "for
     transfers from device memory to device memory, no host-side synchronization is performed".
@@ -126,3 +125,17 @@ def test_a_kernel_given_an_address_the_recording_resolved_as_unknown_touches_it(
         fake.native("launch", reader.handle, KERNEL, 1, unknown + 64, frames=FRAME)
         fake.synchronize()
     assert ("RAW", "copy", "kernel") in kinds(rec) or not rec.complete(), rec.check().render()
+
+
+def test_a_blocking_pageable_to_device_cumemcpy_waits_for_the_earlier_work_not_the_copy(fake):
+    """``cuMemcpy`` from pageable memory to the device: a stream sync before the copy, which returns
+    once the source is staged, with the DMA maybe still in flight. A kernel on a non-blocking stream
+    reading the destination after it, with no wait, races with the copy."""
+    a, host = fake.device(BLOCK), fake.pageable(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        record.host_write(host)
+        fake.native("copy", 0, a.data_ptr(), host.data_ptr(), BLOCK, 1, frames=FRAME)
+        fake.native("launch", side.handle, KERNEL, 1, a.data_ptr(), frames=FRAME)
+        fake.synchronize()
+    assert ("RAW", "copy", "kernel") in kinds(rec), rec.check().render()
