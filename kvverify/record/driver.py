@@ -62,13 +62,17 @@ class DriverOps:
         launch's record has no frames, and takes this line."""
         self._sites[(threading.get_ident(), GRAPH)] = self.rec.locate()
 
-    def declare(self, declared: tuple | None) -> None:
+    def declare(self, declared: tuple | None) -> tuple | None:
         """This thread's launches outside the dispatcher read and write these spans from now on
-        (``(reads, writes, name)``; None: what their arguments point into again)."""
+        (``(reads, writes, name)``; None: what their arguments point into again); returns the
+        declaration it replaces (a nested ``kernel(...)`` gives it back at its end)."""
+        ident = threading.get_ident()
+        previous = self._declared.get(ident)
         if declared is None:
-            self._declared.pop(threading.get_ident(), None)
+            self._declared.pop(ident, None)
         else:
-            self._declared[threading.get_ident()] = declared
+            self._declared[ident] = declared
+        return previous
 
     def launch_site(self, function: int) -> None:
         """A launcher (Triton's launch-enter hook) is about to launch ``function`` on this thread,
@@ -80,15 +84,34 @@ class DriverOps:
     def copy(self, stream: int, dst: int, src: int, nbytes: int, name: str, at: str | None,
              blocking: bool = False) -> None:
         """One copy of ``nbytes`` from ``src`` to ``dst`` on stream handle ``stream``; ``blocking``:
-        the host waits for it (``cuMemcpy``, on the legacy default stream)."""
+        ``cuMemcpy`` (on the legacy default stream), which synchronizes the host as CUDA's "API
+        synchronization behavior" says for its direction: to host memory, and from pinned or
+        registered memory to the device, the host waits for the copy; from pageable memory to the
+        device, for the stream's earlier work only (a sync before the copy); between device
+        buffers, not at all. Where either side is not known (an unresolved range), only what every
+        kind it can be would give."""
         size = np.array([nbytes], dtype=np.int64)
         s_index, s_offset, d_index, d_offset = self.mode.resolve_both(
             np.array([src], dtype=np.int64), np.array([dst], dtype=np.int64), size, at)
         key = self.stream_key(stream)
-        self.rec.copy(key, name, (int(s_index[0]), int(s_offset[0]), nbytes), (int(d_index[0]), int(d_offset[0]), nbytes),
-                      at)
-        if blocking:
+        s, d = int(s_index[0]), int(d_index[0])
+        sync = self._blocking_sync(s, d) if blocking else None
+        if sync == "before":
             self.rec.synchronized_by_op(key, at)
+        self.rec.copy(key, name, (s, int(s_offset[0]), nbytes), (d, int(d_offset[0]), nbytes), at)
+        if sync == "after":
+            self.rec.synchronized_by_op(key, at)
+
+    def _blocking_sync(self, src: int, dst: int) -> str | None:
+        """Where a ``cuMemcpy`` from allocation ``src`` to ``dst`` synchronizes the host: "after"
+        the copy, "before" it (the stream's earlier work only) or None."""
+        allocations = self.rec.memory.allocations
+        s, d = allocations[src], allocations[dst]
+        if not d.placeholder and d.space != DEVICE_SPACE:
+            return "after"  # to host memory (from the device or the host): returns once complete
+        if d.placeholder or s.placeholder or s.space == DEVICE_SPACE:
+            return None  # device to device (or could be)
+        return "before" if s.space == HOST_SPACE["pageable"] else "after"
 
     def copy_batch(self, stream: int, dst: np.ndarray, src: np.ndarray, sizes: np.ndarray,
                    groups: list[tuple[int, int]], name: str, at: str | None) -> None:
@@ -137,7 +160,7 @@ class DriverOps:
         seen: dict[int, tuple] = {}
         for address in candidates.tolist():
             holder = memory.find(address)
-            if holder is None or holder.placeholder:
+            if holder is None:  # (a placeholder is bytes a copy reached unknown: the kernel's too)
                 continue
             seen[holder.index] = (holder.index, 0, holder.size)
             table = self.mode.pointer_table(address)
@@ -146,7 +169,7 @@ class DriverOps:
                 self.mode.learn(values)
                 for value in values.tolist():
                     inner = memory.find(value)
-                    if inner is not None and not inner.placeholder:
+                    if inner is not None:
                         seen[inner.index] = (inner.index, 0, inner.size)
         return list(seen.values())
 

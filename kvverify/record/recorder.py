@@ -153,6 +153,9 @@ class Recorder:
         self._host_fences: dict[int, list[str]] = {}  # pinned allocation index -> events torch's pinned allocator waits for
         # CUDA graphs: stream name -> ops captured on it so far; graph -> its ops; graph exec -> graph
         self._capturing: dict[str, list[dict]] = {}
+        # events recorded in a capture (name -> its template): a stream that waits on one joins the
+        # capture (CUDA's fork into another stream), and what it is issued is the graph's too
+        self._captured_events: dict[str, list[dict]] = {}
         self._graphs: dict[int, list[dict]] = {}
         self._execs: dict[int, int] = {}
         self.pending: Callable[[], bool] = lambda: False
@@ -246,9 +249,18 @@ class Recorder:
 
     def _log(self, op: dict) -> None:
         self.collect()
-        if self._capturing and op.get("stream") in self._capturing:
-            self._capturing[op["stream"]].append(op)  # runs at each launch of the graph, not now
-            return
+        if self._capturing:
+            template = self._capturing.get(op.get("stream"))
+            if template is None and op["op"] == "wait_event" and op["event"] in self._captured_events:
+                # the stream waits on an event recorded in a capture: it is captured from now on
+                template = self._capturing[op["stream"]] = self._captured_events[op["event"]]
+            if template is not None:
+                if op["op"] == "record":
+                    self._captured_events[op["event"]] = template
+                template.append(op)  # runs at each launch of the graph, not now
+                return
+        if self._captured_events and op["op"] == "record":
+            self._captured_events.pop(op["event"], None)
         ident = threading.get_ident()
         if ident != self.first:
             op["thread"] = self.threads[ident]
@@ -360,8 +372,19 @@ class Recorder:
         self._capturing[self.stream(stream, at)] = []
 
     def capture_ended(self, stream: object, graph: int) -> None:
-        """``cudaStreamEndCapture``: the ops captured on ``stream`` are graph ``graph``'s."""
-        self._graphs[graph] = self._capturing.pop(self.stream(stream, None), [])
+        """``cudaStreamEndCapture``: the ops captured on ``stream`` (and on the streams that joined
+        its capture through its events) are graph ``graph``'s. A capture whose begin the recording
+        did not see (it began before) makes a graph whose work is not known: its launches are
+        missed work (``graph_launched`` returns False), not an empty graph."""
+        template = self._capturing.pop(self.stream(stream, None), None)
+        if template is None:
+            self._graphs.pop(graph, None)  # (a handle CUDA may have given an older graph)
+            return
+        for name in [name for name, ops in self._capturing.items() if ops is template]:
+            del self._capturing[name]
+        for event in [event for event, ops in self._captured_events.items() if ops is template]:
+            del self._captured_events[event]
+        self._graphs[graph] = template
 
     def graph_instantiated(self, graph_exec: int, graph: int) -> None:
         self._execs[graph_exec] = graph

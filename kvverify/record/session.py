@@ -409,12 +409,12 @@ def kernel(*, reads=(), writes=(), reads_through=None, writes_through=None, name
     with rec.recorder.exclusive():
         declared = (_spans(rec, reads, at, device=True) + _through(rec, reads_through, at),
                     _spans(rec, writes, at, device=True) + _through(rec, writes_through, at), name)
-    rec._driver.declare(declared)
+    outer = rec._driver.declare(declared)
     try:
         yield
     finally:
         rec.recorder.collect()  # the launches inside are taken while the declaration holds
-        rec._driver.declare(None)
+        rec._driver.declare(outer)  # an enclosing kernel(...)'s holds again
 
 
 def _through(rec: Recording, table, at: str | None) -> list:
