@@ -10,10 +10,12 @@ it runs, and writes what orders them as ``release`` / ``acquire`` ops (rule 8):
   ends, is wrapped while recording; the new thread gets its own recording dispatch mode there);
 - locks: ``acquire`` / ``release`` (and ``with``) of ``threading.Lock`` and ``threading.RLock``,
   observed on their C types in place (``patching.patch_method``: every lock stays what it is), one
-  sync name per lock object; ``queue.Queue``, ``threading.Event``, ``Condition``, ``Semaphore``
-  and ``concurrent.futures`` are built on them, so a queue's item, an event's ``set`` and a
-  future's result order the threads as they do in the program. Host bookkeeping (a flag, a list)
-  that no lock guards orders nothing: the trace says so, and so does the checker.
+  sync name per lock object; ``threading.Event``, ``Condition``, ``Semaphore`` and
+  ``concurrent.futures`` are built on them, so an event's ``set`` and a future's result order the
+  threads as they do in the program;
+- ``queue.Queue``: one sync name per item (``_wrap_queue``: a get is ordered after the put of the
+  item it returned, not by the queue's own locks). Host bookkeeping (a flag, a list) that no lock
+  guards orders nothing: the trace says so, and so does the checker.
 
 What stays unseen is named: threads already running when the recording started (the summary lists
 them; their device work is seen only through the observed event methods and the allocator's
@@ -39,6 +41,7 @@ class _Inside(threading.local):
 
 
 INSIDE = _Inside()
+_IN_QUEUE = _Inside()  # per thread: how deep in a queue's put or get, whose own locks are left out
 _LOCK_TYPES = (type(threading.Lock()), getattr(threading, "_CRLock", None) or type(threading.RLock()))
 # threading's own locks, taken as every thread begins and ends (``_active_limbo_lock``: also by
 # ``Thread.start``, ``enumerate()``): observed, they would order a thread started after another
@@ -81,6 +84,7 @@ class ThreadCapture:
         current = threading.get_ident()
         self.running_before = sorted(t.name for t in threading.enumerate() if t.ident != current and t.is_alive())
         self._wrap_thread()
+        self._wrap_queue()
         for cls in _LOCK_TYPES:
             for name in (*_ACQUIRES, *_RELEASES):
                 original = cls.__dict__.get(name)
@@ -156,6 +160,72 @@ class ThreadCapture:
             setattr(cls, name, fn)
             self._undo.append(lambda name=name, original=original: setattr(cls, name, original))
 
+    # -- queues ------------------------------------------------------------------------------
+
+    def _wrap_queue(self) -> None:
+        """A ``queue.Queue`` orders each ``get`` after the ``put`` of the item it returns: ``_put``
+        (called under the queue's mutex, in the order items enter) releases a name of the item's
+        own, and ``_get`` (in the order they leave) acquires it. The queue's own locks (its mutex,
+        its conditions' waiters) are left out during ``put`` and ``get``: they would order a get
+        after every earlier put, whatever item it got (this run's timing, not the program's
+        ordering). Subclasses that keep items in another order (``LifoQueue``,
+        ``PriorityQueue``) get no item names: their hand-offs order nothing (a report too many,
+        never a race hidden)."""
+        import collections
+        import queue
+
+        cls = queue.Queue
+        originals = {name: cls.__dict__[name] for name in ("put", "get", "_put", "_get")}
+        capture = self
+        pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # queue -> names, in item order
+        serial = [0]
+
+        def fifo(q) -> bool:
+            return type(q)._put is put_item and type(q)._get is get_item
+
+        def put(q, *args, **kwargs):
+            _IN_QUEUE.depth += 1
+            try:
+                return originals["put"](q, *args, **kwargs)
+            finally:
+                _IN_QUEUE.depth -= 1
+
+        def get(q, *args, **kwargs):
+            _IN_QUEUE.depth += 1
+            try:
+                return originals["get"](q, *args, **kwargs)
+            finally:
+                _IN_QUEUE.depth -= 1
+
+        def put_item(q, item):  # under the queue's mutex
+            if not fifo(q):
+                return originals["_put"](q, item)
+            names = pending.get(q)
+            if names is None:  # items put before the recording have no name
+                names = pending[q] = collections.deque([None] * len(q.queue))
+            name = None
+            if capture._following() and len(capture.recorder.followed) + capture.starting >= 2:
+                with capture.recorder.exclusive():
+                    serial[0] += 1
+                    name = f"queue item {serial[0]}"
+                    capture.recorder.host_synchronized("release", name)
+            originals["_put"](q, item)
+            names.append(name)
+
+        def get_item(q):  # under the queue's mutex
+            item = originals["_get"](q)
+            names = pending.get(q) if fifo(q) else None
+            name = names.popleft() if names else None
+            if name is not None and capture._following():
+                capture._sync("acquire", name)
+            return item
+
+        for name, fn in (("put", put), ("get", get), ("_put", put_item), ("_get", get_item)):
+            original = originals[name]
+            fn.__name__, fn.__qualname__, fn.__doc__ = original.__name__, original.__qualname__, original.__doc__
+            setattr(cls, name, fn)
+            self._undo.append(lambda name=name, original=original: setattr(cls, name, original))
+
     # -- locks -------------------------------------------------------------------------------
 
     def _observed(self, name: str, original) -> Callable:
@@ -193,7 +263,7 @@ class ThreadCapture:
         # order nothing the program asked for (start and join are written as such)
         recorder = self.recorder
         return (self.active and len(recorder.followed) + self.starting >= 2 and not busy()
-                and threading.get_ident() in recorder.threads
+                and not _IN_QUEUE.depth and threading.get_ident() in recorder.threads
                 and id(lock) not in _BOOKKEEPING)
 
     def _lock(self, kind: str, lock) -> None:

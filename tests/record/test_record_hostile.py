@@ -368,3 +368,59 @@ def test_cuda_host_unregister_through_torchs_cudart_is_a_free(monkeypatch):
         platform.uninstall()
     doc, found = verdict(rec)
     assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in found] == [("FREE", "copy", "free")]
+
+
+# -- queues ------------------------------------------------------------------------------------------
+
+
+def _hand_off(fake, *, first_item_to_consumer: bool):
+    """Two producers each write a pinned slot on the host and put its index in one queue; the
+    consumer gets one item and copies that slot to the device. Through the queue's mutex the get
+    came after both puts in this run, but only the put of the item it got orders the consumer."""
+    import queue
+
+    slots = [fake.pinned(BLOCK), fake.pinned(BLOCK)]
+    gpu = fake.device(BLOCK)
+    side = fake.stream()
+    q = queue.Queue()
+    put = []  # a flag no lock guards: it orders nothing, it only makes the puts happen in this order
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        def producer(k):
+            record.host_write(slots[k])
+            q.put(k)
+            put.append(k)
+
+        threads = [threading.Thread(target=producer, args=(k,), name=f"producer{k}") for k in (0, 1)]
+        for k, t in enumerate(threads):
+            t.start()
+            while len(put) <= k:
+                time.sleep(0.001)
+        got = []
+
+        def consumer():
+            k = q.get()
+            got.append(k)
+            with fake.use(side):
+                gpu.copy_(slots[1 - k if not first_item_to_consumer else k], non_blocking=True)
+
+        c = threading.Thread(target=consumer, name="consumer")
+        c.start()
+        c.join()
+        for t in threads:
+            t.join()
+    return rec, got
+
+
+def test_a_queue_orders_a_get_only_after_the_put_of_its_item(fake):
+    """The consumer copies the slot of the item it did *not* get: that producer's host write is
+    ordered before the copy only by the queue's mutex (this run's timing), so it races."""
+    rec, got = _hand_off(fake, first_item_to_consumer=False)
+    assert got == [0]
+    doc = rec.trace()
+    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
+    assert kinds == [("RAW", "host_write", "copy")]
+
+
+def test_the_item_a_get_returns_orders_its_producer_before_the_consumer(fake):
+    rec, got = _hand_off(fake, first_item_to_consumer=True)
+    assert got == [0] and rec.check().verdict == "SAFE", rec.check().render()
