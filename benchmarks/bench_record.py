@@ -128,7 +128,7 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
     reports, which no dispatch mode sees) and recorded. No GPU: device memory is a CPU arena a
     stand-in platform calls device memory; the event reports go through the recorder's guard as the
     observed methods send them, and the allocator's rows through ``Recorder.collect`` from a log
-    the stand-in fills as the extension's allocator log fills on a GPU."""
+    the stand-in fills as the extension's native log fills on a GPU."""
     import itertools
     from collections import Counter
 
@@ -173,7 +173,7 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
             rows, self.rows = self.rows, []
             return rows
 
-        def allocator_leftover(self):
+        def native_leftover(self):
             return Counter()
 
         def uninstall(self):

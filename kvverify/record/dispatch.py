@@ -127,7 +127,7 @@ class Platform:
         """Call ``report()`` where the program is about to launch a CUDA graph on this thread with
         the GIL released (``torch.cuda.CUDAGraph.replay``), for as long as the recording runs."""
 
-    def allocator_leftover(self):
+    def native_leftover(self):
         """The native log's records no ``take`` removed (a ``collections.Counter`` by ``(thread,
         kind)``), now removed; called once the recording's own thread has taken its own."""
         return Counter()
@@ -602,12 +602,15 @@ class RecordingMode(TorchDispatchMode):
         """Learn the allocations that hold ``addresses`` (int64, shape ``(n,)``) where the map has
         none: from the caching allocator's snapshot, else from CUDA's host allocations."""
         memory = self.rec.memory
+        unknown = [a for a in sorted(set(addresses.tolist()))
+                   if (holder := memory.find(a)) is None or holder.placeholder]
+        if not unknown:  # (a native launch's words, most of the time): no snapshot of the allocator
+            return
         blocks = sorted(self.platform.allocator_blocks())
         starts = [b for b, _ in blocks]
-        for address in sorted(set(addresses.tolist())):
-            holder = memory.find(address)
-            if holder is not None and not holder.placeholder:
-                continue
+        for address in unknown:
+            if (holder := memory.find(address)) is not None and not holder.placeholder:
+                continue  # a block learnt for an earlier address holds this one too
             i = np.searchsorted(starts, address, side="right") - 1 if starts else -1
             if i >= 0 and address < blocks[i][0] + blocks[i][1]:
                 memory.known(blocks[i][0], blocks[i][1], DEVICE_SPACE, "a caching-allocator block")

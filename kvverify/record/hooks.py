@@ -418,7 +418,7 @@ class CudaPlatform(Platform):
         self._undo.append(lambda: (setattr(module, "cudaHostRegister", register),
                                    setattr(module, "cudaHostUnregister", unregister)))
 
-    def allocator_leftover(self) -> Counter:
+    def native_leftover(self) -> Counter:
         return self.log.leftover()
 
     def uninstall(self) -> None:

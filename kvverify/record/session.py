@@ -157,7 +157,7 @@ class Recording:
         rec = self.recorder
         with rec.exclusive():
             rec.collect()
-            for (ident, kind), n in self._platform_in_use.allocator_leftover().items():
+            for (ident, kind), n in self._platform_in_use.native_leftover().items():
                 thread = threading._active.get(ident)
                 name = thread.name if thread is not None else f"ident {ident:#x}, ended"
                 if ident not in rec.followed:
@@ -272,7 +272,7 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
     dispatcher-level capture alone, as under another CUPTI subscriber).
 
     Use as ``with recording() as rec: ...``; starting raises RecordingError where no CUDA device
-    is visible, torch's allocator does not report to kvverify's allocator log (another allocator),
+    is visible, torch's allocator does not report to kvverify's native log (another allocator),
     or a recording is already running.
     """
     return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip, native=native)

@@ -7,7 +7,7 @@ and events report to the recorder exactly what the observed event and stream met
 GPU (``kvverify.record.hooks``): event creation at first record, record / wait / synchronize with
 the event's handle and the stream's handle, query with its result. The caching allocator's
 allocations and frees go into a per-thread log the recorder takes them from, as the extension's
-allocator log on a GPU. Everything runs at once on the host: only the recording is under test.
+native log on a GPU. Everything runs at once on the host: only the recording is under test.
 
 What this cannot test is torch's side of the hooks (what its methods and allocator do, and when):
 the GPU tests in ``test_record_gpu.py`` do.
@@ -142,7 +142,7 @@ class FakeCuda(Platform):
         recorder.pending = lambda: any(self.native_rows.values())
         recorder.take = lambda thread: self.native_rows.pop(thread, [])
 
-    def allocator_leftover(self) -> Counter:
+    def native_leftover(self) -> Counter:
         left = Counter((thread, record.kind) for thread, rows in self.native_rows.items() for record in rows)
         self.native_rows.clear()
         return left
@@ -285,3 +285,9 @@ class Lines:
 
 def ptrs(*values) -> torch.Tensor:
     return torch.tensor([int(v) for v in values], dtype=torch.int64)
+
+
+def race_kinds(rec) -> list[tuple[str, str, str]]:
+    """``(kind, first op, second op)`` of each race a recording's check found."""
+    doc = rec.trace()
+    return [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]

@@ -11,6 +11,7 @@ import threading
 import pytest
 import torch
 from fake_cuda import FakeCuda
+from fake_cuda import race_kinds as kinds
 
 import kvverify.record as record
 
@@ -30,11 +31,6 @@ def fake():
     fake = FakeCuda()
     fake.function_name = lambda function: "copy_blocks_kernel" if function == KERNEL else "?"
     return fake
-
-
-def kinds(rec):
-    doc = rec.trace()
-    return [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
 
 
 def test_a_native_kernel_that_writes_a_block_races_with_a_copy_on_another_stream(fake):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from fake_cuda import FakeCuda
+from fake_cuda import race_kinds as kinds
 
 import kvverify.record as record
 
@@ -25,11 +26,6 @@ def fake():
     fake = FakeCuda()
     fake.function_name = lambda function: "k" if function == KERNEL else "?"
     return fake
-
-
-def kinds(rec):
-    doc = rec.trace()
-    return [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
 
 
 def test_a_kernel_on_a_stream_forked_into_a_capture_runs_at_the_graph_launch(fake):

@@ -1,4 +1,4 @@
-"""The recorder's op log, fed synthetic reports (as the observed methods and the allocator log deliver them), and the
+"""The recorder's op log, fed synthetic reports (as the observed methods and the native log deliver them), and the
 trace writer: names, held-back reports, what is summarized, and that every trace it writes is valid."""
 
 from __future__ import annotations
