@@ -343,6 +343,12 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
         append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false);
       }
       break;
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy:
+      if (ok) append(kGraphDestroy, {word(PARAMS(cuGraphDestroy_params).hGraph)}, false);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy:
+      if (ok) append(kGraphExecDestroy, {word(PARAMS(cuGraphExecDestroy_params).hGraphExec)}, false);
+      break;
     default:  // a call the recorder sees and cannot write down: said by name, never left out silently
       if (ok) append(kUnmodelled, {static_cast<int64_t>(cbid), word(call->functionName)}, true);
       break;
@@ -377,6 +383,7 @@ constexpr CUpti_CallbackId kCalls[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture, CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams,
     CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy, CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy,
     // named only
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2,

@@ -38,6 +38,7 @@ constexpr const char* kKinds =
     "alloc=1 free=2 launch=10 copy=11 copy_batch=12 memset=13 event_record=20 event_wait=21 event_sync=22 "
     "event_query=23 stream_sync=24 stream_query=25 device_sync=26 event_create=27 event_destroy=28 unmap=30 "
     "map=31 host_register=32 host_unregister=33 graph_launch=40 capture_begin=41 capture_end=42 graph_instantiate=43 "
+    "graph_destroy=44 graph_exec_destroy=45 "
     "unmodelled=50";
 constexpr int kMaxFrames = 24;
 

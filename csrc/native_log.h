@@ -36,6 +36,8 @@ enum Kind : int64_t {
   kCaptureBegin = 41,  // stream
   kCaptureEnd = 42,    // stream, graph
   kGraphInstantiate = 43,  // graph exec, graph
+  kGraphDestroy = 44,  // graph (a later graph at the handle is another one)
+  kGraphExecDestroy = 45,  // graph exec
   kUnmodelled = 50,    // cbid, name (a char* CUPTI keeps: a driver call the recorder cannot write down)
 };
 

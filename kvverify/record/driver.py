@@ -266,6 +266,10 @@ class DriverOps:
             rec.capture_ended(key(f[0]), f[1])
         elif kind == "graph_instantiate":
             rec.graph_instantiated(f[0], f[1])
+        elif kind == "graph_destroy":
+            rec.graph_destroyed(graph=f[0])
+        elif kind == "graph_exec_destroy":
+            rec.graph_destroyed(graph_exec=f[0])
         elif kind == "graph_launch":
             at = at or self._sites.pop((threading.get_ident(), GRAPH), None)
             if not rec.graph_launched(f[0], key(f[1]), at):

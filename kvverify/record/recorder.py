@@ -389,6 +389,12 @@ class Recorder:
     def graph_instantiated(self, graph_exec: int, graph: int) -> None:
         self._execs[graph_exec] = graph
 
+    def graph_destroyed(self, graph: int | None = None, graph_exec: int | None = None) -> None:
+        """``cuGraphDestroy`` / ``cuGraphExecDestroy``: a graph the program makes at the handle
+        later (the explicit graph API, which the recording does not follow) is not this one."""
+        self._graphs.pop(graph, None)
+        self._execs.pop(graph_exec, None)
+
     def graph_launched(self, graph_exec: int, stream: object, at: str | None) -> bool:
         """``cudaGraphLaunch``: the graph's ops run on ``stream`` now, in the order they were captured
         (the graph starts after ``stream``'s earlier work, and its later work waits for all of it),

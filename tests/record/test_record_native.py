@@ -293,3 +293,22 @@ def test_a_declared_kernel_reaches_blocks_through_its_pointer_tables(fake):
 def test_kernel_outside_a_recording_does_nothing():
     with record.kernel(reads=[(0x1000, 16)]):
         pass
+
+
+def test_a_graph_made_at_the_handle_of_a_destroyed_captured_graph_is_not_replayed_as_it(fake):
+    """A captured graph destroyed, and a graph built with the explicit graph API (not followed)
+    given the same handle: its launch is missed work, not a replay of the old capture."""
+    a = fake.device(BLOCK)
+    capture, replay = fake.stream(), fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        fake.native("capture_begin", capture.handle, frames=FRAME)
+        with fake.use(capture):
+            a.fill_(1)
+        fake.native("capture_end", capture.handle, 0x6A, frames=FRAME)
+        fake.native("graph_exec_destroy", 0xE7)
+        fake.native("graph_destroy", 0x6A)
+        fake.native("graph_instantiate", 0xE7, 0x6A)  # the explicit graph at the same handles
+        fake.native("graph_launch", 0xE7, replay.handle, frames=FRAME)
+        fake.synchronize()
+    assert not rec.complete()
+    assert not any((op.get("name") or "").startswith("graph replay") for op in rec.recorder.ops)
