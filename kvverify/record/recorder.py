@@ -157,7 +157,7 @@ class Recorder:
         # capture (CUDA's fork into another stream), and what it is issued is the graph's too
         self._captured_events: dict[str, list[dict]] = {}
         self._graphs: dict[int, list[dict]] = {}
-        self._execs: dict[int, int] = {}
+        self._execs: dict[int, list[dict]] = {}  # graph exec -> the captured ops it was made from
         self.pending: Callable[[], bool] = lambda: False
         self.take: Callable[[int], list[NativeRecord]] = lambda thread: []
         self.native: Callable[[NativeRecord], None] | None = None
@@ -387,11 +387,18 @@ class Recorder:
         self._graphs[graph] = template
 
     def graph_instantiated(self, graph_exec: int, graph: int) -> None:
-        self._execs[graph_exec] = graph
+        """``cudaGraphInstantiate``: the executable graph holds a copy of ``graph``'s work, which
+        outlives ``graph`` (torch destroys the graph right after instantiating it)."""
+        ops = self._graphs.get(graph)
+        if ops is None:
+            self._execs.pop(graph_exec, None)  # a graph the recording did not capture: its work is unknown
+        else:
+            self._execs[graph_exec] = ops
 
     def graph_destroyed(self, graph: int | None = None, graph_exec: int | None = None) -> None:
         """``cuGraphDestroy`` / ``cuGraphExecDestroy``: a graph the program makes at the handle
-        later (the explicit graph API, which the recording does not follow) is not this one."""
+        later (the explicit graph API, which the recording does not follow) is not this one; the
+        executable graphs made from a destroyed graph keep its work."""
         self._graphs.pop(graph, None)
         self._execs.pop(graph_exec, None)
 
@@ -400,7 +407,7 @@ class Recorder:
         (the graph starts after ``stream``'s earlier work, and its later work waits for all of it),
         each event recorded in it a new one at each launch. False where the graph was not
         captured while recording (nothing is logged)."""
-        ops = self._graphs.get(self._execs.get(graph_exec, -1))
+        ops = self._execs.get(graph_exec)
         if ops is None:
             return False
         launch = self.stream(stream, at)

@@ -223,10 +223,12 @@ def test_a_followed_threads_driver_calls_after_its_last_op_at_the_stop_are_misse
     assert not rec.complete()
 
 
-def test_a_kernel_captured_in_a_graph_runs_at_each_launch_on_the_launch_stream(fake):
+@pytest.mark.parametrize("keep_graph", [False, True], ids=["graph-destroyed", "graph-kept"])
+def test_a_kernel_captured_in_a_graph_runs_at_each_launch_on_the_launch_stream(fake, keep_graph):
     """Stream capture: the fill issued to the capturing stream runs when the graph is launched,
     on the launch stream, not at capture: a read of the block before the launch is no race, a read
-    after it with no wait is one (each launch's own)."""
+    after it with no wait is one (each launch's own). torch destroys the captured graph once it is
+    instantiated: the executable graph keeps its work."""
     a, host = fake.device(BLOCK), fake.pinned(BLOCK)
     capture, replay = fake.stream(), fake.stream()
     with record.recording(platform=fake, skip=fake.skip()) as rec:
@@ -235,6 +237,8 @@ def test_a_kernel_captured_in_a_graph_runs_at_each_launch_on_the_launch_stream(f
             a.fill_(1)  # captured
         fake.native("capture_end", capture.handle, 0x6A, frames=FRAME)
         fake.native("graph_instantiate", 0xE7, 0x6A)
+        if not keep_graph:
+            fake.native("graph_destroy", 0x6A)  # torch.cuda.CUDAGraph.capture_end's own
         host.copy_(a, non_blocking=True)  # before any launch: the fill has not run
         fake.synchronize()
         for _ in range(2):
