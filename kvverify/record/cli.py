@@ -8,6 +8,7 @@ race, 0 when safe; 2 when nothing could be recorded (no CUDA device, a bad comma
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -19,11 +20,9 @@ exit status:
   1  the program succeeded and its recorded work races (each race is listed with
      both ops and the lines that issued them, the bytes, the kind, why, and a fix)
   N  the program's own exit status, when it failed (the trace is written and checked anyway)
-  2  nothing was recorded: no CUDA device, torch's allocator not reporting to the
-     recorder (another allocator), or a command this cannot run in-process (one line
-     on stderr says which); or the recording missed device work it knows of and found
-     no race in the rest: ops the recorder failed on, device work of other threads
-     (the summary's NOT RECORDED lines)
+  2  nothing was recorded: no CUDA device, another allocator than torch's, or a command
+     this cannot run in-process (one line on stderr says which); or no race was found
+     but the recording missed device work it knows of (its NOT RECORDED lines)
 
 The program runs in this process (runpy for scripts and modules, pytest.main for pytest).
 The threads it starts are recorded too, ordered by their start, join and locks; threads
@@ -34,6 +33,7 @@ Examples:
   kvverify record -- python offload_test.py --layers 32
   kvverify record -o trace.json -- pytest -x tests/offload
   kvverify record --swap-op myengine::swap_blocks -- python -m myengine.bench
+  kvverify record --confirm --json report.json -- python offload_test.py
   kvverify check trace.json              # decide a written trace again
 """
 
@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="write every kernel access, also to buffers no copy and no host access touches")
     parser.add_argument("--max-races", type=int, default=20, metavar="N",
                         help="list at most N races (default %(default)s); the verdict does not depend on it")
+    parser.add_argument("--confirm", action="store_true",
+                        help="per racing pair of lines, run the program again: twice in issue order, once with "
+                             "the second op forced first; CONFIRMED where the bytes differ")
+    parser.add_argument("--json", default=None, metavar="PATH",
+                        help="also write the verdict and each witness as JSON")
+    parser.add_argument("--witness", default=None, help=argparse.SUPPRESS)  # MODE:PLAN:OUT, a child's own
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="python SCRIPT.py ARGS | python -m MODULE ARGS | python -c CODE | pytest ARGS | "
                              "SCRIPT.py ARGS")
@@ -149,11 +155,17 @@ def run(args: argparse.Namespace, platform=None) -> int:
         return _fail(str(exc))
     if args.max_races < 1:
         return _fail("--max-races must be at least 1")
+    if args.witness:
+        return _witness_run(args.witness, kind, target, arguments, args.swap_op, platform)
     rec = recording(swap_ops=args.swap_op, keep_all=args.keep_all, platform=platform)
     try:
         rec.start()
     except RecordingError as exc:
         return _fail(str(exc))
+    if args.confirm:
+        from kvverify.record.witness import Forcer
+
+        rec.follow_calls(Forcer(rec.recorder))
     try:
         status = run_program(kind, target, arguments)
     finally:
@@ -176,6 +188,20 @@ def run(args: argparse.Namespace, platform=None) -> int:
     print(verdict.render(source=command).rstrip("\n"))
     print()
     print("\n".join(rec.summary().lines()))
+    witnesses = []
+    if args.confirm and verdict.races:
+        if status != 0:
+            print("kvverify record: --confirm: the program failed; no witness runs", file=sys.stderr)
+        else:
+            witnesses = _confirm(args, rec, verdict, platform)
+    if args.json:
+        report = {"command": command, **verdict.to_json(), "complete": rec.complete(),
+                  "witnesses": [w.to_json() for w in witnesses]}
+        try:
+            with open(args.json, "w") as f:
+                json.dump(report, f, indent=2)
+        except OSError as exc:
+            print(f"kvverify record: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
     if status != 0:
         print(f"kvverify record: the program exited with status {status}", file=sys.stderr)
         return status
@@ -184,3 +210,68 @@ def run(args: argparse.Namespace, platform=None) -> int:
               "failed on, work of other threads): SAFE covers only what was recorded", file=sys.stderr)
         return 2
     return 0 if verdict.safe else 1
+
+
+def _confirm(args: argparse.Namespace, rec, verdict, platform) -> list:
+    """The witness of each pair of lines that races, each run in a child process of the program
+    (``platform`` given: in this process, as the CPU tests do)."""
+    import subprocess
+    import tempfile
+
+    from kvverify.record import witness
+
+    plan_list, outcomes = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    scratch = tempfile.mkdtemp(prefix="kvverify-witness-")
+
+    def child(plan, mode: str):
+        plan_file, out = os.path.join(scratch, "plan.json"), os.path.join(scratch, f"{mode}.json")
+        with open(plan_file, "w") as f:
+            json.dump(plan.to_json(), f)
+        for leftover in (out, out + ".bin"):
+            if os.path.exists(leftover):
+                os.remove(leftover)
+        if platform is not None:
+            _witness_run(f"{mode}:{plan_file}:{out}", *program(command), args.swap_op, platform)
+        else:
+            swap = [a for op in args.swap_op for a in ("--swap-op", op)]
+            done = subprocess.run([sys.executable, "-m", "kvverify", "record", "--witness", f"{mode}:{plan_file}:{out}",
+                                   *swap, "--", *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if not os.path.exists(out + ".bin"):
+                tail = " / ".join(done.stderr.strip().splitlines()[-3:])
+                return witness.Observation(mode, status=done.returncode,
+                                           note=f"the {mode} run failed (exit {done.returncode}): {tail}")
+        return witness.load(out)
+
+    def progress(line: str) -> None:
+        print(f"kvverify record: --confirm: {line}", file=sys.stderr, flush=True)
+
+    try:
+        outcomes = witness.confirm(plan_list, child, progress) + outcomes
+    finally:
+        import shutil
+
+        shutil.rmtree(scratch, ignore_errors=True)
+    print()
+    print(f"witnesses ({len(outcomes)} pair{'s' if len(outcomes) != 1 else ''} of lines):")
+    for outcome in outcomes:
+        print(f"  {outcome.line()}")
+    return outcomes
+
+
+def _witness_run(spec: str, kind: str, target: str, arguments: list[str], swap_ops, platform) -> int:
+    """A child of ``--confirm``: the program once as a witness run (``MODE:PLAN.json:OUT``); writes
+    the observation at OUT and returns the program's exit status."""
+    from kvverify.errors import RecordingError
+    from kvverify.record import witness
+
+    mode, plan_file, out = spec.split(":", 2)
+    with open(plan_file) as f:
+        plan = witness.Plan.from_json(json.load(f))
+    try:
+        obs = witness.observe(lambda: run_program(kind, target, arguments), plan, mode, swap_ops=swap_ops,
+                              platform=platform)
+    except RecordingError as exc:
+        return _fail(str(exc))
+    witness.save(obs, out)
+    return obs.status

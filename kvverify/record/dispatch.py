@@ -115,6 +115,11 @@ class Platform:
         (the recorder sees them another way)."""
         return contextlib.nullcontext()
 
+    def witness_tools(self, internal: Callable):
+        """The device side of a witness run (``kvverify.record.witness.DeviceTools``); the recorder's
+        own work goes inside ``internal()``."""
+        raise NotImplementedError
+
     def function_name(self, function: int) -> str:
         """The name of a kernel native capture saw launched."""
         return "?"
@@ -216,6 +221,9 @@ class RecordingMode(TorchDispatchMode):
         self._infos: dict[int, OpInfo] = {}
         self._pointers: OrderedDict[int, tuple] = OrderedDict()  # data_ptr -> (allocation, version, values)
         self.active = True  # false once the recording stopped: the modes of threads still running pass through
+        # kvverify.record.witness.Forcer: counts each op's calls at its line, and in a witness run holds
+        # or waits for the pair of a race (None: a plain recording)
+        self.forcer = None
 
     def fork(self) -> RecordingMode:
         """A mode for another thread (torch keeps modes per thread) that shares this one's state:
@@ -236,6 +244,8 @@ class RecordingMode(TorchDispatchMode):
         if info.handler is None or not self.is_active():
             return func(*args, **kwargs)
         rec = self.rec
+        forcer = self.forcer
+        call = None if forcer is None else forcer.before(info.name)
         rec.begin_op()
         try:
             out = func(*args, **kwargs)
@@ -244,13 +254,17 @@ class RecordingMode(TorchDispatchMode):
                 rec.end_op()
             raise
         with rec.exclusive():
+            logged = len(rec.ops)
             try:
                 rec.collect()  # the op's fresh blocks and its frees come before its entry
+                logged = len(rec.ops)
                 info.handler(self, info, args, kwargs, out)
             except Exception as exc:  # the program must run on: the summary says what is missing
                 rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
             finally:
                 rec.end_op()
+        if call is not None:  # outside the recorder's lock: a witness run may wait here
+            forcer.after(call, logged)
         return out
 
     def is_active(self) -> bool:

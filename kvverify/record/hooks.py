@@ -103,6 +103,11 @@ class CudaPlatform(Platform):
     def read_values(self, t) -> np.ndarray:
         return t.detach().to("cpu").contiguous().view(-1).numpy()
 
+    def witness_tools(self, internal: Callable) -> CudaTools:
+        """The device side of a witness run (``kvverify.record.witness``), its calls kept out of
+        the recording through ``internal``."""
+        return CudaTools(internal)
+
     def allocator_blocks(self) -> list[tuple[int, int]]:
         blocks = []
         for segment in self.torch.cuda.memory_snapshot():
@@ -426,6 +431,87 @@ class CudaPlatform(Platform):
         while self._undo:
             with contextlib.suppress(Exception):
                 self._undo.pop()()
+
+
+class CudaTools:
+    """``kvverify.record.witness.DeviceTools`` on the current CUDA device: holds through
+    ``kvverify.device.gate.StreamGate``, markers as events, reads and writes of raw addresses
+    through the driver on a stream of its own that no other stream waits for (``CU_STREAM_NON_BLOCKING``:
+    a read while the program's stream is held must not wait for it)."""
+
+    def __init__(self, internal: Callable) -> None:
+        import torch
+        from cuda.bindings import driver
+
+        from kvverify.device.gate import StreamGate
+
+        self.torch, self.driver, self._internal = torch, driver, internal
+        with internal():
+            self.gate = StreamGate(torch.device("cuda", torch.cuda.current_device()), deadline_s=30.0)
+            err, self.stream = driver.cuStreamCreate(driver.CUstream_flags.CU_STREAM_NON_BLOCKING.value)
+        self._check(err, "cuStreamCreate")
+
+    def _check(self, err, what: str) -> None:
+        if err != self.driver.CUresult.CUDA_SUCCESS:
+            raise RecordingError(f"witness run: {what} failed: {err}")
+
+    def hold(self) -> None:
+        with self._internal():
+            self.gate.hold(self.torch.cuda.current_stream())
+
+    def release(self) -> None:
+        self.gate.release_all()
+
+    def expired(self) -> int:
+        return self.gate.expired
+
+    def mark(self) -> Callable[[float], bool]:
+        with self._internal():
+            event = self.torch.cuda.Event()
+            event.record()
+
+        def wait(seconds: float) -> bool:
+            import time
+
+            deadline = time.monotonic() + seconds
+            with self._internal():
+                while not event.query():
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.0005)
+            return True
+
+        return wait
+
+    def read(self, address: int, nbytes: int, device: bool) -> bytes:
+        import ctypes
+
+        if not device:
+            return ctypes.string_at(address, nbytes)
+        d = self.driver
+        out = np.empty(nbytes, dtype=np.uint8)
+        with self._internal():
+            (err,) = d.cuMemcpyDtoHAsync(out.ctypes.data, d.CUdeviceptr(address), nbytes, self.stream)
+            self._check(err, "cuMemcpyDtoHAsync")
+            self._check(d.cuStreamSynchronize(self.stream)[0], "cuStreamSynchronize")
+        return out.tobytes()
+
+    def write(self, address: int, data: bytes, device: bool) -> None:
+        import ctypes
+
+        if not device:
+            ctypes.memmove(address, data, len(data))
+            return
+        d = self.driver
+        buffer = np.frombuffer(data, dtype=np.uint8)
+        with self._internal():
+            (err,) = d.cuMemcpyHtoDAsync(d.CUdeviceptr(address), buffer.ctypes.data, len(data), self.stream)
+            self._check(err, "cuMemcpyHtoDAsync")
+            self._check(d.cuStreamSynchronize(self.stream)[0], "cuStreamSynchronize")
+
+    def close(self) -> None:
+        self.gate.close()
+        self.driver.cuStreamDestroy(self.stream)
 
 
 def thread_guard(recorder: Recorder, busy: Callable[[], bool]) -> Callable[[Callable], Callable]:

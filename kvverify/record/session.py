@@ -184,6 +184,16 @@ class Recording:
             rec.take(threading.get_ident())
             INSIDE.depth -= 1
 
+    def follow_calls(self, forcer) -> None:
+        """Count each op's calls at its line into what it logs, and in a witness run force the
+        pair of a race (``kvverify.record.witness.Forcer``). Call right after ``start()``: the
+        threads the program starts later share it."""
+        self._mode.forcer = forcer
+
+    def witness_tools(self):
+        """The device side of a witness run on this recording's platform."""
+        return self._platform_in_use.witness_tools(self.internal)
+
     def _follows(self) -> bool:
         """Whether this thread's work is recorded now."""
         return self._mode.active and threading.get_ident() in self.recorder.threads and not busy()

@@ -46,6 +46,7 @@ class Summary:
     queries_collapsed: int = 0  # repeated false queries of one event
     unresolved: list[Unresolved] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)  # the log index of each op written, in trace order
 
     def lines(self) -> list[str]:
         out = [f"recorded {self.ops_recorded} ops, wrote {self.ops_written} "
@@ -234,6 +235,7 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
         if op.get("thread"):
             out["thread"] = op["thread"]
         ops.append(out)
+        summary.sources.append(k)
 
     used_buffers: set[str] = set()
     streams: dict[str, None] = {}

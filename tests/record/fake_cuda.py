@@ -16,6 +16,7 @@ the GPU tests in ``test_record_gpu.py`` do.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import threading
 from collections import Counter, defaultdict
@@ -25,6 +26,7 @@ import torch
 
 from kvverify.record.dispatch import Platform
 from kvverify.record.recorder import LEGACY_STREAM, NativeRecord, Recorder
+from kvverify.record.witness import DeviceTools
 
 _handles = itertools.count(0x7000_0000, 0x100)
 SHARED: list[FakeCuda] = []  # the stand-in of programs run by `kvverify record` in-process (shared())
@@ -211,6 +213,38 @@ class FakeCuda(Platform):
     def synchronize(self) -> None:
         self.report("device_synchronized")
 
+    def witness_tools(self, internal) -> FakeTools:
+        return FakeTools(self)
+
+
+class FakeTools(DeviceTools):
+    """A witness run's device side on the stand-in: holds, releases and markers go into
+    ``calls`` (with the current stream's handle); every op has run at its call, so a held op
+    runs in issue order anyway. What a witness run on the stand-in shows is that it finds the
+    pair again, holds the first op's stream before the op, releases it, and reads back the bytes
+    the pair wrote (all of them host memory here)."""
+
+    def __init__(self, fake: FakeCuda) -> None:
+        self.fake = fake
+        self.calls: list[tuple] = []
+        fake.witness_calls = self.calls
+
+    def hold(self) -> None:
+        self.calls.append(("hold", self.fake.current.handle))
+
+    def release(self) -> None:
+        self.calls.append(("release",))
+
+    def mark(self):
+        self.calls.append(("mark", self.fake.current.handle))
+        return lambda seconds: True
+
+    def read(self, address: int, nbytes: int, device: bool) -> bytes:
+        return ctypes.string_at(address, nbytes)
+
+    def write(self, address: int, data: bytes, device: bool) -> None:
+        ctypes.memmove(address, data, len(data))
+
 
 _LIBRARIES: list = []
 
@@ -219,8 +253,6 @@ def swap_ops():
     """Two batched-swap ops under other namespaces, run on the host: ``kvtest::swap_blocks_batch``
     (kvverify's schema: found by its name) and ``engine::transfer`` (a serving engine's spelling,
     ``is_src_access_order_any``: found only when named with ``swap_ops=``). Defined once."""
-    import ctypes
-
     if not _LIBRARIES:
         def run(src, dst, sizes, *_):
             for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist()):

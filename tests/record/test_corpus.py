@@ -411,7 +411,7 @@ def test_run_corpus_runs_each_form_natively_and_recorded_then_all_under_the_sani
     calls = []
     monkeypatch.setattr(runner, "native", lambda case, form: calls.append(("native", case.name, form)) or
                         (Witness(16 if form == "broken" else 0, 16), None))
-    monkeypatch.setattr(runner, "recorded", lambda case, form: calls.append(("recorded", case.name, form)) or
+    monkeypatch.setattr(runner, "recorded", lambda case, form, confirm=False: calls.append(("recorded", case.name, form)) or
                         Recorded("RACY" if form == "broken" else "SAFE", int(form == "broken"), True, None,
                                  form == "broken"))
     monkeypatch.setattr(runner, "sanitized", lambda selection: calls.append(("csan", len(selection))) or
@@ -423,7 +423,7 @@ def test_run_corpus_runs_each_form_natively_and_recorded_then_all_under_the_sani
     assert calls[-1] == ("csan", 4) and len(seen) == 4 and seen[0].csan is None
     assert result.ok and [r.csan.outcome for r in result.rows] == ["nothing"] * 4
     assert not runner.run_corpus(cases, ["fixed", "broken"][::-1], csan=False).failures
-    monkeypatch.setattr(runner, "recorded", lambda case, form: Recorded("SAFE"))
+    monkeypatch.setattr(runner, "recorded", lambda case, form, confirm=False: Recorded("SAFE"))
     failed = runner.run_corpus(cases, ["broken"], csan=False)
     assert not failed.ok and len(failed.failures) == 2
 

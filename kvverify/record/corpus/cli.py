@@ -32,7 +32,8 @@ exit status:
 Examples:
   kvverify corpus --list
   kvverify corpus --json corpus.json
-  kvverify corpus vllm-31341 torchrec-4231 --forms broken --no-csan"""
+  kvverify corpus vllm-31341 torchrec-4231 --forms broken --no-csan
+  kvverify corpus --confirm --no-csan   # and a device witness of each race found"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--list", action="store_true", help="list the cases and exit (no torch, no GPU)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--no-csan", action="store_true", help="skip the run under the CUDA Stream Sanitizer")
+    parser.add_argument("--confirm", action="store_true",
+                        help="where a form races, its device witness too: each racing pair of lines run again twice "
+                             "in issue order and once with the second op forced first (kvverify record --confirm)")
     parser.add_argument("--forms", default="broken,fixed", metavar="FORMS",
                         help="comma-separated forms to run (default: %(default)s)")
 
@@ -90,12 +94,13 @@ def run(args: argparse.Namespace) -> int:
     from kvverify.record.corpus import runner
 
     def progress(row) -> None:
+        witness = f"; witness {report.witness_cell(row)}" if row.recorded.witnesses is not None else ""
         print(f"kvverify corpus: {row.case} {row.form}: native {report.native_cell(row)}; "
-              f"recorded {report.recorded_cell(row)}", file=sys.stderr, flush=True)
+              f"recorded {report.recorded_cell(row)}{witness}", file=sys.stderr, flush=True)
 
     if not args.no_csan:
         print("kvverify corpus: the sanitizer's run follows, in one child process", file=sys.stderr)
-    result = runner.run_corpus(cases, forms, csan=not args.no_csan, progress=progress)
+    result = runner.run_corpus(cases, forms, csan=not args.no_csan, confirm=args.confirm, progress=progress)
     print(report.markdown(result), end="")
     if args.json:
         try:

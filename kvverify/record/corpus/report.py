@@ -76,11 +76,21 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def witness_cell(row: FormResult) -> str:
+    """Each racing pair's device witness (``--confirm``), or ``-`` where the form did not race."""
+    return "; ".join(row.recorded.witnesses or ()) or "-"
+
+
 def markdown(run: CorpusRun) -> str:
-    """The run as a markdown table, one row per case and form, then what missed the corpus's promise."""
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    """The run as a markdown table, one row per case and form (a witness column where ``--confirm``
+    ran), then what missed the corpus's promise."""
+    confirmed = any(row.recorded.witnesses is not None for row in run.rows)
+    columns = COLUMNS + ("witness (--confirm)",) if confirmed else COLUMNS
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
     for row in run.rows:
         cells = (row.case, row.source, row.form, native_cell(row), recorded_cell(row), csan_cell(row))
+        if confirmed:
+            cells += (witness_cell(row),)
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     if run.failures:
         lines += ["", "Not as expected:"] + [f"- {f}" for f in run.failures]

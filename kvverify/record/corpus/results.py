@@ -41,7 +41,9 @@ class Recorded:
     ``races``: how many; ``complete``: ``Recording.complete()``; ``race``: the race of the case's
     kind between its two functions when there is one (``pair_found``), else the first race;
     ``blind``: for a case that needs native capture, why the recording cannot decide this form (a
-    table shows that instead of the verdict, which covers only what the recording saw)."""
+    table shows that instead of the verdict, which covers only what the recording saw);
+    ``witnesses``: with ``--confirm``, the device witness of each racing pair of lines
+    (``kvverify.record.witness.Outcome.line``)."""
 
     verdict: str | None = None
     races: int = 0
@@ -50,6 +52,7 @@ class Recorded:
     pair_found: bool = False
     blind: str | None = None
     error: str | None = None
+    witnesses: tuple[str, ...] | None = None  # with --confirm: each pair of lines' witness, as one line
 
 
 @dataclass(frozen=True)

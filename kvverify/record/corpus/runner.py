@@ -81,24 +81,34 @@ def blindness(case: Case, form: str, complete: bool, notes: Sequence[str]) -> st
     return case.unseen
 
 
-def recorded(case: Case, form: str) -> Recorded:
+def recorded(case: Case, form: str, confirm: bool = False) -> Recorded:
     """``case.run(form)`` under ``kvverify.record.recording()`` (``keep_all`` where the case asks),
     its trace checked: the verdict, the expected race if found, completeness, and for a native case
-    why the verdict cannot stand."""
+    why the verdict cannot stand. ``confirm``: where it races, the device witness of each pair of
+    lines (``kvverify.record.witness``, its runs in this process)."""
+    from kvverify.record import witness
     from kvverify.record.session import recording
 
     try:
         with recording(keep_all=case.keep_all) as rec:
+            if confirm:
+                rec.follow_calls(witness.Forcer(rec.recorder))
             case.run(form)
         verdict = rec.check()
         ops = rec.trace()["ops"]
         complete = rec.complete()
         notes = rec.summary().notes
+        outcomes = None
+        if confirm and verdict.races:
+            plans, outcomes = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
+            outcomes = witness.confirm(plans, lambda plan, mode: witness.observe(
+                lambda: (case.run(form), 0)[1], plan, mode)) + outcomes
     except Exception as exc:
         return Recorded(error=one_line(exc))
     race, found = expected_race(case, verdict.races, ops)
     return Recorded(verdict=verdict.verdict, races=len(verdict.races), complete=complete, race=race, pair_found=found,
-                    blind=blindness(case, form, complete, notes))
+                    blind=blindness(case, form, complete, notes),
+                    witnesses=None if outcomes is None else tuple(o.line() for o in outcomes))
 
 
 def parse_sanitized(stdout: str) -> dict[tuple[str, str], Sanitized]:
@@ -134,15 +144,16 @@ def sanitized(selection: Sequence[tuple[Case, str]], timeout_s: float = CSAN_TIM
     return {**never, **{(c.name, f): found.get((c.name, f), missing) for c, f in selection}}
 
 
-def run_corpus(cases: Sequence[Case], forms: Sequence[str], *, csan: bool = True,
+def run_corpus(cases: Sequence[Case], forms: Sequence[str], *, csan: bool = True, confirm: bool = False,
                progress: Callable[[FormResult], None] | None = None) -> CorpusRun:
-    """Each form of each case natively, then recorded; then all of them under the sanitizer when
-    ``csan``. ``progress`` is called with each form's result as it is known (without ``csan``)."""
+    """Each form of each case natively, then recorded (with ``confirm``: each race's device
+    witness too); then all of them under the sanitizer when ``csan``. ``progress`` is called with
+    each form's result as it is known (without ``csan``)."""
     selection = [(case, form) for case in cases for form in forms]
     rows = []
     for case, form in selection:
         witness, error = native(case, form)
-        row = FormResult(case.name, case.source, case.capture, form, witness, error, recorded(case, form))
+        row = FormResult(case.name, case.source, case.capture, form, witness, error, recorded(case, form, confirm))
         if progress is not None:
             progress(row)
         rows.append(row)

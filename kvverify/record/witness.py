@@ -1,0 +1,421 @@
+"""A device witness for a recorded race: run the program again in the order CUDA permits and the
+program did not ask for, and compare the bytes (``kvverify record --confirm``).
+
+A race is two ops, ``first`` issued before ``second``, that nothing orders. The recording names
+each by its place in the program (``Target``: its thread, its line, the op, and how many calls of
+that op at that line came before it), so a later run of the same program finds them again. Three
+runs per pair of lines (``Plan``), each stopping the program at the first point where both ops are
+complete and reading the bytes they wrote there:
+
+- ``in-order`` (twice): the program waits for ``first`` to complete right after issuing it, so
+  ``second`` sees its effect: the order the program meant. Two such runs that differ say the
+  program is not deterministic here, and nothing can be concluded.
+- ``forced``: ``first``'s stream is held before ``first`` is issued (a stream-memory wait on a host
+  flag, ``kvverify.device.gate``, with a watchdog) until ``second`` has completed, so ``second``
+  happens first. A host access as ``second`` is complete when its call returns. A batched swap as
+  ``second`` that reads ``first``'s output in source access order ``ANY`` or ``DURING_API_CALL``
+  is given the bytes its sources held at its call (the earliest read either order permits; CUDA
+  Driver API, ``cuMemcpyBatchAsync``, ``CUmemcpySrcAccessOrder``), since its stream may still wait
+  for ``first`` in stream order.
+
+``judge`` compares them: CONFIRMED with the count of bytes that differ and the first of them, or
+not confirmed (the forced order changed no byte, or ``second`` could not complete while ``first``
+was held: it waits for it), or no witness (the pair was not found again, the runs in issue order
+differ). A free as one of the pair is not forced: its effect shows only when the bytes are reused
+later, after both ops.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from kvverify.terms import DEVICE_SPACE
+
+IN_ORDER, FORCED = "in-order", "forced"
+CONFIRMED, NOT_CONFIRMED, NO_WITNESS = "CONFIRMED", "not confirmed", "no witness"
+WAIT_S = 2.0  # how long a witness run waits for an op to complete before it calls the pair ordered
+MAX_BYTES = 256 << 20  # the most bytes one witness reads back
+EARLY_READ_ORDERS = ("ANY", "DURING_API_CALL")
+
+
+@dataclass(frozen=True)
+class Target:
+    """An op found again by its place in the program: ``thread`` (None: the recording's own),
+    ``at`` (``file.py:12 in f``), ``name`` (the dispatcher op, ``aten.copy_.default``) and
+    ``call``, how many calls of ``name`` at ``at`` on ``thread`` came before it."""
+
+    thread: str | None
+    at: str
+    name: str
+    call: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The witness runs of one pair of lines: hold ``first`` until ``second`` has completed.
+    ``races``: the numbers (1-based, as the verdict lists them) of every race of that pair;
+    ``kind``: RAW / WAR / WAW; ``second_on_host``: ``second`` is a host access (complete when its
+    call returns); ``early_read``: ``second`` is a batched swap reading ``first``'s output in an
+    order that lets it read at its call."""
+
+    races: tuple[int, ...]
+    kind: str
+    first: Target
+    second: Target
+    second_on_host: bool
+    early_read: bool
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Plan:
+        return cls(tuple(d["races"]), d["kind"], Target(**d["first"]), Target(**d["second"]),
+                   d["second_on_host"], d["early_read"])
+
+
+@dataclass
+class Observation:
+    """What one witness run saw: whether it found ``first`` and ``second``; ``ordered``: in a
+    forced run, ``second`` did not complete while ``first`` was held (it waits for it);
+    ``expired``: holds the watchdog released; ``ranges``: ``(label, bytes)`` read where both ops
+    were complete, ``data`` their bytes back to back; ``status``: the program's exit status."""
+
+    mode: str
+    found_first: bool = False
+    found_second: bool = False
+    ordered: bool = False
+    expired: int = 0
+    ranges: list[tuple[str, int]] = field(default_factory=list)
+    data: bytes = b""
+    status: int = 0
+    note: str | None = None
+
+    def meta(self) -> dict:
+        """The observation without its bytes (JSON)."""
+        d = asdict(self)
+        d.pop("data")
+        return d
+
+    @classmethod
+    def from_meta(cls, d: dict, data: bytes) -> Observation:
+        d = dict(d, ranges=[tuple(r) for r in d["ranges"]])
+        return cls(**d, data=data)
+
+
+@dataclass
+class Outcome:
+    """The witness of one pair of lines: ``status`` CONFIRMED / not confirmed / no witness, and
+    why (``detail``); ``differ`` of ``compared`` bytes differ between the forced run and the runs
+    in issue order; ``program``: the forced run's exit status where it failed."""
+
+    races: tuple[int, ...]
+    kind: str
+    first_at: str | None
+    second_at: str | None
+    status: str
+    detail: str
+    differ: int = 0
+    compared: int = 0
+    program: int | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        races = ", ".join(str(r) for r in self.races)
+        return f"{self.status}: race{'s' if len(self.races) > 1 else ''} {races} ({self.kind}): {self.detail}"
+
+
+# -- plans ----------------------------------------------------------------------------------------
+
+
+def _target(op: dict) -> Target | None:
+    if op.get("call") is None or not op.get("at") or not op.get("name"):
+        return None
+    return Target(op.get("thread"), op["at"], op["name"], op["call"])
+
+
+def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple[list[Plan], list[Outcome]]:
+    """The witness plans of ``races`` (``kvverify.check.Race``, their ops indices into the trace
+    whose ops came from ``log[sources[k]]``), one per pair of lines and kind, and the outcomes of
+    the races no run can witness (an op not issued through the dispatcher, a free, a race inside
+    one op)."""
+    groups: dict[tuple, list[int]] = {}
+    pair: dict[tuple, tuple[Target, Target, dict, dict]] = {}
+    left: dict[tuple, tuple[list[int], str]] = {}
+    for number, race in enumerate(races, 1):
+        key = (race.first_at, race.second_at, race.kind)
+        first, second = log[sources[race.first]], log[sources[race.second]]
+        why = None
+        if race.kind == "FREE":
+            why = "a free is not forced: its effect shows only where the bytes are reused, after both ops"
+        elif race.first == race.second:
+            why = "the pair is one op (copies of one batch): there is no second op to hold it for"
+        elif _target(first) is None or _target(second) is None:
+            why = "an op of the pair was not issued through torch's dispatcher (forcing it is not built)"
+        if why is not None:
+            left.setdefault(key, ([], why))[0].append(number)
+            continue
+        groups.setdefault(key, []).append(number)
+        pair.setdefault(key, (_target(first), _target(second), first, second))
+    out = []
+    for key, numbers in groups.items():
+        first, second, first_op, second_op = pair[key]
+        on_host = second_op["op"] in ("host_read", "host_write")
+        early = (second_op["op"] == "copy_batch" and second_op.get("order") in EARLY_READ_ORDERS
+                 and key[2] == "RAW")
+        out.append(Plan(tuple(numbers), key[2], first, second, on_host, early))
+    outcomes = [Outcome(tuple(numbers), key[2], key[0], key[1], NO_WITNESS, why)
+                for key, (numbers, why) in left.items()]
+    return out, outcomes
+
+
+# -- a witness run --------------------------------------------------------------------------------
+
+
+class DeviceTools:
+    """What a witness run asks of the device: ``kvverify.record.hooks.CudaTools`` on a CUDA device,
+    a stand-in in the CPU tests."""
+
+    def hold(self) -> None:
+        """Make work issued to the current stream from now on wait until ``release``."""
+        raise NotImplementedError
+
+    def release(self) -> None:
+        raise NotImplementedError
+
+    def expired(self) -> int:
+        """How many holds the watchdog released (the host blocked while one was open)."""
+        return 0
+
+    def mark(self) -> Callable[[float], bool]:
+        """A marker after the current stream's work so far: ``wait(seconds)`` is True once it completed."""
+        raise NotImplementedError
+
+    def read(self, address: int, nbytes: int, device: bool) -> bytes:
+        raise NotImplementedError
+
+    def write(self, address: int, data: bytes, device: bool) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _copies(op: dict) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    """A logged batched swap's ``(source span, destination span)`` pairs."""
+    c = op["copies"]
+    sizes = c.size.tolist()
+    return list(zip(zip(c.src_index.tolist(), c.src_offset.tolist(), sizes),
+                    zip(c.dst_index.tolist(), c.dst_offset.tolist(), sizes)))
+
+
+def _written(op: dict) -> list[tuple[int, int, int]]:
+    """The spans ``(allocation, offset, bytes)`` a logged op writes."""
+    kind = op["op"]
+    if kind == "kernel":
+        return list(op["writes"])
+    if kind == "copy":
+        return [op["dst"]]
+    if kind == "copy_batch":
+        return [dst for _, dst in _copies(op)]
+    if kind == "host_write":
+        return list(op["ranges"])
+    return []
+
+
+class Forcer:
+    """Installed in a recording's dispatch hook (``RecordingMode.forcer``): counts every op's calls
+    at its line, writes the count into what the op logs (``"call"``), and in a witness run
+    (``plan`` and ``mode`` given) holds or waits for the plan's pair and reads the bytes."""
+
+    def __init__(self, recorder, plan: Plan | None = None, mode: str | None = None,
+                 tools: DeviceTools | None = None, wait_s: float = WAIT_S) -> None:
+        self.recorder = recorder
+        self.plan, self.mode, self.tools = plan, mode, tools
+        self.wait_s = wait_s
+        self.calls: Counter = Counter()
+        self._lock = threading.Lock()
+        self._first_ops: list[dict] | None = None
+        self._first_done: Callable[[float], bool] | None = None
+        self.observation = Observation(mode or "counting")
+
+    def before(self, name: str) -> Target:
+        rec = self.recorder
+        ident = threading.get_ident()
+        thread = None if ident == rec.first else rec.threads.get(ident)
+        at = rec.locate(1)
+        with self._lock:
+            key = (thread, at, name)
+            call = self.calls[key]
+            self.calls[key] = call + 1
+        target = Target(thread, at or "", name, call)
+        if self.mode == FORCED and target == self.plan.first:
+            self.tools.hold()  # before the op is issued to the stream
+        return target
+
+    def after(self, target: Target, logged: int) -> None:
+        ops = [op for op in self.recorder.ops[logged:] if op.get("at") == target.at and op.get("name") == target.name]
+        for op in ops:
+            op["call"] = target.call
+        plan = self.plan
+        if plan is None:
+            return
+        if target == plan.first:
+            self.observation.found_first = True
+            self._first_ops = ops
+            self._first_done = self.tools.mark()
+            if self.mode == IN_ORDER and not self._first_done(self.wait_s):
+                self.observation.note = f"the first op did not complete within {self.wait_s:.0f} s"
+        elif target == plan.second and self._first_ops is not None and not self.observation.found_second:
+            self.observation.found_second = True
+            self._witness(ops)
+
+    def _witness(self, second_ops: list[dict]) -> None:
+        tools, obs, memory = self.tools, self.observation, self.recorder.memory
+        swaps = [op for op in second_ops if op["op"] == "copy_batch"]
+        if self.plan.second_on_host:
+            second_done = True
+        elif self.mode == FORCED and self.plan.early_read and swaps:
+            # the sources now, with the first op held: what the swap reads at its call; its own read
+            # may wait for the first op in stream order, so its destinations get these bytes after it
+            pairs = [(self._read(src), dst) for op in swaps for src, dst in _copies(op)]
+            tools.release()
+            second_done = tools.mark()(60.0)
+            for data, (d, offset, _) in pairs:
+                a = memory.allocations[d]
+                tools.write(a.base + offset, data, a.space == DEVICE_SPACE)
+        else:
+            second_done = tools.mark()(self.wait_s if self.mode == FORCED else 60.0)
+        obs.ordered = self.mode == FORCED and not second_done
+        tools.release()
+        if not self._first_done(60.0):
+            obs.note = "the first op did not complete within 60 s of the release"
+        obs.expired = tools.expired()
+        spans = [s for op in (self._first_ops or []) + second_ops for s in _written(op)]
+        if sum(s[2] for s in spans) > MAX_BYTES:
+            obs.note = f"the pair writes more than {MAX_BYTES >> 20} MiB: not read back"
+            return
+        from kvverify.record.writer import buffer_name
+
+        obs.data = b"".join(self._read(span) for span in spans)
+        obs.ranges = [(f"{buffer_name(memory.allocations[a])}+{offset:#x}", n) for a, offset, n in spans]
+
+    def _read(self, span: tuple[int, int, int]) -> bytes:
+        a = self.recorder.memory.allocations[span[0]]
+        return self.tools.read(a.base + span[1], span[2], a.space == DEVICE_SPACE)
+
+
+# -- the verdict of three runs --------------------------------------------------------------------
+
+
+def _first_difference(ranges: list[tuple[str, int]], got: np.ndarray, expected: np.ndarray, at: int) -> str:
+    start = 0
+    for label, n in ranges:
+        if at < start + n:
+            k = at - start
+            return (f"first at {label}[{k}]: {bytes(got[at:at + 8]).hex()} where the issue order gives "
+                    f"{bytes(expected[at:at + 8]).hex()}")
+        start += n
+    return "?"
+
+
+def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Observation,
+          again: Observation, forced: Observation) -> Outcome:
+    """The outcome of ``plan``'s three runs (see the module docstring)."""
+
+    def outcome(status: str, detail: str, differ: int = 0, compared: int = 0) -> Outcome:
+        program = forced.status if forced.status else None
+        return Outcome(plan.races, plan.kind, first_at, second_at, status, detail, differ, compared, program)
+
+    runs = (in_order, again, forced)
+    missing = [r.mode for r in runs if not (r.found_first and r.found_second)]
+    if missing:
+        return outcome(NO_WITNESS, "the program did not issue the pair again in the "
+                       f"{' and '.join(dict.fromkeys(missing))} run (it took another path, or stopped first)")
+    if forced.ordered:
+        return outcome(NOT_CONFIRMED, "the second op did not complete while the first was held: it waits for "
+                       "it (stream order or a host wait), so this order cannot happen here")
+    if forced.expired:
+        return outcome(NOT_CONFIRMED, "the program blocked while the first op was held (a synchronization "
+                       "between the two ops): the watchdog released it")
+    notes = [r.note for r in runs if r.note]
+    if notes:
+        return outcome(NO_WITNESS, notes[0])
+    if len(in_order.data) != len(forced.data) or len(in_order.data) != len(again.data):
+        return outcome(NO_WITNESS, "the runs wrote byte ranges of different sizes: the program is not "
+                       "deterministic here")
+    a, b, f = (np.frombuffer(r.data, dtype=np.uint8) for r in runs)
+    if not len(a):
+        return outcome(NOT_CONFIRMED, "the pair writes no bytes to compare")
+    if (a != b).any():
+        return outcome(NO_WITNESS, f"the program is not deterministic here: two runs in issue order differ in "
+                       f"{int((a != b).sum()):,} of {len(a):,} bytes")
+    diff = np.flatnonzero(a != f)
+    if not len(diff):
+        return outcome(NOT_CONFIRMED, f"the forced order changed no byte of {len(a):,} (a benign race here, or "
+                       "one whose effect this program does not keep)", 0, len(a))
+    return outcome(CONFIRMED, f"{len(diff):,} of {len(a):,} bytes differ with the second op first ("
+                   f"{_first_difference(in_order.ranges, f, a, int(diff[0]))})", len(diff), len(a))
+
+
+def save(obs: Observation, path: str) -> None:
+    """Write an observation: its JSON at ``path``, its bytes at ``path + ".bin"``."""
+    with open(path + ".bin", "wb") as f:
+        f.write(obs.data)
+    with open(path, "w") as f:
+        json.dump(obs.meta(), f)
+
+
+def load(path: str) -> Observation:
+    with open(path + ".bin", "rb") as f:
+        data = f.read()
+    with open(path) as f:
+        return Observation.from_meta(json.load(f), data)
+
+
+def observe(run: Callable[[], int], plan: Plan, mode: str, *, swap_ops: Sequence[str] = (), platform=None,
+            skip=None) -> Observation:
+    """Run the program once (``run()`` returns its exit status) as a witness run of ``plan`` in
+    ``mode`` (``IN_ORDER`` or ``FORCED``), under a recording without native capture, and return
+    what it saw. Raises RecordingError where no recording can start."""
+    from kvverify.record.session import recording
+
+    rec = recording(swap_ops=swap_ops, platform=platform, skip=skip, native=False)
+    rec.start()
+    tools = None
+    try:
+        tools = rec.witness_tools()
+        forcer = Forcer(rec.recorder, plan, mode, tools)
+        rec.follow_calls(forcer)
+        status = run()
+    finally:
+        if tools is not None:
+            tools.release()  # never leave a stream held behind the program
+        rec.stop()
+        if tools is not None:
+            tools.close()
+    forcer.observation.status = status
+    return forcer.observation
+
+
+def confirm(plan_list: Sequence[Plan], witness_run: Callable[[Plan, str], Observation],
+            progress: Callable[[str], None] = lambda line: None) -> list[Outcome]:
+    """The outcome of each plan: its two runs in issue order and its forced run, each made by
+    ``witness_run(plan, mode)`` (in this process, or in a child process of the program)."""
+    out = []
+    for k, plan in enumerate(plan_list, 1):
+        runs = []
+        for mode in (IN_ORDER, IN_ORDER, FORCED):
+            progress(f"race{'s' if len(plan.races) > 1 else ''} {', '.join(map(str, plan.races))}: witness run "
+                     f"{len(runs) + 1} of 3 ({mode}); pair {k} of {len(plan_list)}")
+            runs.append(witness_run(plan, mode))
+        out.append(judge(plan, plan.first.at, plan.second.at, *runs))
+    return out

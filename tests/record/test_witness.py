@@ -1,0 +1,230 @@
+"""``kvverify record --confirm``'s witness (``kvverify.record.witness``) on the CUDA stand-in: ops
+found again by their place in the program, one plan per pair of lines, the hold before the first
+op, the bytes read back, and the verdict of three runs. The stand-in runs every op at its call, so
+a forced order is the issue order here: the reordering itself is the GPU's to show (the corpus
+with ``--confirm``, ``test_witness_gpu.py``)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import torch
+from fake_cuda import FakeCuda, shared
+
+import kvverify.record as record
+from kvverify.record import cli, witness
+from kvverify.record.witness import (
+    CONFIRMED,
+    FORCED,
+    IN_ORDER,
+    NO_WITNESS,
+    NOT_CONFIRMED,
+    Observation,
+    Plan,
+    Target,
+)
+
+BLOCK = 4096
+
+
+@pytest.fixture
+def fake():
+    return FakeCuda()
+
+
+def racy_steps(fake, steps: int):
+    """A store copied to pinned memory on its own stream while compute writes the block: the
+    copy's stream never waits (a RAW race at the same two lines in every step)."""
+    kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    for step in range(steps):
+        kv.fill_(step + 1)  # compute
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)  # the store
+        fake.synchronize()
+    return kv, host
+
+
+def recorded(fake, program, *args):
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        rec.follow_calls(witness.Forcer(rec.recorder))
+        program(fake, *args)
+    return rec
+
+
+def test_each_call_of_an_op_at_a_line_is_counted_into_what_it_logs(fake):
+    rec = recorded(fake, racy_steps, 3)
+    fills = [op for op in rec.recorder.ops if op["op"] == "kernel"]
+    copies = [op for op in rec.recorder.ops if op["op"] == "copy"]
+    assert [op["call"] for op in fills] == [0, 1, 2] and [op["call"] for op in copies] == [0, 1, 2]
+    assert len({op["at"] for op in fills}) == 1 and fills[0]["at"] != copies[0]["at"]
+
+
+def test_a_plain_recording_counts_nothing(fake):
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        racy_steps(fake, 1)
+    assert all("call" not in op for op in rec.recorder.ops)
+
+
+def test_one_plan_per_pair_of_lines_holds_the_first_op_until_the_second(fake):
+    rec = recorded(fake, racy_steps, 3)
+    races = rec.check().races
+    assert len(races) == 3
+    plans, left = witness.plans(rec.recorder.ops, rec.summary().sources, races)
+    assert left == []
+    (plan,) = plans
+    assert plan.races == (1, 2, 3) and plan.kind == "RAW" and not plan.second_on_host and not plan.early_read
+    assert plan.first.name == "aten.fill_.Scalar" and plan.second.name == "aten.copy_.default"
+    assert plan.first.call == plan.second.call == 0 and plan.first.thread is None
+    assert Plan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+
+
+def test_a_free_and_a_host_access_as_the_second_op(fake):
+    """A use after free is left unforced, with why; a host write racing with a copy that reads
+    the pinned block is forced, complete when its call returns."""
+    def program(fake):
+        kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
+        side = fake.stream()
+        with fake.use(side):
+            kv.copy_(host, non_blocking=True)
+        host.fill_(7)  # rewrites the staging block under the pending H2D copy
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)
+        record.free(host)
+        fake.synchronize()
+
+    rec = recorded(fake, program)
+    races = rec.check().races
+    plans, left = witness.plans(rec.recorder.ops, rec.summary().sources, races)
+    assert [p.kind for p in plans] == ["WAR"] and plans[0].second_on_host
+    # the free races with both copies of the pinned block: two pairs of lines
+    assert [(o.kind, o.status) for o in left] == [("FREE", NO_WITNESS)] * 2
+    assert all("free is not forced" in o.detail for o in left)
+
+
+def test_a_witness_run_holds_the_first_op_before_it_is_issued_and_reads_what_the_pair_wrote(fake):
+    rec = recorded(fake, racy_steps, 2)
+    (plan,), _ = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+    second = Plan(plan.races, plan.kind, plan.first, Target(*[getattr(plan.second, f) for f in
+                                                              ("thread", "at", "name")], 1), False, False)
+    result = {}
+
+    def run():
+        result["kv"], result["host"] = racy_steps(fake, 2)
+        return 0
+
+    obs = witness.observe(run, second, FORCED, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second and not obs.ordered and obs.note is None
+    calls = fake.witness_calls
+    # held before the first fill, marked after it; the copy of step 2 marked, then released
+    assert calls[0][0] == "hold" and calls[1][0] == "mark" and calls[2][0] == "mark" and calls[3] == ("release",)
+    assert calls[0][1] == calls[1][1] != calls[2][1]
+    # what the pair wrote: the fill's block (step 1's value), then the store's host block (step 2's)
+    assert [n for _, n in obs.ranges] == [BLOCK, BLOCK]
+    assert obs.data == bytes([2]) * BLOCK + bytes([2]) * BLOCK
+    assert obs.ranges[1][0].startswith("pinned")
+
+
+def test_a_witness_run_that_never_meets_the_pair_says_so(fake):
+    rec = recorded(fake, racy_steps, 2)
+    (plan,), _ = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+    obs = witness.observe(lambda: (racy_steps(fake, 0), 0)[1], plan, IN_ORDER, platform=fake, skip=fake.skip())
+    assert not obs.found_first and not obs.found_second and obs.data == b""
+
+
+PLAN = Plan((1, 2), "RAW", Target(None, "a.py:1 in f", "aten.fill_.Scalar", 0),
+            Target(None, "a.py:2 in f", "aten.copy_.default", 0), False, False)
+
+
+def seen(mode: str, data: bytes, **kw) -> Observation:
+    return Observation(mode, True, True, ranges=[("pinned1+0x0", len(data))], data=data, **kw)
+
+
+def judged(a: bytes, b: bytes, f: bytes, **forced):
+    return witness.judge(PLAN, "a.py:1 in f", "a.py:2 in f", seen(IN_ORDER, a), seen(IN_ORDER, b),
+                         seen(FORCED, f, **forced))
+
+
+def test_bytes_that_differ_with_the_second_op_first_confirm_the_race():
+    out = judged(b"\x5a" * 8 + b"\x00" * 8, b"\x5a" * 8 + b"\x00" * 8, b"\x5a" * 4 + b"\x00" * 12)
+    assert out.status == CONFIRMED and (out.differ, out.compared) == (4, 16)
+    assert "4 of 16 bytes differ" in out.detail and "pinned1+0x0[4]: 00000000" in out.detail
+    assert "issue order gives 5a5a5a5a" in out.detail
+    assert out.line().startswith("CONFIRMED: races 1, 2 (RAW): ")
+    assert json.loads(json.dumps(out.to_json()))["status"] == CONFIRMED
+
+
+def test_no_byte_changed_is_not_confirmed():
+    out = judged(b"\x01" * 16, b"\x01" * 16, b"\x01" * 16)
+    assert out.status == NOT_CONFIRMED and "changed no byte of 16" in out.detail and out.compared == 16
+
+
+def test_two_runs_in_issue_order_that_differ_are_no_witness():
+    out = judged(b"\x01" * 16, b"\x02" + b"\x01" * 15, b"\x03" * 16)
+    assert out.status == NO_WITNESS and "not deterministic" in out.detail and "1 of 16 bytes" in out.detail
+
+
+def test_a_second_op_that_waits_for_the_held_one_is_not_confirmed():
+    out = judged(b"\x01" * 16, b"\x01" * 16, b"\x01" * 16, ordered=True)
+    assert out.status == NOT_CONFIRMED and "waits for it" in out.detail
+
+
+def test_a_hold_the_watchdog_released_is_not_confirmed():
+    out = judged(b"\x01" * 16, b"\x01" * 16, b"\x02" * 16, expired=1)
+    assert out.status == NOT_CONFIRMED and "watchdog" in out.detail
+
+
+def test_a_pair_not_found_again_is_no_witness():
+    lost = Observation(FORCED, found_first=True)
+    out = witness.judge(PLAN, None, None, seen(IN_ORDER, b"\x01"), seen(IN_ORDER, b"\x01"), lost)
+    assert out.status == NO_WITNESS and "forced run" in out.detail
+
+
+PROGRAM = textwrap.dedent("""\
+    import fake_cuda
+
+    fake = fake_cuda.shared()
+    kv, host = fake.device(4096), fake.pinned(4096)
+    side = fake.stream()
+    kv.fill_(1)
+    with fake.use(side):
+        host.copy_(kv, non_blocking=True)
+    fake.synchronize()
+    """)
+
+
+def test_record_confirm_lists_a_witness_per_pair_and_writes_them_as_json(tmp_path, monkeypatch, capsys):
+    """``kvverify record --confirm --json``, in-process on the stand-in (whose forced order is the
+    issue order: not confirmed, with the bytes compared)."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    parser = __import__("argparse").ArgumentParser()
+    cli.add_arguments(parser)
+    status = cli.run(parser.parse_args(["--confirm", "--json", "report.json", "--", "python", "prog.py"]),
+                     platform=shared())
+    out = capsys.readouterr()
+    assert status == 1
+    assert "witnesses (1 pair of lines):" in out.out
+    assert "not confirmed: race 1 (RAW): the forced order changed no byte of 8,192" in out.out
+    assert "witness run 3 of 3 (forced)" in out.err
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["verdict"] == "RACY" and report["complete"] is True
+    assert [w["status"] for w in report["witnesses"]] == [NOT_CONFIRMED]
+
+
+def test_record_without_confirm_writes_no_witness(tmp_path, monkeypatch, capsys):
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
+    parser = __import__("argparse").ArgumentParser()
+    cli.add_arguments(parser)
+    assert cli.run(parser.parse_args(["--json", "r.json", "--", "python", "prog.py"]), platform=shared()) == 1
+    assert "witnesses" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "r.json").read_text())["witnesses"] == []
+
+
+def test_torch_is_what_the_stand_in_runs_on():
+    assert torch.empty(1).device.type == "cpu"
