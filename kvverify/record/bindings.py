@@ -37,6 +37,9 @@ DRIVER_CALLS = ("cuMemcpyBatchAsync", "cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuM
                 "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent",
                 "cuEventSynchronize", "cuEventQuery", "cuStreamSynchronize", "cuCtxSynchronize", "cuMemMap",
                 "cuMemUnmap")
+# where the stream argument of the calls that issue device work lies (a witness run holds or marks it)
+STREAM_ARGUMENT = {"cuMemcpyBatchAsync": 7, "cuMemcpyAsync": 3, "cuMemcpyHtoDAsync": 3, "cuMemcpyDtoHAsync": 3,
+                   "cuMemcpyDtoDAsync": 3}
 
 
 def _int(handle) -> int:
@@ -83,6 +86,7 @@ class Bindings:
         self.follows = follows
         self.missed = missed
         self.quiet = quiet
+        self.forcer = None  # kvverify.record.witness.Forcer, as the dispatch hook's
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -112,8 +116,14 @@ class Bindings:
 
     def _wrap(self, name: str, original, log: Callable) -> Callable:
         bindings = self
+        label = f"cuda-python {name}" if name in DRIVER_CALLS else f"os.{name}"  # as the ops it logs are named
+        stream_at = STREAM_ARGUMENT.get(name)
 
         def call(*args, **kwargs):
+            forcer, target = bindings.forcer, None
+            stream = _int(args[stream_at]) if stream_at is not None and len(args) > stream_at else None
+            if forcer is not None and not busy() and bindings.follows():
+                target = forcer.before(label, stream)
             with bindings.quiet():
                 result = original(*args, **kwargs)
             if busy():  # the recorder's own call
@@ -122,14 +132,17 @@ class Bindings:
                 at = bindings.rec.locate()
                 with bindings.rec.exclusive():
                     bindings.rec.collect()  # what the native log holds of this thread happened before
+                    logged = len(bindings.rec.ops)
                     try:
                         log(name, args, kwargs, result, at)
                     except Exception as exc:  # the program runs on: the summary says what is missing
                         from kvverify.record.dispatch import RECORDER_ERROR
 
                         bindings.rec.notes[f"{RECORDER_ERROR} {name}: {type(exc).__name__}: {exc}"] += 1
+                if target is not None:
+                    forcer.after(target, logged, stream)
             else:
-                bindings.missed(f"cuda-python {name}" if name in DRIVER_CALLS else f"os.{name}")
+                bindings.missed(label)
             return result
 
         call.__name__ = call.__qualname__ = name

@@ -212,46 +212,62 @@ def run(args: argparse.Namespace, platform=None) -> int:
     return 0 if verdict.safe else 1
 
 
-def _confirm(args: argparse.Namespace, rec, verdict, platform) -> list:
-    """The witness of each pair of lines that races, each run in a child process of the program
-    (``platform`` given: in this process, as the CPU tests do)."""
+def witness_runs(command: list[str], swap_ops, scratch: str, platform=None):
+    """``run(plan, mode)``: one witness run of ``command`` (``python prog.py ...``, ``pytest ...``)
+    in a child process, its observation read back from ``scratch`` (a folder of the caller's);
+    with ``platform``, in this process (the CPU tests' stand-in). A child that fails before it
+    observes anything gives an observation that says so."""
     import subprocess
-    import tempfile
 
     from kvverify.record import witness
 
-    plan_list, outcomes = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    scratch = tempfile.mkdtemp(prefix="kvverify-witness-")
-
-    def child(plan, mode: str):
+    def run(plan, mode: str):
         plan_file, out = os.path.join(scratch, "plan.json"), os.path.join(scratch, f"{mode}.json")
         with open(plan_file, "w") as f:
             json.dump(plan.to_json(), f)
         for leftover in (out, out + ".bin"):
             if os.path.exists(leftover):
                 os.remove(leftover)
+        spec = f"{mode}:{plan_file}:{out}"
         if platform is not None:
-            _witness_run(f"{mode}:{plan_file}:{out}", *program(command), args.swap_op, platform)
+            _witness_run(spec, *program(command), swap_ops, platform)
         else:
-            swap = [a for op in args.swap_op for a in ("--swap-op", op)]
-            done = subprocess.run([sys.executable, "-m", "kvverify", "record", "--witness", f"{mode}:{plan_file}:{out}",
-                                   *swap, "--", *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            swap = [a for op in swap_ops for a in ("--swap-op", op)]
+            done = subprocess.run([sys.executable, "-m", "kvverify", "record", "--witness", spec, *swap, "--",
+                                   *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if not os.path.exists(out + ".bin"):
                 tail = " / ".join(done.stderr.strip().splitlines()[-3:])
                 return witness.Observation(mode, status=done.returncode,
                                            note=f"the {mode} run failed (exit {done.returncode}): {tail}")
         return witness.load(out)
 
+    return run
+
+
+def confirm_races(command: list[str], swap_ops, rec, verdict, platform=None,
+                  progress=lambda line: None) -> list:
+    """The witness outcomes (``kvverify.record.witness.Outcome``) of ``verdict``'s races in the
+    recording ``rec`` of ``command``, its witness runs in child processes (see ``witness_runs``)."""
+    import shutil
+    import tempfile
+
+    from kvverify.record import witness
+
+    plan_list, outcomes = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
+    scratch = tempfile.mkdtemp(prefix="kvverify-witness-")
+    try:
+        return witness.confirm(plan_list, witness_runs(command, swap_ops, scratch, platform), progress) + outcomes
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _confirm(args: argparse.Namespace, rec, verdict, platform) -> list:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+
     def progress(line: str) -> None:
         print(f"kvverify record: --confirm: {line}", file=sys.stderr, flush=True)
 
-    try:
-        outcomes = witness.confirm(plan_list, child, progress) + outcomes
-    finally:
-        import shutil
-
-        shutil.rmtree(scratch, ignore_errors=True)
+    outcomes = confirm_races(command, args.swap_op, rec, verdict, platform, progress)
     print()
     print(f"witnesses ({len(outcomes)} pair{'s' if len(outcomes) != 1 else ''} of lines):")
     for outcome in outcomes:

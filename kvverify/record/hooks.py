@@ -455,9 +455,13 @@ class CudaTools:
         if err != self.driver.CUresult.CUDA_SUCCESS:
             raise RecordingError(f"witness run: {what} failed: {err}")
 
-    def hold(self) -> None:
+    def _stream(self, handle: int | None):
+        cuda = self.torch.cuda
+        return cuda.current_stream() if handle is None else cuda.ExternalStream(handle)
+
+    def hold(self, stream: int | None = None) -> None:
         with self._internal():
-            self.gate.hold(self.torch.cuda.current_stream())
+            self.gate.hold(self._stream(stream))
 
     def release(self) -> None:
         self.gate.release_all()
@@ -465,10 +469,10 @@ class CudaTools:
     def expired(self) -> int:
         return self.gate.expired
 
-    def mark(self) -> Callable[[float], bool]:
+    def mark(self, stream: int | None = None) -> Callable[[float], bool]:
         with self._internal():
             event = self.torch.cuda.Event()
-            event.record()
+            event.record(self._stream(stream))
 
         def wait(seconds: float) -> bool:
             import time

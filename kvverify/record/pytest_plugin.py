@@ -10,7 +10,9 @@ Loaded by pytest through the ``pytest11`` entry point once kvverify is installed
   ``kvverify.record.Recording``), does the same for that test alone.
 
 ``--kvverify-swap-op NS::NAME`` names a serving engine's own batched-swap op;
-``--kvverify-trace-dir DIR`` writes each recorded test's trace there. Where no CUDA device is
+``--kvverify-trace-dir DIR`` writes each recorded test's trace there; ``--kvverify-confirm``
+runs a racing test again in child processes for a device witness of each race (``kvverify
+record --confirm``), listed with the failure. Where no CUDA device is
 visible a recorded test fails with the one line that says so; the ``kvverify_platform`` fixture
 (None: the CUDA device) can be overridden to record on a stand-in.
 
@@ -36,6 +38,9 @@ def pytest_addoption(parser) -> None:
                     help="an op with the schema of kvverify::swap_blocks_batch under another name")
     group.addoption("--kvverify-trace-dir", default=None, metavar="DIR",
                     help="write each recorded test's trace to DIR (one JSON file per test)")
+    group.addoption("--kvverify-confirm", action="store_true", default=False,
+                    help="where a recorded test races, run it again in child processes for a device witness "
+                         "of each racing pair of lines (kvverify record --confirm); the failure lists them")
 
 
 def pytest_configure(config) -> None:
@@ -65,6 +70,10 @@ def kvverify_record(request, kvverify_platform):
     if refused is not None:  # failed outside the handler: the report shows the reason alone, unchained
         pytest.fail(f"kvverify record: {refused}", pytrace=False)
     request.node.stash[_RECORDING] = rec
+    if request.config.getoption("kvverify_confirm"):
+        from kvverify.record.witness import Forcer
+
+        rec.follow_calls(Forcer(rec.recorder))
     try:
         yield rec
     finally:
@@ -92,9 +101,18 @@ def pytest_runtest_call(item):
     if directory:
         os.makedirs(directory, exist_ok=True)
         rec.write(_trace_file(directory, item.nodeid))
-    if not rec.check().safe:
-        pytest.fail(f"kvverify record: the device work of {item.nodeid} races\n\n{rec.report(item.nodeid)}",
-                    pytrace=False)
+    verdict = rec.check()
+    if not verdict.safe:
+        witnesses = ""
+        if item.config.getoption("kvverify_confirm"):
+            from kvverify.record.cli import confirm_races
+
+            test = str(item.path) + item.nodeid[len(item.nodeid.split("::")[0]):]  # from any folder
+            command = ["pytest", "-q", "-p", "no:cacheprovider", test]
+            found = confirm_races(command, item.config.getoption("kvverify_swap_op"), rec, verdict)
+            witnesses = "\n\nwitnesses:\n" + "\n".join(f"  {w.line()}" for w in found)
+        pytest.fail(f"kvverify record: the device work of {item.nodeid} races\n\n{rec.report(item.nodeid)}"
+                    f"{witnesses}", pytrace=False)
     if not rec.complete():
         pytest.fail(f"kvverify record: the recording of {item.nodeid} missed device work (NOT RECORDED below); "
                     f"no race in the rest\n\n"

@@ -185,10 +185,11 @@ class Recording:
             INSIDE.depth -= 1
 
     def follow_calls(self, forcer) -> None:
-        """Count each op's calls at its line into what it logs, and in a witness run force the
-        pair of a race (``kvverify.record.witness.Forcer``). Call right after ``start()``: the
-        threads the program starts later share it."""
-        self._mode.forcer = forcer
+        """Count each op's calls at its line into what it logs (the dispatcher's ops, cuda-python's
+        copies, ``os.preadv``), and in a witness run force the pair of a race
+        (``kvverify.record.witness.Forcer``). Call right after ``start()``: the threads the program
+        starts later share it."""
+        self._mode.forcer = self._bindings.forcer = forcer
 
     def witness_tools(self):
         """The device side of a witness run on this recording's platform."""

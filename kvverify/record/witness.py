@@ -184,8 +184,9 @@ class DeviceTools:
     """What a witness run asks of the device: ``kvverify.record.hooks.CudaTools`` on a CUDA device,
     a stand-in in the CPU tests."""
 
-    def hold(self) -> None:
-        """Make work issued to the current stream from now on wait until ``release``."""
+    def hold(self, stream: int | None = None) -> None:
+        """Make work issued to ``stream`` (a raw handle; None: the current stream) from now on wait
+        until ``release``."""
         raise NotImplementedError
 
     def release(self) -> None:
@@ -195,8 +196,9 @@ class DeviceTools:
         """How many holds the watchdog released (the host blocked while one was open)."""
         return 0
 
-    def mark(self) -> Callable[[float], bool]:
-        """A marker after the current stream's work so far: ``wait(seconds)`` is True once it completed."""
+    def mark(self, stream: int | None = None) -> Callable[[float], bool]:
+        """A marker after the work so far of ``stream`` (a raw handle; None: the current stream):
+        ``wait(seconds)`` is True once it completed."""
         raise NotImplementedError
 
     def read(self, address: int, nbytes: int, device: bool) -> bytes:
@@ -247,7 +249,9 @@ class Forcer:
         self._first_done: Callable[[float], bool] | None = None
         self.observation = Observation(mode or "counting")
 
-    def before(self, name: str) -> Target:
+    def before(self, name: str, stream: int | None = None) -> Target:
+        """Called before an op is issued (``stream``: its raw stream handle where it names one,
+        else the current stream's); holds the stream where the op is the plan's first."""
         rec = self.recorder
         ident = threading.get_ident()
         thread = None if ident == rec.first else rec.threads.get(ident)
@@ -258,10 +262,11 @@ class Forcer:
             self.calls[key] = call + 1
         target = Target(thread, at or "", name, call)
         if self.mode == FORCED and target == self.plan.first:
-            self.tools.hold()  # before the op is issued to the stream
+            self.tools.hold(stream)  # before the op is issued to the stream
         return target
 
-    def after(self, target: Target, logged: int) -> None:
+    def after(self, target: Target, logged: int, stream: int | None = None) -> None:
+        """Called once the op is issued and logged (from ``logged`` on)."""
         ops = [op for op in self.recorder.ops[logged:] if op.get("at") == target.at and op.get("name") == target.name]
         for op in ops:
             op["call"] = target.call
@@ -271,14 +276,14 @@ class Forcer:
         if target == plan.first:
             self.observation.found_first = True
             self._first_ops = ops
-            self._first_done = self.tools.mark()
+            self._first_done = self.tools.mark(stream)
             if self.mode == IN_ORDER and not self._first_done(self.wait_s):
                 self.observation.note = f"the first op did not complete within {self.wait_s:.0f} s"
         elif target == plan.second and self._first_ops is not None and not self.observation.found_second:
             self.observation.found_second = True
-            self._witness(ops)
+            self._witness(ops, stream)
 
-    def _witness(self, second_ops: list[dict]) -> None:
+    def _witness(self, second_ops: list[dict], stream: int | None) -> None:
         tools, obs, memory = self.tools, self.observation, self.recorder.memory
         swaps = [op for op in second_ops if op["op"] == "copy_batch"]
         if self.plan.second_on_host:
@@ -288,12 +293,12 @@ class Forcer:
             # may wait for the first op in stream order, so its destinations get these bytes after it
             pairs = [(self._read(src), dst) for op in swaps for src, dst in _copies(op)]
             tools.release()
-            second_done = tools.mark()(60.0)
+            second_done = tools.mark(stream)(60.0)
             for data, (d, offset, _) in pairs:
                 a = memory.allocations[d]
                 tools.write(a.base + offset, data, a.space == DEVICE_SPACE)
         else:
-            second_done = tools.mark()(self.wait_s if self.mode == FORCED else 60.0)
+            second_done = tools.mark(stream)(self.wait_s if self.mode == FORCED else 60.0)
         obs.ordered = self.mode == FORCED and not second_done
         tools.release()
         if not self._first_done(60.0):

@@ -229,14 +229,14 @@ class FakeTools(DeviceTools):
         self.calls: list[tuple] = []
         fake.witness_calls = self.calls
 
-    def hold(self) -> None:
-        self.calls.append(("hold", self.fake.current.handle))
+    def hold(self, stream: int | None = None) -> None:
+        self.calls.append(("hold", self.fake.current.handle if stream is None else stream))
 
     def release(self) -> None:
         self.calls.append(("release",))
 
-    def mark(self):
-        self.calls.append(("mark", self.fake.current.handle))
+    def mark(self, stream: int | None = None):
+        self.calls.append(("mark", self.fake.current.handle if stream is None else stream))
         return lambda seconds: True
 
     def read(self, address: int, nbytes: int, device: bool) -> bytes:

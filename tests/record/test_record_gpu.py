@@ -111,6 +111,23 @@ def test_the_pytest_plugin_fails_the_racy_test_on_the_device(tmp_path):
     assert "test_store_any races" in r.stdout and "in _write_kv" in r.stdout
 
 
+def test_the_pytest_plugin_confirms_the_racy_test_on_the_device(tmp_path):
+    """``--kvverify-confirm``: the racing test's pair forced in a child run shows its bytes; the
+    safe test is never run again."""
+    (tmp_path / "test_demo.py").write_text(
+        "from kvverify.record import demo\n\n"
+        "def test_safe():\n    demo.Engine(demo.Shape()).run()\n\n"
+        "def test_store_any():\n    demo.Engine(demo.Shape(), 'store-any').run()\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                        "kvverify.record.pytest_plugin", "--kvverify-record", "--kvverify-confirm",
+                        str(tmp_path / "test_demo.py")], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=300)
+    print(r.stdout[-3000:])
+    assert "1 failed, 1 passed" in r.stdout, r.stdout + r.stderr
+    assert "witnesses:" in r.stdout and "CONFIRMED: race" in r.stdout, r.stdout[-3000:]
+
+
 # -- pointer resolution ------------------------------------------------------------------------------
 
 

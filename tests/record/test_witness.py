@@ -228,3 +228,40 @@ def test_record_without_confirm_writes_no_witness(tmp_path, monkeypatch, capsys)
 
 def test_torch_is_what_the_stand_in_runs_on():
     assert torch.empty(1).device.type == "cpu"
+
+
+def test_a_preadv_as_the_second_op_is_found_and_forced_through_the_bindings_wrapper(fake, tmp_path):
+    """vllm-project/vllm#51667's shape: an H2D swap reads a pinned slot that ``os.preadv`` then
+    refills. The read is the second op of a WAR pair: found again by its line, complete when the
+    call returns; the swap's stream is held before the swap."""
+    pytest.importorskip("cuda.bindings.driver")
+    from fake_cuda import ptrs, swap_ops
+
+    kvswap, _ = swap_ops()
+    data = tmp_path / "kv.bin"
+    data.write_bytes(bytes([1]) * BLOCK + bytes([2]) * BLOCK)
+
+    def program(fake):
+        import os
+
+        slot, gpu = fake.pinned(BLOCK), fake.device(2, BLOCK)
+        io = fake.stream()
+        fd = os.open(data, os.O_RDONLY)
+        try:
+            for k in range(2):
+                os.preadv(fd, [slot.numpy()], k * BLOCK)
+                with fake.use(io):
+                    kvswap(ptrs(slot.data_ptr()), ptrs(gpu[k].data_ptr()), ptrs(BLOCK), 1)
+        finally:
+            os.close(fd)
+        fake.synchronize()
+
+    rec = recorded(fake, program)
+    (plan,), left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+    assert left == [] and plan.kind == "WAR" and plan.second.name == "os.preadv" and plan.second_on_host
+    assert plan.first.name == "kvtest.swap_blocks_batch.default" and plan.second.call == 1
+    obs = witness.observe(lambda: (program(fake), 0)[1], plan, FORCED, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second and not obs.ordered
+    calls = [c[0] for c in fake.witness_calls]
+    assert calls[:3] == ["hold", "mark", "release"] and set(calls[3:]) == {"release"}  # (observe's own, at the end)
+    assert obs.data == bytes([1]) * BLOCK + bytes([2]) * BLOCK  # the swap's block (first batch), the refilled slot
