@@ -21,8 +21,11 @@ complete and reading the bytes they wrote there:
 ``judge`` compares them: CONFIRMED with the count of bytes that differ and the first of them, or
 not confirmed (the forced order changed no byte, or ``second`` could not complete while ``first``
 was held: it waits for it), or no witness (the pair was not found again, the runs in issue order
-differ). A free as one of the pair is not forced: its effect shows only when the bytes are reused
-later, after both ops.
+differ). A free as one of the pair is not forced: the op held past it would touch unmapped memory
+(a device fault that ends the run) or the next owner's bytes; the next owner's own race with it
+(RAW / WAR / WAW), where the recording has one, is witnessed instead. Ops seen only by native
+capture (Triton, kernels launched from C++, ``cudaMemcpyAsync`` from C) are not forced: holding
+their stream before the call would need the driver callback to do it; they are named as such.
 """
 
 from __future__ import annotations
@@ -155,11 +158,14 @@ def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple
         first, second = log[sources[race.first]], log[sources[race.second]]
         why = None
         if race.kind == "FREE":
-            why = "a free is not forced: its effect shows only where the bytes are reused, after both ops"
+            why = ("a free is not forced: an op held past it would touch unmapped memory (a device fault) or "
+                   "the next owner's bytes; that owner's own race with the op, where the recording has one, is "
+                   "the one to witness")
         elif race.first == race.second:
             why = "the pair is one op (copies of one batch): there is no second op to hold it for"
         elif _target(first) is None or _target(second) is None:
-            why = "an op of the pair was not issued through torch's dispatcher (forcing it is not built)"
+            why = ("an op of the pair was seen only by native capture (a kernel or copy issued outside torch's "
+                   "dispatcher and cuda-python): forcing it is not built")
         if why is not None:
             left.setdefault(key, ([], why))[0].append(number)
             continue

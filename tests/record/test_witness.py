@@ -265,3 +265,20 @@ def test_a_preadv_as_the_second_op_is_found_and_forced_through_the_bindings_wrap
     calls = [c[0] for c in fake.witness_calls]
     assert calls[:3] == ["hold", "mark", "release"] and set(calls[3:]) == {"release"}  # (observe's own, at the end)
     assert obs.data == bytes([1]) * BLOCK + bytes([2]) * BLOCK  # the swap's block (first batch), the refilled slot
+
+
+def launcher():
+    """Stands for the Python frame of a launcher outside the dispatcher (a Triton kernel's)."""
+
+
+def test_an_op_seen_only_by_native_capture_is_named_and_not_forced(fake):
+    a, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        rec.follow_calls(witness.Forcer(rec.recorder))
+        fake.native("launch", side.handle, 0xF00, 1, a.data_ptr(), frames=((launcher.__code__, 3),))
+        host.copy_(a, non_blocking=True)
+        fake.synchronize()
+    plans, left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+    assert plans == [] and [(o.kind, o.status) for o in left] == [("RAW", NO_WITNESS)]
+    assert "seen only by native capture" in left[0].detail and left[0].first_at.endswith(" in launcher")
