@@ -14,9 +14,10 @@ complete and reading the bytes they wrote there:
   flag, ``kvverify.device.gate``, with a watchdog) until ``second`` has completed, so ``second``
   happens first. A host access as ``second`` is complete when its call returns. A batched swap as
   ``second`` that reads ``first``'s output in source access order ``ANY`` or ``DURING_API_CALL``
-  is given the bytes its sources held at its call (the earliest read either order permits; CUDA
-  Driver API, ``cuMemcpyBatchAsync``, ``CUmemcpySrcAccessOrder``), since its stream may still wait
-  for ``first`` in stream order.
+  may read its sources at its call, before ``first`` ran (CUDA Driver API, ``cuMemcpyBatchAsync``,
+  ``CUmemcpySrcAccessOrder``), while its stream may still wait for ``first``: the bytes ``first``
+  is about to write are read while it is held (then it runs at once), and once the swap completed
+  its destinations get them where its sources overlap them.
 
 ``judge`` compares them: CONFIRMED with the count of bytes that differ and the first of them, or
 not confirmed (the forced order changed no byte, or ``second`` could not complete while ``first``
@@ -253,6 +254,7 @@ class Forcer:
         self._lock = threading.Lock()
         self._first_ops: list[dict] | None = None
         self._first_done: Callable[[float], bool] | None = None
+        self._unwritten: list[tuple[tuple[int, int, int], bytes]] = []  # an early read's bytes (FORCED)
         self.observation = Observation(mode or "counting")
 
     def before(self, name: str, stream: int | None = None) -> Target:
@@ -285,6 +287,12 @@ class Forcer:
             self._first_done = self.tools.mark(stream)
             if self.mode == IN_ORDER and not self._first_done(self.wait_s):
                 self.observation.note = f"the first op did not complete within {self.wait_s:.0f} s"
+            elif self.mode == FORCED and plan.early_read:
+                # the bytes the first op is about to write, read while it is held; then it runs at once:
+                # holding it until the swap's call would block a program that waits on its stream
+                self._unwritten = [(span, self._read(span)) for op in ops for span in _written(op)
+                                   if span[2] <= MAX_BYTES]
+                self.tools.release()
         elif target == plan.second and self._first_ops is not None and not self.observation.found_second:
             self.observation.found_second = True
             self._witness(ops, stream)
@@ -295,14 +303,17 @@ class Forcer:
         if self.plan.second_on_host:
             second_done = True
         elif self.mode == FORCED and self.plan.early_read and swaps:
-            # the sources now, with the first op held: what the swap reads at its call; its own read
-            # may wait for the first op in stream order, so its destinations get these bytes after it
-            pairs = [(self._read(src), dst) for op in swaps for src, dst in _copies(op)]
-            tools.release()
+            # a read at the swap's call, before the first op wrote: where a copy's source overlaps what
+            # the first op wrote, its destination gets the bytes from before that write, once the
+            # swap itself (which may wait for the first op in stream order) has completed
             second_done = tools.mark(stream)(60.0)
-            for data, (d, offset, _) in pairs:
-                a = memory.allocations[d]
-                tools.write(a.base + offset, data, a.space == DEVICE_SPACE)
+            for op in swaps:
+                for (s, so, n), (d, do, _) in _copies(op):
+                    for (a, ao, an), data in self._unwritten:
+                        lo, hi = max(so, ao), min(so + n, ao + an)
+                        if a == s and lo < hi:
+                            target = memory.allocations[d]
+                            tools.write(target.base + do + lo - so, data[lo - ao:hi - ao], target.space == DEVICE_SPACE)
         else:
             second_done = tools.mark(stream)(self.wait_s if self.mode == FORCED else 60.0)
         obs.ordered = self.mode == FORCED and not second_done

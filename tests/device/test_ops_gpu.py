@@ -155,6 +155,7 @@ def test_opcheck():
         1,
     )
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # buf and out are written on the default stream
     with torch.cuda.stream(s):
         torch.library.opcheck(torch.ops.kvverify.swap_blocks_batch.default, args)
         torch.library.opcheck(torch.ops.kvverify.swap_blocks_loop.default, args[:3])
@@ -183,6 +184,7 @@ def _valid_copy_works():
     a = torch.arange(4096, dtype=torch.uint8, device="cuda")
     with allocate_host("pinned", 4096) as host:
         s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())  # a is written on the default stream
         with torch.cuda.stream(s):
             ops.swap_blocks_batch([a.data_ptr()], [host.ptr], [4096], SrcAccessOrder.STREAM)
         s.synchronize()

@@ -282,3 +282,34 @@ def test_an_op_seen_only_by_native_capture_is_named_and_not_forced(fake):
     plans, left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
     assert plans == [] and [(o.kind, o.status) for o in left] == [("RAW", NO_WITNESS)]
     assert "seen only by native capture" in left[0].detail and left[0].first_at.endswith(" in launcher")
+
+
+def test_an_any_order_swap_reading_the_first_ops_output_gets_the_bytes_from_before_it(fake):
+    """The early read ``ANY`` permits: the first op's stream is held only while the bytes it is
+    about to write are read, then released at once (a program that waits on its stream does not
+    block); the swap's destination gets those bytes once the swap completed."""
+    from fake_cuda import ptrs, swap_ops
+
+    from kvverify.terms import SrcAccessOrder
+
+    kvswap, _ = swap_ops()
+
+    def program(fake):
+        src, dst = fake.device(BLOCK), fake.device(BLOCK)
+        compute, copy = fake.stream(), fake.stream()
+        with fake.use(compute):
+            src.fill_(9)
+        copy.wait_stream(compute)
+        with fake.use(copy):
+            kvswap(ptrs(src.data_ptr()), ptrs(dst.data_ptr()), ptrs(BLOCK), int(SrcAccessOrder.ANY))
+        fake.synchronize()
+        return src, dst
+
+    rec = recorded(fake, program)
+    (plan,), left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+    assert left == [] and plan.kind == "RAW" and plan.early_read and not plan.second_on_host
+    obs = witness.observe(lambda: (program(fake), 0)[1], plan, FORCED, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second and not obs.ordered and obs.note is None
+    calls = [c[0] for c in fake.witness_calls]
+    assert calls[:4] == ["hold", "mark", "release", "mark"]  # released before the swap is issued
+    assert obs.data == bytes([9]) * (2 * BLOCK)  # (the stand-in ran the fill at its call)
