@@ -43,7 +43,8 @@ from kvverify.terms import DEVICE_SPACE
 
 IN_ORDER, FORCED = "in-order", "forced"
 CONFIRMED, NOT_CONFIRMED, NO_WITNESS = "CONFIRMED", "not confirmed", "no witness"
-WAIT_S = 2.0  # how long a witness run waits for an op to complete before it calls the pair ordered
+WAIT_S = 10.0  # how long a forced run waits for the second op before it calls the pair ordered
+DONE_S = 60.0  # how long a witness run waits for an op that nothing holds
 MAX_BYTES = 256 << 20  # the most bytes one witness reads back
 EARLY_READ_ORDERS = ("ANY", "DURING_API_CALL")
 
@@ -275,7 +276,9 @@ class Forcer:
 
     def after(self, target: Target, logged: int, stream: int | None = None) -> None:
         """Called once the op is issued and logged (from ``logged`` on)."""
-        ops = [op for op in self.recorder.ops[logged:] if op.get("at") == target.at and op.get("name") == target.name]
+        # (another thread may have logged meanwhile, also at this line)
+        ops = [op for op in self.recorder.ops[logged:]
+               if op.get("at") == target.at and op.get("name") == target.name and op.get("thread") == target.thread]
         for op in ops:
             op["call"] = target.call
         plan = self.plan
@@ -285,8 +288,8 @@ class Forcer:
             self.observation.found_first = True
             self._first_ops = ops
             self._first_done = self.tools.mark(stream)
-            if self.mode == IN_ORDER and not self._first_done(self.wait_s):
-                self.observation.note = f"the first op did not complete within {self.wait_s:.0f} s"
+            if self.mode == IN_ORDER and not self._first_done(DONE_S):
+                self.observation.note = f"the first op did not complete within {DONE_S:.0f} s"
             elif self.mode == FORCED and plan.early_read:
                 # the bytes the first op is about to write, read while it is held; then it runs at once:
                 # holding it until the swap's call would block a program that waits on its stream
@@ -306,7 +309,7 @@ class Forcer:
             # a read at the swap's call, before the first op wrote: where a copy's source overlaps what
             # the first op wrote, its destination gets the bytes from before that write, once the
             # swap itself (which may wait for the first op in stream order) has completed
-            second_done = tools.mark(stream)(60.0)
+            second_done = tools.mark(stream)(DONE_S)
             for op in swaps:
                 for (s, so, n), (d, do, _) in _copies(op):
                     for (a, ao, an), data in self._unwritten:
@@ -315,11 +318,11 @@ class Forcer:
                             target = memory.allocations[d]
                             tools.write(target.base + do + lo - so, data[lo - ao:hi - ao], target.space == DEVICE_SPACE)
         else:
-            second_done = tools.mark(stream)(self.wait_s if self.mode == FORCED else 60.0)
+            second_done = tools.mark(stream)(self.wait_s if self.mode == FORCED else DONE_S)
         obs.ordered = self.mode == FORCED and not second_done
         tools.release()
-        if not self._first_done(60.0):
-            obs.note = "the first op did not complete within 60 s of the release"
+        if not self._first_done(DONE_S):
+            obs.note = f"the first op did not complete within {DONE_S:.0f} s of the release"
         obs.expired = tools.expired()
         spans = [s for op in (self._first_ops or []) + second_ops for s in _written(op)]
         if sum(s[2] for s in spans) > MAX_BYTES:
