@@ -180,6 +180,9 @@ def run(args: argparse.Namespace, platform=None) -> int:
         print(f"kvverify record: trace written to {args.output}", file=sys.stderr)
     if args.no_check:
         print("\n".join(rec.summary().lines()))
+        if args.confirm:
+            print("kvverify record: --confirm needs the check (--no-check was given): no witness runs",
+                  file=sys.stderr)
         return status
     from kvverify.check import check
 
@@ -188,15 +191,16 @@ def run(args: argparse.Namespace, platform=None) -> int:
     print(verdict.render(source=command).rstrip("\n"))
     print()
     print("\n".join(rec.summary().lines()))
-    witnesses = []
+    witnesses = None  # (null in the JSON report: no witness runs were made)
     if args.confirm and verdict.races:
         if status != 0:
             print("kvverify record: --confirm: the program failed; no witness runs", file=sys.stderr)
         else:
-            witnesses = _confirm(args, rec, verdict, platform)
+            # every race, not only those listed: each racing pair of lines gets its witness
+            witnesses = _confirm(args, rec, check(rec.trace(), max_races=None), platform)
     if args.json:
         report = {"command": command, **verdict.to_json(), "complete": rec.complete(),
-                  "witnesses": [w.to_json() for w in witnesses]}
+                  "witnesses": None if witnesses is None else [w.to_json() for w in witnesses]}
         try:
             with open(args.json, "w") as f:
                 json.dump(report, f, indent=2)
@@ -212,14 +216,21 @@ def run(args: argparse.Namespace, platform=None) -> int:
     return 0 if verdict.safe else 1
 
 
+WITNESS_ENV = "KVVERIFY_WITNESS"  # MODE:PLAN.json:OUT for the pytest plugin of a witness run of one test
+
+
 def witness_runs(command: list[str], swap_ops, scratch: str, platform=None):
     """``run(plan, mode)``: one witness run of ``command`` (``python prog.py ...``, ``pytest ...``)
     in a child process, its observation read back from ``scratch`` (a folder of the caller's);
-    with ``platform``, in this process (the CPU tests' stand-in). A child that fails before it
-    observes anything gives an observation that says so."""
+    with ``platform``, in this process (the CPU tests' stand-in). A pytest command's witness run
+    starts where the plugin starts a test's recording (``WITNESS_ENV``), so that calls are counted
+    from the same point. A child that fails before it observes anything gives an observation that
+    says so."""
     import subprocess
 
     from kvverify.record import witness
+
+    kind = program(command)[0]
 
     def run(plan, mode: str):
         plan_file, out = os.path.join(scratch, "plan.json"), os.path.join(scratch, f"{mode}.json")
@@ -229,19 +240,55 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None):
             if os.path.exists(leftover):
                 os.remove(leftover)
         spec = f"{mode}:{plan_file}:{out}"
-        if platform is not None:
+        if kind == "pytest":
+            arguments = program(command)[2]
+            if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):  # (else the entry point loads it)
+                arguments = ["-p", "kvverify.record.pytest_plugin", *arguments]
+            saved = os.environ.get(WITNESS_ENV)
+            os.environ[WITNESS_ENV] = spec
+            try:
+                if platform is not None:
+                    run_program("pytest", "pytest", arguments)
+                else:
+                    done = subprocess.run([sys.executable, "-m", "pytest", *arguments], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True)
+            finally:
+                if saved is None:
+                    os.environ.pop(WITNESS_ENV, None)
+                else:
+                    os.environ[WITNESS_ENV] = saved
+        elif platform is not None:
             _witness_run(spec, *program(command), swap_ops, platform)
         else:
             swap = [a for op in swap_ops for a in ("--swap-op", op)]
             done = subprocess.run([sys.executable, "-m", "kvverify", "record", "--witness", spec, *swap, "--",
                                    *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            if not os.path.exists(out + ".bin"):
-                tail = " / ".join(done.stderr.strip().splitlines()[-3:])
-                return witness.Observation(mode, status=done.returncode,
-                                           note=f"the {mode} run failed (exit {done.returncode}): {tail}")
+        if not os.path.exists(out + ".bin"):
+            if platform is not None:
+                return witness.Observation(mode, note=f"the {mode} run observed nothing (it failed before the pair)")
+            tail = " / ".join(done.stderr.strip().splitlines()[-3:])
+            return witness.Observation(mode, status=done.returncode,
+                                       note=f"the {mode} run failed (exit {done.returncode}): {tail}")
         return witness.load(out)
 
     return run
+
+
+def read_witness_spec(spec: str):
+    """``(mode, plan, out)`` of a witness run's ``MODE:PLAN.json:OUT``. Raises ValueError naming what
+    is wrong with it."""
+    from kvverify.record import witness
+
+    parts = spec.split(":", 2)
+    if len(parts) != 3 or parts[0] not in (witness.IN_ORDER, witness.FORCED):
+        raise ValueError(f"a witness run takes {witness.IN_ORDER}|{witness.FORCED}:PLAN.json:OUT, not {spec!r}")
+    mode, plan_file, out = parts
+    try:
+        with open(plan_file) as f:
+            plan = witness.Plan.from_json(json.load(f))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"cannot read the witness plan {plan_file}: {exc}") from exc
+    return mode, plan, out
 
 
 def confirm_races(command: list[str], swap_ops, rec, verdict, platform=None,
@@ -277,17 +324,16 @@ def _confirm(args: argparse.Namespace, rec, verdict, platform) -> list:
 
 def _witness_run(spec: str, kind: str, target: str, arguments: list[str], swap_ops, platform) -> int:
     """A child of ``--confirm``: the program once as a witness run (``MODE:PLAN.json:OUT``); writes
-    the observation at OUT and returns the program's exit status."""
+    the observation at OUT and returns the program's exit status (2 and one line for a bad spec
+    or where no recording can start)."""
     from kvverify.errors import RecordingError
     from kvverify.record import witness
 
-    mode, plan_file, out = spec.split(":", 2)
-    with open(plan_file) as f:
-        plan = witness.Plan.from_json(json.load(f))
     try:
+        mode, plan, out = read_witness_spec(spec)
         obs = witness.observe(lambda: run_program(kind, target, arguments), plan, mode, swap_ops=swap_ops,
                               platform=platform)
-    except RecordingError as exc:
+    except (RecordingError, ValueError) as exc:
         return _fail(str(exc))
     witness.save(obs, out)
     return obs.status

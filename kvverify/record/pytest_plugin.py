@@ -26,6 +26,8 @@ import re
 
 import pytest
 
+from kvverify.record.cli import WITNESS_ENV
+
 _RECORDING = pytest.StashKey()
 
 
@@ -61,6 +63,10 @@ def kvverify_record(request, kvverify_platform):
     from kvverify.errors import RecordingError
     from kvverify.record.session import recording
 
+    spec = os.environ.get(WITNESS_ENV)
+    if spec:  # a witness run of this test (--kvverify-confirm's child): it starts where its recording did
+        yield from _witness_run(spec, request, kvverify_platform)
+        return
     rec = recording(swap_ops=request.config.getoption("kvverify_swap_op"), platform=kvverify_platform)
     refused = None
     try:
@@ -80,9 +86,31 @@ def kvverify_record(request, kvverify_platform):
         rec.stop()
 
 
+def _witness_run(spec: str, request, platform):
+    """The test's body as a witness run (``kvverify.record.witness.witnessing``), its observation
+    written where the spec says; the recording is the test's ``kvverify_record``."""
+    from kvverify.errors import RecordingError
+    from kvverify.record import witness
+    from kvverify.record.cli import read_witness_spec
+
+    try:
+        mode, plan, out = read_witness_spec(spec)
+        running = witness.witnessing(plan, mode, swap_ops=request.config.getoption("kvverify_swap_op"),
+                                     platform=platform)
+        rec, observation = running.__enter__()
+    except (RecordingError, ValueError) as exc:
+        pytest.fail(f"kvverify record: witness run: {exc}", pytrace=False)
+    try:
+        yield rec
+    finally:
+        running.__exit__(None, None, None)
+        witness.save(observation, out)
+
+
 @pytest.fixture(autouse=True)
 def _kvverify_record_when_asked(request):
-    if request.config.getoption("kvverify_record") or request.node.get_closest_marker("kvverify_record"):
+    if (request.config.getoption("kvverify_record") or request.node.get_closest_marker("kvverify_record")
+            or os.environ.get(WITNESS_ENV)):
         request.getfixturevalue("kvverify_record")
 
 

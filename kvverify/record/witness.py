@@ -31,7 +31,9 @@ their stream before the call would need the driver callback to do it; they are n
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -47,6 +49,7 @@ WAIT_S = 10.0  # how long a forced run waits for the second op before it calls t
 DONE_S = 60.0  # how long a witness run waits for an op that nothing holds
 MAX_BYTES = 256 << 20  # the most bytes one witness reads back
 EARLY_READ_ORDERS = ("ANY", "DURING_API_CALL")
+DEFAULT_THREAD_NAME = re.compile(r"^(Thread|Dummy)-\d+")
 
 
 @dataclass(frozen=True)
@@ -142,9 +145,9 @@ class Outcome:
 
 
 def _target(op: dict) -> Target | None:
-    if op.get("call") is None or not op.get("at") or not op.get("name"):
+    if op.get("call") is None or not op.get("name"):
         return None
-    return Target(op.get("thread"), op["at"], op["name"], op["call"])
+    return Target(op.get("caller"), op.get("at") or "", op["name"], op["call"])
 
 
 def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple[list[Plan], list[Outcome]]:
@@ -163,8 +166,9 @@ def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple
             why = ("a free is not forced: an op held past it would touch unmapped memory (a device fault) or "
                    "the next owner's bytes; that owner's own race with the op, where the recording has one, is "
                    "the one to witness")
-        elif race.first == race.second:
-            why = "the pair is one op (copies of one batch): there is no second op to hold it for"
+        elif race.first == race.second or (_target(first) is not None and _target(first) == _target(second)):
+            why = ("the pair is one call (copies or groups of one batched call): there is no second call to "
+                   "hold it for")
         elif _target(first) is None or _target(second) is None:
             why = ("an op of the pair was seen only by native capture (a kernel or copy issued outside torch's "
                    "dispatcher and cuda-python): forcing it is not built")
@@ -252,35 +256,52 @@ class Forcer:
         self.plan, self.mode, self.tools = plan, mode, tools
         self.wait_s = wait_s
         self.calls: Counter = Counter()
+        self._threads: dict[str, str] = {}  # the recording's thread name -> the stable one (_thread)
+        self._bases: Counter = Counter()
         self._lock = threading.Lock()
         self._first_ops: list[dict] | None = None
         self._first_done: Callable[[float], bool] | None = None
         self._unwritten: list[tuple[tuple[int, int, int], bytes]] = []  # an early read's bytes (FORCED)
         self.observation = Observation(mode or "counting")
 
-    def before(self, name: str, stream: int | None = None) -> Target:
+    def _thread(self, name: str | None) -> str | None:
+        """The name a witness run finds a thread again by: the recording's, with Python's default
+        numbering (``Thread-3 (worker)``, which goes on from run to run in one process) replaced by
+        the order in which this run first saw such a thread (``Thread (worker) #1``)."""
+        if name is None:
+            return None
+        stable = self._threads.get(name)
+        if stable is None:
+            base = DEFAULT_THREAD_NAME.sub(r"\1", name)
+            self._bases[base] += 1
+            stable = self._threads[name] = f"{base} #{self._bases[base]}"
+        return stable
+
+    def before(self, name: str, stream: int | None = None) -> tuple[Target, str | None]:
         """Called before an op is issued (``stream``: its raw stream handle where it names one,
-        else the current stream's); holds the stream where the op is the plan's first."""
+        else the current stream's); holds the stream where the op is the plan's first. Returns
+        what ``after`` takes: the op's ``Target`` and the recording's name of its thread."""
         rec = self.recorder
         ident = threading.get_ident()
         thread = None if ident == rec.first else rec.threads.get(ident)
-        at = rec.locate(1)
+        at = rec.locate(1) or ""  # (a thread whose target is library code has no line of the program)
         with self._lock:
             key = (thread, at, name)
             call = self.calls[key]
             self.calls[key] = call + 1
-        target = Target(thread, at or "", name, call)
+            target = Target(self._thread(thread), at, name, call)
         if self.mode == FORCED and target == self.plan.first:
             self.tools.hold(stream)  # before the op is issued to the stream
-        return target
+        return target, thread
 
-    def after(self, target: Target, logged: int, stream: int | None = None) -> None:
+    def after(self, issued: tuple[Target, str | None], logged: int, stream: int | None = None) -> None:
         """Called once the op is issued and logged (from ``logged`` on)."""
+        target, thread = issued
         # (another thread may have logged meanwhile, also at this line)
-        ops = [op for op in self.recorder.ops[logged:]
-               if op.get("at") == target.at and op.get("name") == target.name and op.get("thread") == target.thread]
+        ops = [op for op in self.recorder.ops[logged:] if (op.get("at") or "") == target.at
+               and op.get("name") == target.name and op.get("thread") == thread]
         for op in ops:
-            op["call"] = target.call
+            op["call"], op["caller"] = target.call, target.thread
         plan = self.plan
         if plan is None:
             return
@@ -302,7 +323,7 @@ class Forcer:
 
     def _witness(self, second_ops: list[dict], stream: int | None) -> None:
         tools, obs, memory = self.tools, self.observation, self.recorder.memory
-        swaps = [op for op in second_ops if op["op"] == "copy_batch"]
+        swaps = [op for op in second_ops if op["op"] == "copy_batch" and op.get("order") in EARLY_READ_ORDERS]
         if self.plan.second_on_host:
             second_done = True
         elif self.mode == FORCED and self.plan.early_read and swaps:
@@ -374,7 +395,8 @@ def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Obs
     notes = [r.note for r in runs if r.note]
     if notes:
         return outcome(NO_WITNESS, notes[0])
-    if len(in_order.data) != len(forced.data) or len(in_order.data) != len(again.data):
+    sizes = {tuple(n for _, n in r.ranges) for r in runs}
+    if len(sizes) > 1 or len({len(r.data) for r in runs}) > 1:
         return outcome(NO_WITNESS, "the runs wrote byte ranges of different sizes: the program is not "
                        "deterministic here")
     a, b, f = (np.frombuffer(r.data, dtype=np.uint8) for r in runs)
@@ -406,13 +428,17 @@ def load(path: str) -> Observation:
         return Observation.from_meta(json.load(f), data)
 
 
-def observe(run: Callable[[], int], plan: Plan, mode: str, *, swap_ops: Sequence[str] = (), platform=None,
-            skip=None) -> Observation:
-    """Run the program once (``run()`` returns its exit status) as a witness run of ``plan`` in
-    ``mode`` (``IN_ORDER`` or ``FORCED``), under a recording without native capture, and return
-    what it saw. Raises RecordingError where no recording can start."""
+@contextlib.contextmanager
+def witnessing(plan: Plan, mode: str, *, swap_ops: Sequence[str] = (), platform=None, skip=None):
+    """A witness run of ``plan`` in ``mode`` (``IN_ORDER`` or ``FORCED``) around the program's code
+    inside the ``with``, under a recording without native capture; yields ``(recording,
+    observation)``, the observation complete when the ``with`` ends (its ``status`` is the
+    caller's to set). No stream stays held after it. Raises RecordingError where no recording
+    can start, ValueError for another mode."""
     from kvverify.record.session import recording
 
+    if mode not in (IN_ORDER, FORCED):
+        raise ValueError(f"a witness run is {IN_ORDER} or {FORCED}, not {mode!r}")
     rec = recording(swap_ops=swap_ops, platform=platform, skip=skip, native=False)
     rec.start()
     tools = None
@@ -420,15 +446,22 @@ def observe(run: Callable[[], int], plan: Plan, mode: str, *, swap_ops: Sequence
         tools = rec.witness_tools()
         forcer = Forcer(rec.recorder, plan, mode, tools)
         rec.follow_calls(forcer)
-        status = run()
+        yield rec, forcer.observation
     finally:
         if tools is not None:
             tools.release()  # never leave a stream held behind the program
         rec.stop()
         if tools is not None:
             tools.close()
-    forcer.observation.status = status
-    return forcer.observation
+
+
+def observe(run: Callable[[], int], plan: Plan, mode: str, *, swap_ops: Sequence[str] = (), platform=None,
+            skip=None) -> Observation:
+    """Run the program once (``run()`` returns its exit status) as a witness run of ``plan`` in
+    ``mode`` (see ``witnessing``) and return what it saw."""
+    with witnessing(plan, mode, swap_ops=swap_ops, platform=platform, skip=skip) as (_, observation):
+        observation.status = run()
+    return observation
 
 
 def confirm(plan_list: Sequence[Plan], witness_run: Callable[[Plan, str], Observation],

@@ -98,17 +98,29 @@ def recorded(case: Case, form: str, confirm: bool = False) -> Recorded:
         ops = rec.trace()["ops"]
         complete = rec.complete()
         notes = rec.summary().notes
-        outcomes = None
-        if confirm and verdict.races:
-            plans, outcomes = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
-            outcomes = witness.confirm(plans, lambda plan, mode: witness.observe(
-                lambda: (case.run(form), 0)[1], plan, mode)) + outcomes
     except Exception as exc:
         return Recorded(error=one_line(exc))
+    witnesses = None
+    if confirm and verdict.races:
+        try:
+            plans, left = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
+            witnesses = tuple(o.line() for o in witness.confirm(plans, lambda plan, mode: witness.observe(
+                lambda: _status(case, form), plan, mode)) + left)
+        except Exception as exc:  # the recorded verdict stands
+            witnesses = (f"{witness.NO_WITNESS}: the witness runs raised: {one_line(exc)}",)
     race, found = expected_race(case, verdict.races, ops)
     return Recorded(verdict=verdict.verdict, races=len(verdict.races), complete=complete, race=race, pair_found=found,
-                    blind=blindness(case, form, complete, notes),
-                    witnesses=None if outcomes is None else tuple(o.line() for o in outcomes))
+                    blind=blindness(case, form, complete, notes), witnesses=witnesses)
+
+
+def _status(case: Case, form: str) -> int:
+    """``case.run(form)`` as a program's exit status: 0, or 1 where it raised (a check of its own
+    that the forced order failed); the witness compares its bytes either way."""
+    try:
+        case.run(form)
+    except Exception:
+        return 1
+    return 0
 
 
 def parse_sanitized(stdout: str) -> dict[tuple[str, str], Sanitized]:
