@@ -409,8 +409,10 @@ def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Obs
     if not len(diff):
         return outcome(NOT_CONFIRMED, f"the forced order changed no byte of {len(a):,} (a benign race here, or "
                        "one whose effect this program does not keep)", 0, len(a))
+    emulated = ("; the swap's read at its call was made by the witness: the order permits it, this driver "
+                "may still read in stream order") if plan.early_read else ""
     return outcome(CONFIRMED, f"{len(diff):,} of {len(a):,} bytes differ with the second op first ("
-                   f"{_first_difference(in_order.ranges, f, a, int(diff[0]))})", len(diff), len(a))
+                   f"{_first_difference(in_order.ranges, f, a, int(diff[0]))}){emulated}", len(diff), len(a))
 
 
 def save(obs: Observation, path: str) -> None:

@@ -313,3 +313,11 @@ def test_an_any_order_swap_reading_the_first_ops_output_gets_the_bytes_from_befo
     calls = [c[0] for c in fake.witness_calls]
     assert calls[:4] == ["hold", "mark", "release", "mark"]  # released before the swap is issued
     assert obs.data == bytes([9]) * (2 * BLOCK)  # (the stand-in ran the fill at its call)
+
+
+def test_a_confirmed_early_read_says_the_witness_made_the_read():
+    early = Plan(PLAN.races, PLAN.kind, PLAN.first, PLAN.second, False, True)
+    out = witness.judge(early, None, None, seen(IN_ORDER, b"\x01" * 8), seen(IN_ORDER, b"\x01" * 8),
+                        seen(FORCED, b"\x00" * 8))
+    assert out.status == CONFIRMED and "the swap's read at its call was made by the witness" in out.detail
+    assert "made by the witness" not in judged(b"\x01" * 8, b"\x01" * 8, b"\x00" * 8).detail
