@@ -20,7 +20,8 @@
 #        stress-2gpu-shard  two GPUs, the cells split (--shard)
 #        merge           stress-2gpu, stress-2gpu-shard and probe reports merged; every report validated
 #        hook-probe      what a C++ op observer would cost the recorder per op (benchmarks/record_hook_probe.py)
-#        corpus          the race corpus (docs/corpus.md): its table in corpus.md, its JSON in corpus.json
+#        corpus          the race corpus (docs/corpus.md) with a device witness per race (--confirm): its
+#                        table in corpus.md, its JSON in corpus.json
 #        Each has a wall-clock limit (SIGINT, then SIGKILL), so one stuck step cannot eat a lent
 #        device's whole call.
 set -uo pipefail
@@ -123,9 +124,9 @@ step merge 120 bash -c 'stress=(); for f in stress.json stress-2gpu.json stress-
   python3 ci/reports.py validate "$0/merged.json" "${stress[@]}" || rc=1; exit $rc' "$OUT"
 # The recorder's next hook: a C++ op observer's cost per op against the dispatch mode and the recorder.
 step hook-probe 240 python3 benchmarks/record_hook_probe.py --device cuda --json "$OUT/hook-probe.json"
-# The race corpus: each case's forms natively, recorded and under CSAN (one child process); fails when a
+# The race corpus: each case's forms natively, recorded (each race witnessed) and under CSAN (one child process); fails when a
 # case the dispatcher sees is not RACY with its pair when broken and SAFE when fixed.
-step corpus 300 bash -c 'python3 -m kvverify corpus --json "$0/corpus.json" | tee "$0/corpus.md"
+step corpus 300 bash -c 'python3 -m kvverify corpus --confirm --json "$0/corpus.json" | tee "$0/corpus.md"
   exit "${PIPESTATUS[0]}"' "$OUT"
 
 if [ ${#failed[@]} -ne 0 ]; then
