@@ -343,9 +343,14 @@ def _host_access(kind: str, objs: tuple, name: str | None) -> None:
     rec = _current(f"kvverify.record.{kind}")
     if rec is None:
         return
+    forcer = rec._mode.forcer  # a witness run finds the annotation again as it does an op
+    issued = None if forcer is None else forcer.before(name or kind)
     at = rec.recorder.locate()
     with rec.recorder.exclusive():
+        logged = len(rec.recorder.ops)
         rec.recorder.host_access(kind, _spans(rec, objs, at), name, at)
+    if issued is not None:
+        forcer.after(issued, logged)
 
 
 def host_write(*objs, name: str | None = None) -> None:

@@ -12,7 +12,8 @@ complete and reading the bytes they wrote there:
   program is not deterministic here, and nothing can be concluded.
 - ``forced``: ``first``'s stream is held before ``first`` is issued (a stream-memory wait on a host
   flag, ``kvverify.device.gate``, with a watchdog) until ``second`` has completed, so ``second``
-  happens first. A host access as ``second`` is complete when its call returns. A batched swap as
+  happens first. A host access as ``second`` is complete when its call returns; a host read is
+  witnessed by the bytes it read, taken right then. A batched swap as
   ``second`` that reads ``first``'s output in source access order ``ANY`` or ``DURING_API_CALL``
   may read its sources at its call, before ``first`` ran (CUDA Driver API, ``cuMemcpyBatchAsync``,
   ``CUmemcpySrcAccessOrder``), while its stream may still wait for ``first``: the bytes ``first``
@@ -145,9 +146,9 @@ class Outcome:
 
 
 def _target(op: dict) -> Target | None:
-    if op.get("call") is None or not op.get("name"):
+    if op.get("call") is None:
         return None
-    return Target(op.get("caller"), op.get("at") or "", op["name"], op["call"])
+    return Target(op.get("caller"), op.get("at") or "", op.get("name") or op["op"], op["call"])
 
 
 def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple[list[Plan], list[Outcome]]:
@@ -299,7 +300,7 @@ class Forcer:
         target, thread = issued
         # (another thread may have logged meanwhile, also at this line)
         ops = [op for op in self.recorder.ops[logged:] if (op.get("at") or "") == target.at
-               and op.get("name") == target.name and op.get("thread") == thread]
+               and (op.get("name") or op["op"]) == target.name and op.get("thread") == thread]
         for op in ops:
             op["call"], op["caller"] = target.call, target.thread
         plan = self.plan
@@ -341,6 +342,12 @@ class Forcer:
         else:
             second_done = tools.mark(stream)(self.wait_s if self.mode == FORCED else DONE_S)
         obs.ordered = self.mode == FORCED and not second_done
+        # a host read as the second op writes nothing: what it saw is the bytes it read, as they are
+        # now, with the first op still held in a forced run
+        seen = [span for op in second_ops if op["op"] == "host_read" for span in op["ranges"]]
+        if sum(s[2] for s in seen) > MAX_BYTES:
+            seen = []
+        host_read = [self._read(span) for span in seen]
         tools.release()
         if not self._first_done(DONE_S):
             obs.note = f"the first op did not complete within {DONE_S:.0f} s of the release"
@@ -351,8 +358,10 @@ class Forcer:
             return
         from kvverify.record.writer import buffer_name
 
-        obs.data = b"".join(self._read(span) for span in spans)
-        obs.ranges = [(f"{buffer_name(memory.allocations[a])}+{offset:#x}", n) for a, offset, n in spans]
+        obs.data = b"".join([self._read(span) for span in spans] + host_read)
+        obs.ranges = ([(f"{buffer_name(memory.allocations[a])}+{offset:#x}", n) for a, offset, n in spans]
+                      + [(f"{buffer_name(memory.allocations[a])}+{offset:#x} as the host read it", n)
+                         for a, offset, n in seen])
 
     def _read(self, span: tuple[int, int, int]) -> bytes:
         a = self.recorder.memory.allocations[span[0]]

@@ -321,3 +321,26 @@ def test_a_confirmed_early_read_says_the_witness_made_the_read():
                         seen(FORCED, b"\x00" * 8))
     assert out.status == CONFIRMED and "the swap's read at its call was made by the witness" in out.detail
     assert "made by the witness" not in judged(b"\x01" * 8, b"\x01" * 8, b"\x00" * 8).detail
+
+
+def test_a_host_read_annotated_as_the_second_op_is_witnessed_by_the_bytes_it_read(fake):
+    """A D2H copy into pinned memory, then ``kvverify.record.host_read`` of the block with no wait:
+    the read is found again, and what it saw is read back right then, with the copy still held
+    in a forced run (the stand-in has run the copy already: its bytes)."""
+    def program(fake):
+        kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
+        side = fake.stream()
+        kv.fill_(5)
+        fake.synchronize()
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)
+        record.host_read(host)  # the host consumes the block before the copy is known complete
+        fake.synchronize()
+
+    rec = recorded(fake, program)
+    (plan,), left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+    assert left == [] and plan.kind == "RAW" and plan.second_on_host and plan.second.name == "host_read"
+    obs = witness.observe(lambda: (program(fake), 0)[1], plan, FORCED, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second
+    assert [label.endswith(" as the host read it") for label, _ in obs.ranges] == [False, True]
+    assert obs.data == bytes([5]) * (2 * BLOCK)
