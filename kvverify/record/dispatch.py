@@ -68,7 +68,8 @@ class Platform:
     with torch.cuda; the CPU tests answer with a stand-in (``tests/record/fake_cuda.py``)."""
 
     def where(self, t: torch.Tensor) -> str | None:
-        """``"device"`` (device memory), ``"host"`` (host memory) or None (not memory: meta)."""
+        """``"device"`` (device memory), ``"host"`` (host memory) or None (not memory: meta, a
+        FakeTensor)."""
         raise NotImplementedError
 
     def stream_key(self, t: torch.Tensor | None) -> object:
@@ -538,10 +539,13 @@ class RecordingMode(TorchDispatchMode):
             # (ADInplaceOrView runs above the dispatcher hook); _to_copy's output stays at 0
             self._remember_pointers(dst, src, bumps=bumps)
 
-    def values(self, t: torch.Tensor) -> np.ndarray:
+    def values(self, t: torch.Tensor) -> np.ndarray | None:
         """An int64 tensor's values as a numpy array (a device tensor: from the host copy that
-        filled it, else read back)."""
-        if self.platform.where(t) != "device":
+        filled it, else read back); None for a tensor that is no memory (meta, a FakeTensor)."""
+        where = self.platform.where(t)
+        if where is None:
+            return None
+        if where != "device":
             return _flat(t)
         entry = self._pointers.get(t.data_ptr())
         if entry is not None:
@@ -634,8 +638,10 @@ class RecordingMode(TorchDispatchMode):
                 memory.known(host[0], host[1], host[2], "CUDA host memory made outside torch")
 
     def _swap(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        tensors = [args[k] if k < len(args) else kwargs.get(name) for k, name, _, _ in info.tensor_args[:3]]
-        src, dst, sizes = (self.values(t).astype(np.int64, copy=False) for t in tensors)
+        tables = [self.values(args[k] if k < len(args) else kwargs.get(name)) for k, name, _, _ in info.tensor_args[:3]]
+        if any(t is None for t in tables):  # run on tensors that are no memory (FakeTensorMode): no device work
+            return
+        src, dst, sizes = (t.astype(np.int64, copy=False) for t in tables)
         if not len(sizes):
             return
         order = SrcAccessOrder.STREAM
@@ -655,7 +661,10 @@ class RecordingMode(TorchDispatchMode):
 
     def _swap_loop(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         # one cudaMemcpyAsync per entry: stream-ordered, and ordered among themselves
-        src, dst, sizes = (self.values(t).astype(np.int64, copy=False) for t in args[:3])
+        tables = [self.values(t) for t in args[:3]]
+        if any(t is None for t in tables):  # (as _swap)
+            return
+        src, dst, sizes = (t.astype(np.int64, copy=False) for t in tables)
         at = self.rec.locate(HANDLER_DEPTH)
         s_index, s_offset, d_index, d_offset = self.resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
@@ -668,7 +677,10 @@ class RecordingMode(TorchDispatchMode):
         stream, reads, writes, host_reads, host_writes = self._accesses(info, args, kwargs, out, at)
         ptrs = _argument(info, args, kwargs, "block_ptrs")
         block_bytes = int(_argument(info, args, kwargs, "block_bytes"))
-        addresses = self.values(ptrs).astype(np.int64, copy=False)
+        table = self.values(ptrs)
+        if table is None:  # (as _swap)
+            return
+        addresses = table.astype(np.int64, copy=False)
         if len(addresses):
             lengths = np.full(len(addresses), block_bytes, dtype=np.int64)
             index, offset = self.resolve(addresses, lengths, "block_ptrs", at)

@@ -72,6 +72,9 @@ class CudaPlatform(Platform):
         import torch
 
         self.torch = torch
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        self._tensor, self._fake = torch.Tensor, FakeTensor
         # the current stream's raw handle without making a Python stream object (torch's own codegen uses it)
         self._raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self._current_device = torch.cuda.current_device
@@ -80,6 +83,8 @@ class CudaPlatform(Platform):
         self.capture_off: str | None = "not installed"
 
     def where(self, t) -> str | None:
+        if type(t) is not self._tensor and isinstance(t, self._fake):  # FakeTensorMode's: no memory behind it
+            return None
         if t.is_cuda:
             return "device"
         return "host" if t.is_cpu else None

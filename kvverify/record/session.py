@@ -440,7 +440,10 @@ def _through(rec: Recording, table, at: str | None) -> list:
     import numpy as np
 
     pointers, nbytes = table
-    addresses = rec._mode.values(pointers).astype(np.int64, copy=False)
+    values = rec._mode.values(pointers)
+    if values is None:
+        raise TypeError("a declared pointer table must be a tensor that holds memory, not a meta or fake tensor")
+    addresses = values.astype(np.int64, copy=False)
     if not len(addresses):
         return []
     lengths = np.full(len(addresses), int(nbytes), dtype=np.int64)

@@ -480,3 +480,45 @@ def test_ops_on_sparse_tensors_are_recorded_over_their_indices_and_values(fake):
     ops = rec.trace()["ops"]
     assert (ops[race.first]["op"], ops[race.second]["op"], race.kind) == ("copy", "host_read", "RAW")
     assert (ops[race.second]["name"], short_at(ops[race.second]["at"])) == ("aten.mul.Tensor", read)
+
+
+def test_the_cuda_platform_calls_a_fake_tensor_no_memory():
+    """``torch.library.opcheck`` runs ops on FakeTensors (``FakeTensorMode``): nothing of them is
+    memory, and reading one fails ("invalid python storage"), which made their ops NOT RECORDED in
+    a recording of kvverify's own GPU tests on the H200."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kvverify.record.hooks import CudaPlatform
+
+    with FakeTensorMode():
+        on_cuda, on_cpu = torch.empty(4, device="cuda"), torch.empty(4, dtype=torch.int64)
+    platform = CudaPlatform()
+    assert platform.where(on_cuda) is None and platform.where(on_cpu) is None
+    assert platform.where(torch.empty(4)) == "host" and platform.where(torch.empty(4, device="meta")) is None
+
+
+class NoMemory(FakeCuda):
+    """The stand-in, with tensors of one id that it calls no memory (as the CUDA platform calls a
+    FakeTensor)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fakes: set[int] = set()
+
+    def where(self, t):
+        return None if id(t) in self.fakes else super().where(t)
+
+
+def test_a_swap_on_tensors_that_are_no_memory_logs_nothing_and_misses_nothing():
+    fake = NoMemory()
+    kvswap, _ = swap_ops()
+    src, dst = fake.device(64), fake.device(64)
+    tables = ptrs(src.data_ptr()), ptrs(dst.data_ptr()), ptrs(64)
+    fake.fakes.add(id(tables[0]))
+    with recording(platform=fake, skip=fake.skip()) as rec:
+        kvswap(*tables, 1)
+    assert ops_of(rec, "copy_batch") == [] and rec.complete(), rec.summary().notes
+    fake.fakes.clear()
+    with recording(platform=fake, skip=fake.skip()) as rec:
+        kvswap(*tables, 1)
+    assert len(ops_of(rec, "copy_batch")) == 1  # the same swap on real tables is recorded
