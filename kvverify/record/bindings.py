@@ -124,8 +124,13 @@ class Bindings:
             stream = _int(args[stream_at]) if stream_at is not None and len(args) > stream_at else None
             if forcer is not None and not busy() and bindings.follows():
                 target = forcer.before(label, stream)
-            with bindings.quiet():
-                result = original(*args, **kwargs)
+            try:
+                with bindings.quiet():
+                    result = original(*args, **kwargs)
+            except BaseException:
+                if target is not None:
+                    forcer.failed(target)
+                raise
             if busy():  # the recorder's own call
                 return result
             if bindings.follows():

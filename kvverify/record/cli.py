@@ -61,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the second op forced first; CONFIRMED where the bytes differ")
     parser.add_argument("--json", default=None, metavar="PATH",
                         help="also write the verdict and each witness as JSON")
-    parser.add_argument("--witness", default=None, help=argparse.SUPPRESS)  # MODE:PLAN:OUT, a child's own
+    parser.add_argument("--witness", default=None, help=argparse.SUPPRESS)  # MODE:FOLDER, a child's own
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
                         help="python SCRIPT.py ARGS | python -m MODULE ARGS | python -c CODE | pytest ARGS | "
                              "SCRIPT.py ARGS")
@@ -197,7 +197,10 @@ def run(args: argparse.Namespace, platform=None) -> int:
             print("kvverify record: --confirm: the program failed; no witness runs", file=sys.stderr)
         else:
             # every race, not only those listed: each racing pair of lines gets its witness
-            witnesses = _confirm(args, rec, check(rec.trace(), max_races=None), platform)
+            try:
+                witnesses = _confirm(args, rec, check(rec.trace(), max_races=None), platform)
+            except Exception as exc:  # the verdict and its exit status stand
+                print(f"kvverify record: --confirm failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if args.json:
         report = {"command": command, **verdict.to_json(), "complete": rec.complete(),
                   "witnesses": None if witnesses is None else [w.to_json() for w in witnesses]}
@@ -216,36 +219,43 @@ def run(args: argparse.Namespace, platform=None) -> int:
     return 0 if verdict.safe else 1
 
 
-WITNESS_ENV = "KVVERIFY_WITNESS"  # MODE:PLAN.json:OUT for the pytest plugin of a witness run of one test
+WITNESS_ENV = "KVVERIFY_WITNESS"  # MODE:FOLDER for the pytest plugin of a witness run of one test
 
 
-def witness_runs(command: list[str], swap_ops, scratch: str, platform=None):
+def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_test: bool = False):
     """``run(plan, mode)``: one witness run of ``command`` (``python prog.py ...``, ``pytest ...``)
-    in a child process, its observation read back from ``scratch`` (a folder of the caller's);
-    with ``platform``, in this process (the CPU tests' stand-in). A pytest command's witness run
-    starts where the plugin starts a test's recording (``WITNESS_ENV``), so that calls are counted
-    from the same point. A child that fails before it observes anything gives an observation that
-    says so."""
+    in a child process, its observation read back from a folder under ``scratch`` (the caller's);
+    with ``platform``, in this process (the CPU tests' stand-in). ``per_test``: ``command`` runs
+    one pytest test, whose witness run the plugin starts where it starts the test's recording
+    (``WITNESS_ENV``), so that calls are counted from the same point; else the whole command is
+    the witness run, as it was the recording. A child that fails before it observes anything gives
+    an observation that says so."""
     import subprocess
 
     from kvverify.record import witness
 
-    kind = program(command)[0]
+    kind, target, arguments = program(command)
+    if per_test:
+        if kind != "pytest":
+            raise ValueError(f"a witness run per test needs a pytest command, not {command!r}")
+        arguments = [*arguments, *(a for op in swap_ops for a in ("--kvverify-swap-op", op))]
+        if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):  # (else its entry point loads the plugin)
+            arguments = ["-p", "kvverify.record.pytest_plugin", *arguments]
 
     def run(plan, mode: str):
-        plan_file, out = os.path.join(scratch, "plan.json"), os.path.join(scratch, f"{mode}.json")
-        with open(plan_file, "w") as f:
-            json.dump(plan.to_json(), f)
+        folder = os.path.join(scratch, mode)
+        os.makedirs(folder, exist_ok=True)
+        _, plan_file, out = witness_files(folder)
         for leftover in (out, out + ".bin"):
             if os.path.exists(leftover):
                 os.remove(leftover)
-        spec = f"{mode}:{plan_file}:{out}"
-        if kind == "pytest":
-            arguments = program(command)[2]
-            if os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):  # (else the entry point loads it)
-                arguments = ["-p", "kvverify.record.pytest_plugin", *arguments]
+        with open(plan_file, "w") as f:
+            json.dump(plan.to_json(), f)
+        spec = f"{mode}:{folder}"
+        done = None
+        if per_test:
             saved = os.environ.get(WITNESS_ENV)
-            os.environ[WITNESS_ENV] = spec
+            os.environ[WITNESS_ENV] = spec  # (the plugin takes it out at once: nothing the test starts sees it)
             try:
                 if platform is not None:
                     run_program("pytest", "pytest", arguments)
@@ -258,13 +268,13 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None):
                 else:
                     os.environ[WITNESS_ENV] = saved
         elif platform is not None:
-            _witness_run(spec, *program(command), swap_ops, platform)
+            _witness_run(spec, kind, target, arguments, swap_ops, platform)
         else:
             swap = [a for op in swap_ops for a in ("--swap-op", op)]
             done = subprocess.run([sys.executable, "-m", "kvverify", "record", "--witness", spec, *swap, "--",
                                    *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if not os.path.exists(out + ".bin"):
-            if platform is not None:
+            if done is None:
                 return witness.Observation(mode, note=f"the {mode} run observed nothing (it failed before the pair)")
             tail = " / ".join(done.stderr.strip().splitlines()[-3:])
             return witness.Observation(mode, status=done.returncode,
@@ -274,15 +284,20 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None):
     return run
 
 
+def witness_files(folder: str) -> tuple[str, str, str]:
+    """``(folder, plan file, observation file)`` of a witness run's folder."""
+    return folder, os.path.join(folder, "plan.json"), os.path.join(folder, "observation.json")
+
+
 def read_witness_spec(spec: str):
-    """``(mode, plan, out)`` of a witness run's ``MODE:PLAN.json:OUT``. Raises ValueError naming what
-    is wrong with it."""
+    """``(mode, plan, observation file)`` of a witness run's ``MODE:FOLDER`` (the folder holds the
+    plan, and gets the observation). Raises ValueError naming what is wrong with it."""
     from kvverify.record import witness
 
-    parts = spec.split(":", 2)
-    if len(parts) != 3 or parts[0] not in (witness.IN_ORDER, witness.FORCED):
-        raise ValueError(f"a witness run takes {witness.IN_ORDER}|{witness.FORCED}:PLAN.json:OUT, not {spec!r}")
-    mode, plan_file, out = parts
+    mode, _, folder = spec.partition(":")
+    if mode not in (witness.IN_ORDER, witness.FORCED) or not folder:
+        raise ValueError(f"a witness run takes {witness.IN_ORDER}|{witness.FORCED}:FOLDER, not {spec!r}")
+    _, plan_file, out = witness_files(folder)
     try:
         with open(plan_file) as f:
             plan = witness.Plan.from_json(json.load(f))
@@ -292,9 +307,10 @@ def read_witness_spec(spec: str):
 
 
 def confirm_races(command: list[str], swap_ops, rec, verdict, platform=None,
-                  progress=lambda line: None) -> list:
+                  progress=lambda line: None, per_test: bool = False) -> list:
     """The witness outcomes (``kvverify.record.witness.Outcome``) of ``verdict``'s races in the
-    recording ``rec`` of ``command``, its witness runs in child processes (see ``witness_runs``)."""
+    recording ``rec`` of ``command``, in the order of the races, its witness runs in child
+    processes (see ``witness_runs``)."""
     import shutil
     import tempfile
 
@@ -303,7 +319,8 @@ def confirm_races(command: list[str], swap_ops, rec, verdict, platform=None,
     plan_list, outcomes = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
     scratch = tempfile.mkdtemp(prefix="kvverify-witness-")
     try:
-        return witness.confirm(plan_list, witness_runs(command, swap_ops, scratch, platform), progress) + outcomes
+        runs = witness_runs(command, swap_ops, scratch, platform, per_test)
+        return witness.in_race_order(witness.confirm(plan_list, runs, progress) + outcomes)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -323,9 +340,9 @@ def _confirm(args: argparse.Namespace, rec, verdict, platform) -> list:
 
 
 def _witness_run(spec: str, kind: str, target: str, arguments: list[str], swap_ops, platform) -> int:
-    """A child of ``--confirm``: the program once as a witness run (``MODE:PLAN.json:OUT``); writes
-    the observation at OUT and returns the program's exit status (2 and one line for a bad spec
-    or where no recording can start)."""
+    """A child of ``--confirm``: the program once as a witness run (``MODE:FOLDER``, the folder
+    holding its plan); writes the observation there and returns the program's exit status (2 and
+    one line for a bad spec or where no recording can start)."""
     from kvverify.errors import RecordingError
     from kvverify.record import witness
 

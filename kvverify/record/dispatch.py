@@ -253,6 +253,8 @@ class RecordingMode(TorchDispatchMode):
         except BaseException:
             with rec.exclusive():
                 rec.end_op()
+            if call is not None:
+                forcer.failed(call)
             raise
         with rec.exclusive():
             logged = len(rec.ops)

@@ -29,6 +29,8 @@ import pytest
 from kvverify.record.cli import WITNESS_ENV
 
 _RECORDING = pytest.StashKey()
+_WITNESS = pytest.StashKey()  # the session's witness spec (WITNESS_ENV), or None
+_OBSERVATION = pytest.StashKey()  # a test's witness run's observation
 
 
 def pytest_addoption(parser) -> None:
@@ -47,6 +49,9 @@ def pytest_addoption(parser) -> None:
 
 def pytest_configure(config) -> None:
     config.addinivalue_line("markers", "kvverify_record: record this test's CUDA work and fail it on a race")
+    # a witness run of one test (--kvverify-confirm's child): taken out of the environment at once, so
+    # that nothing the test starts (a pytest of its own, a subprocess) runs as a witness too
+    config.stash[_WITNESS] = os.environ.pop(WITNESS_ENV, None)
 
 
 @pytest.fixture
@@ -63,7 +68,7 @@ def kvverify_record(request, kvverify_platform):
     from kvverify.errors import RecordingError
     from kvverify.record.session import recording
 
-    spec = os.environ.get(WITNESS_ENV)
+    spec = request.config.stash.get(_WITNESS, None)
     if spec:  # a witness run of this test (--kvverify-confirm's child): it starts where its recording did
         yield from _witness_run(spec, request, kvverify_platform)
         return
@@ -100,6 +105,7 @@ def _witness_run(spec: str, request, platform):
         rec, observation = running.__enter__()
     except (RecordingError, ValueError) as exc:
         pytest.fail(f"kvverify record: witness run: {exc}", pytrace=False)
+    request.node.stash[_OBSERVATION] = observation  # (pytest_runtest_call sets its status)
     try:
         yield rec
     finally:
@@ -109,8 +115,7 @@ def _witness_run(spec: str, request, platform):
 
 @pytest.fixture(autouse=True)
 def _kvverify_record_when_asked(request):
-    if (request.config.getoption("kvverify_record") or request.node.get_closest_marker("kvverify_record")
-            or os.environ.get(WITNESS_ENV)):
+    if request.config.getoption("kvverify_record") or request.node.get_closest_marker("kvverify_record"):
         request.getfixturevalue("kvverify_record")
 
 
@@ -120,7 +125,13 @@ def _trace_file(directory: str, nodeid: str) -> str:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    result = yield  # a failing test body raises here, and is reported as it is
+    try:
+        result = yield  # a failing test body raises here, and is reported as it is
+    except BaseException:
+        observation = item.stash.get(_OBSERVATION, None)
+        if observation is not None:  # a witness run whose test failed: the program's own failure
+            observation.status = 1
+        raise
     rec = item.stash.get(_RECORDING, None)
     if rec is None or not rec.running:
         return result
@@ -136,8 +147,11 @@ def pytest_runtest_call(item):
             from kvverify.record.cli import confirm_races
 
             test = str(item.path) + item.nodeid[len(item.nodeid.split("::")[0]):]  # from any folder
-            command = ["pytest", "-q", "-p", "no:cacheprovider", test]
-            found = confirm_races(command, item.config.getoption("kvverify_swap_op"), rec, verdict)
+            # the child records the test from where this run did: --kvverify-record's autouse fixture,
+            # else the marker or the test's own request for the kvverify_record fixture
+            asked = ["--kvverify-record"] if item.config.getoption("kvverify_record") else []
+            command = ["pytest", "-q", "-p", "no:cacheprovider", *asked, test]
+            found = confirm_races(command, item.config.getoption("kvverify_swap_op"), rec, verdict, per_test=True)
             witnesses = "\n\nwitnesses:\n" + "\n".join(f"  {w.line()}" for w in found)
         pytest.fail(f"kvverify record: the device work of {item.nodeid} races\n\n{rec.report(item.nodeid)}"
                     f"{witnesses}", pytrace=False)

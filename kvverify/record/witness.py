@@ -50,7 +50,8 @@ WAIT_S = 10.0  # how long a forced run waits for the second op before it calls t
 DONE_S = 60.0  # how long a witness run waits for an op that nothing holds
 MAX_BYTES = 256 << 20  # the most bytes one witness reads back
 EARLY_READ_ORDERS = ("ANY", "DURING_API_CALL")
-DEFAULT_THREAD_NAME = re.compile(r"^(Thread|Dummy)-\d+")
+ADDRESS = re.compile(r" @0x[0-9a-f]+")
+NUMBERS = re.compile(r"\d+")  # in a thread's name: Python's and executors' counters go on from run to run
 
 
 @dataclass(frozen=True)
@@ -266,14 +267,15 @@ class Forcer:
         self.observation = Observation(mode or "counting")
 
     def _thread(self, name: str | None) -> str | None:
-        """The name a witness run finds a thread again by: the recording's, with Python's default
-        numbering (``Thread-3 (worker)``, which goes on from run to run in one process) replaced by
-        the order in which this run first saw such a thread (``Thread (worker) #1``)."""
+        """The name a witness run finds a thread again by: the recording's, with its numbers
+        (``Thread-3 (worker)``, ``ThreadPoolExecutor-1_0``: counters that go on from run to run in
+        one process) left out and the order in which this run first saw an op of such a thread
+        put in their place (``Thread-# (worker) #1``)."""
         if name is None:
             return None
         stable = self._threads.get(name)
         if stable is None:
-            base = DEFAULT_THREAD_NAME.sub(r"\1", name)
+            base = NUMBERS.sub("#", name)
             self._bases[base] += 1
             stable = self._threads[name] = f"{base} #{self._bases[base]}"
         return stable
@@ -294,6 +296,11 @@ class Forcer:
         if self.mode == FORCED and target == self.plan.first:
             self.tools.hold(stream)  # before the op is issued to the stream
         return target, thread
+
+    def failed(self, issued: tuple[Target, str | None]) -> None:
+        """The op raised instead of being issued: a hold put in for it is taken away."""
+        if self.mode == FORCED and issued[0] == self.plan.first:
+            self.tools.release()
 
     def after(self, issued: tuple[Target, str | None], logged: int, stream: int | None = None) -> None:
         """Called once the op is issued and logged (from ``logged`` on)."""
@@ -346,6 +353,7 @@ class Forcer:
         # now, with the first op still held in a forced run
         seen = [span for op in second_ops if op["op"] == "host_read" for span in op["ranges"]]
         if sum(s[2] for s in seen) > MAX_BYTES:
+            obs.note = f"the host read more than {MAX_BYTES >> 20} MiB: not read back"
             seen = []
         host_read = [self._read(span) for span in seen]
         tools.release()
@@ -404,10 +412,11 @@ def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Obs
     notes = [r.note for r in runs if r.note]
     if notes:
         return outcome(NO_WITNESS, notes[0])
-    sizes = {tuple(n for _, n in r.ranges) for r in runs}
-    if len(sizes) > 1 or len({len(r.data) for r in runs}) > 1:
-        return outcome(NO_WITNESS, "the runs wrote byte ranges of different sizes: the program is not "
-                       "deterministic here")
+    # (a buffer made before the recording is named by its address, which another run need not share)
+    places = {tuple((ADDRESS.sub("", label), n) for label, n in r.ranges) for r in runs}
+    if len(places) > 1 or len({len(r.data) for r in runs}) > 1:
+        return outcome(NO_WITNESS, "the runs read back other byte ranges (other buffers, offsets or sizes): "
+                       "the program is not deterministic here")
     a, b, f = (np.frombuffer(r.data, dtype=np.uint8) for r in runs)
     if not len(a):
         return outcome(NOT_CONFIRMED, "the pair writes no bytes to compare")
@@ -488,3 +497,8 @@ def confirm(plan_list: Sequence[Plan], witness_run: Callable[[Plan, str], Observ
             runs.append(witness_run(plan, mode))
         out.append(judge(plan, plan.first.at, plan.second.at, *runs))
     return out
+
+
+def in_race_order(outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """``outcomes`` in the order of the races they witness (the verdict's numbers)."""
+    return sorted(outcomes, key=lambda o: o.races[0])

@@ -357,9 +357,9 @@ CONFTEST = textwrap.dedent("""\
     _confirm = cli.confirm_races
 
 
-    def _on_the_stand_in(command, swap_ops, rec, verdict, platform=None, progress=lambda line: None):
+    def _on_the_stand_in(command, swap_ops, rec, verdict, platform=None, progress=lambda line: None, **kwargs):
         # the plugin's witness runs, in this process on the stand-in (a child would need a CUDA device)
-        return _confirm(command, swap_ops, rec, verdict, fake_cuda.shared(), progress)
+        return _confirm(command, swap_ops, rec, verdict, fake_cuda.shared(), progress, **kwargs)
 
 
     cli.confirm_races = _on_the_stand_in

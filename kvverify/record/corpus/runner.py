@@ -104,8 +104,8 @@ def recorded(case: Case, form: str, confirm: bool = False) -> Recorded:
     if confirm and verdict.races:
         try:
             plans, left = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
-            witnesses = tuple(o.line() for o in witness.confirm(plans, lambda plan, mode: witness.observe(
-                lambda: _status(case, form), plan, mode)) + left)
+            witnesses = tuple(o.line() for o in witness.in_race_order(witness.confirm(
+                plans, lambda plan, mode: witness.observe(lambda: _status(case, form), plan, mode)) + left))
         except Exception as exc:  # the recorded verdict stands
             witnesses = (f"{witness.NO_WITNESS}: the witness runs raised: {one_line(exc)}",)
     race, found = expected_race(case, verdict.races, ops)
