@@ -98,15 +98,22 @@ def test_the_record_command_on_the_demo(tmp_path, mistake, status):
         assert "in _zero_fresh" in r.stdout and "in transfer_async" in r.stdout
 
 
-def test_the_pytest_plugin_fails_the_racy_test_on_the_device(tmp_path):
+def demo_tests(tmp_path, *options: str) -> subprocess.CompletedProcess:
+    """A safe test of the demo handler and one in its ``store-any`` form, in a child pytest with
+    the plugin and ``--kvverify-record OPTIONS``."""
     (tmp_path / "test_demo.py").write_text(
         "from kvverify.record import demo\n\n"
         "def test_safe():\n    demo.Engine(demo.Shape()).run()\n\n"
         "def test_store_any():\n    demo.Engine(demo.Shape(), 'store-any').run()\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                        "kvverify.record.pytest_plugin", "--kvverify-record", str(tmp_path / "test_demo.py")],
-                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+                           "kvverify.record.pytest_plugin", "--kvverify-record", *options,
+                           str(tmp_path / "test_demo.py")], capture_output=True, text=True, cwd=tmp_path, env=env,
+                          timeout=300)
+
+
+def test_the_pytest_plugin_fails_the_racy_test_on_the_device(tmp_path):
+    r = demo_tests(tmp_path)
     assert "1 failed, 1 passed" in r.stdout, r.stdout + r.stderr
     assert "test_store_any races" in r.stdout and "in _write_kv" in r.stdout
 
@@ -114,15 +121,7 @@ def test_the_pytest_plugin_fails_the_racy_test_on_the_device(tmp_path):
 def test_the_pytest_plugin_confirms_the_racy_test_on_the_device(tmp_path):
     """``--kvverify-confirm``: the racing test's pair forced in a child run shows its bytes; the
     safe test is never run again."""
-    (tmp_path / "test_demo.py").write_text(
-        "from kvverify.record import demo\n\n"
-        "def test_safe():\n    demo.Engine(demo.Shape()).run()\n\n"
-        "def test_store_any():\n    demo.Engine(demo.Shape(), 'store-any').run()\n")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-                        "kvverify.record.pytest_plugin", "--kvverify-record", "--kvverify-confirm",
-                        str(tmp_path / "test_demo.py")], capture_output=True, text=True, cwd=tmp_path, env=env,
-                       timeout=300)
+    r = demo_tests(tmp_path, "--kvverify-confirm")
     print(r.stdout[-3000:])
     assert "1 failed, 1 passed" in r.stdout, r.stdout + r.stderr
     assert "witnesses:" in r.stdout and "CONFIRMED: race" in r.stdout, r.stdout[-3000:]

@@ -7,14 +7,14 @@ with ``--confirm``, ``test_witness_gpu.py``)."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 import torch
-from fake_cuda import FakeCuda, shared
+from fake_cuda import FakeCuda
+from witness_harness import record_run, recorded
 
 import kvverify.record as record
-from kvverify.record import cli, witness
+from kvverify.record import witness
 from kvverify.record.witness import (
     CONFIRMED,
     FORCED,
@@ -45,13 +45,6 @@ def racy_steps(fake, steps: int):
             host.copy_(kv, non_blocking=True)  # the store
         fake.synchronize()
     return kv, host
-
-
-def recorded(fake, program, *args):
-    with record.recording(platform=fake, skip=fake.skip()) as rec:
-        rec.follow_calls(witness.Forcer(rec.recorder))
-        program(fake, *args)
-    return rec
 
 
 def test_each_call_of_an_op_at_a_line_is_counted_into_what_it_logs(fake):
@@ -182,48 +175,22 @@ def test_a_pair_not_found_again_is_no_witness():
     assert out.status == NO_WITNESS and "forced run" in out.detail
 
 
-PROGRAM = textwrap.dedent("""\
-    import fake_cuda
-
-    fake = fake_cuda.shared()
-    kv, host = fake.device(4096), fake.pinned(4096)
-    side = fake.stream()
-    kv.fill_(1)
-    with fake.use(side):
-        host.copy_(kv, non_blocking=True)
-    fake.synchronize()
-    """)
-
-
 def test_record_confirm_lists_a_witness_per_pair_and_writes_them_as_json(tmp_path, monkeypatch, capsys):
     """``kvverify record --confirm --json``, in-process on the stand-in (whose forced order is the
     issue order: not confirmed, with the bytes compared)."""
-    (tmp_path / "prog.py").write_text(PROGRAM)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
-    parser = __import__("argparse").ArgumentParser()
-    cli.add_arguments(parser)
-    status = cli.run(parser.parse_args(["--confirm", "--json", "report.json", "--", "python", "prog.py"]),
-                     platform=shared())
-    out = capsys.readouterr()
+    status, report, out = record_run(tmp_path, monkeypatch, capsys, "--confirm")
     assert status == 1
     assert "witnesses (1 pair of lines):" in out.out
     assert "not confirmed: race 1 (RAW): the forced order changed no byte of 8,192" in out.out
     assert "witness run 3 of 3 (forced)" in out.err
-    report = json.loads((tmp_path / "report.json").read_text())
     assert report["verdict"] == "RACY" and report["complete"] is True
     assert [w["status"] for w in report["witnesses"]] == [NOT_CONFIRMED]
 
 
 def test_record_without_confirm_writes_no_witness(tmp_path, monkeypatch, capsys):
-    (tmp_path / "prog.py").write_text(PROGRAM)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).parent))
-    parser = __import__("argparse").ArgumentParser()
-    cli.add_arguments(parser)
-    assert cli.run(parser.parse_args(["--json", "r.json", "--", "python", "prog.py"]), platform=shared()) == 1
-    assert "witnesses" not in capsys.readouterr().out
-    assert json.loads((tmp_path / "r.json").read_text())["witnesses"] is None  # no witness runs made
+    status, report, out = record_run(tmp_path, monkeypatch, capsys)
+    assert status == 1 and "witnesses" not in out.out
+    assert report["witnesses"] is None  # no witness runs made
 
 
 def test_torch_is_what_the_stand_in_runs_on():

@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import types
@@ -15,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_cuda import FakeCuda, FakeTools, shared
+from witness_harness import plans_of, plugin_run, record_run, recorded, witness_lines
 
 import kvverify.record as record
 from kvverify.record import cli, witness
@@ -27,25 +25,12 @@ from kvverify.record.witness import (
     Target,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 BLOCK = 4096
 
 
 @pytest.fixture
 def fake():
     return FakeCuda()
-
-
-def recorded(fake, program, *args, forcer=None):
-    with record.recording(platform=fake, skip=fake.skip()) as rec:
-        rec.follow_calls(forcer or witness.Forcer(rec.recorder))
-        program(fake, *args)
-    return rec
-
-
-def plans_of(rec):
-    return witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
 
 
 # -- ops found again ------------------------------------------------------------------------------
@@ -279,16 +264,8 @@ def test_every_racing_pair_of_lines_gets_a_witness_whatever_max_races_lists(tmp_
     it"; ``--confirm`` plans its witnesses from the listed races only, so a pair of lines whose
     races come after the 20th (here the WAR at the end of a program that races 25 times at
     another pair) gets no witness, and neither the output nor the JSON report says so."""
-    (tmp_path / "prog.py").write_text(MANY_RACES)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(HERE))
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    status = cli.run(parser.parse_args(["--confirm", "--json", "report.json", "--", "python", "prog.py"]),
-                     platform=shared())
-    capsys.readouterr()
+    status, report, _ = record_run(tmp_path, monkeypatch, capsys, "--confirm", program=MANY_RACES)
     assert status == 1
-    report = json.loads((tmp_path / "report.json").read_text())
     assert sorted(w["kind"] for w in report["witnesses"]) == ["RAW", "WAR"], report["witnesses"]
 
 
@@ -348,42 +325,7 @@ def test_a_witness_run_that_raises_keeps_the_recorded_verdict_of_a_corpus_case(m
     assert confirmed.verdict == "RACY" and confirmed.races == 1, confirmed
 
 
-CONFTEST = textwrap.dedent("""\
-    import fake_cuda
-    import pytest
-
-    import kvverify.record.cli as cli
-
-    _confirm = cli.confirm_races
-
-
-    def _on_the_stand_in(command, swap_ops, rec, verdict, platform=None, progress=lambda line: None, **kwargs):
-        # the plugin's witness runs, in this process on the stand-in (a child would need a CUDA device)
-        return _confirm(command, swap_ops, rec, verdict, fake_cuda.shared(), progress, **kwargs)
-
-
-    cli.confirm_races = _on_the_stand_in
-
-
-    @pytest.fixture
-    def kvverify_platform():
-        return fake_cuda.shared()
-    """)
-
 TESTS = textwrap.dedent("""\
-    import fake_cuda
-    import pytest
-
-
-    def refill(size, synchronized):
-        fake = fake_cuda.shared()
-        gpu, staging, load, done = fake.device(size), fake.pinned(size), fake.stream(), fake.event()
-        with fake.use(load):
-            gpu.copy_(staging, non_blocking=True)
-            done.record()
-        if synchronized:
-            done.synchronize()
-        staging.fill_(2)
 
 
     @pytest.fixture(scope="module")
@@ -401,33 +343,14 @@ TESTS = textwrap.dedent("""\
     """)
 
 
-def plugin_run(tmp_path: Path, *options: str) -> str:
-    """The tests above in a child pytest with the plugin as installed (its entry point) and
-    ``--kvverify-confirm``; the witness runs are in-process on the stand-in. Returns the output."""
-    (tmp_path / "standin").mkdir()
-    (tmp_path / "standin" / "test_offload.py").write_text(TESTS)
-    (tmp_path / "standin" / "conftest.py").write_text(CONFTEST)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
-    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--kvverify-confirm",
-                           *options, "standin/test_offload.py"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    return done.stdout + done.stderr
-
-
-def witnesses(output: str, test: str) -> list[str]:
-    section = output.split(f"_ {test} _", 1)[1]
-    return [line.strip() for line in section.split("witnesses:", 1)[1].splitlines()[1:] if line.startswith("  ")][:1]
-
-
 def test_pytest_confirm_finds_the_pair_of_a_marked_test_again(tmp_path):
     """``pytest --kvverify-confirm`` runs ``pytest TEST`` as each witness run, under the witness
     run's recording: a test marked ``kvverify_record`` (or using the ``kvverify_record`` fixture)
     starts a recording of its own there, which is refused ("recordings do not nest"), so the test
     errors before its body and every race of every marked test is "no witness"."""
-    out = plugin_run(tmp_path, "-k", "marked")
+    out = plugin_run(tmp_path, TESTS, "-k", "marked")
     assert "races" in out and "witnesses:" in out, out[-3000:]
-    found = witnesses(out, "test_marked_racy")
+    found = witness_lines(out, "test_marked_racy")
     assert found and not found[0].startswith("no witness"), found
 
 
@@ -438,7 +361,7 @@ def test_pytest_confirm_counts_calls_from_where_the_tests_recording_starts(tmp_p
     the witness runs hold and read the warm-up's copy (128-byte blocks, synchronized), not the
     test's (64-byte blocks), and judge the wrong pair (on a device: the warm-up's synchronize
     blocks on the held stream, and a real race comes out "not confirmed")."""
-    out = plugin_run(tmp_path, "--kvverify-record", "-k", "after_warm_up")
-    found = witnesses(out, "test_after_warm_up_racy")
+    out = plugin_run(tmp_path, TESTS, "--kvverify-record", "-k", "after_warm_up")
+    found = witness_lines(out, "test_after_warm_up_racy")
     assert found, out[-3000:]
     assert "of 128 " in found[0], found  # the test's pair: 64 device bytes and 64 pinned ones

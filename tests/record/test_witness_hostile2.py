@@ -3,7 +3,6 @@ the CUDA stand-in: each test shows one defect of the witness runs and fails unti
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -14,7 +13,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from fake_cuda import FakeCuda, shared
+from fake_cuda import FakeCuda
+from witness_harness import (
+    HERE,
+    ROOT,
+    STORE,
+    plans_of,
+    plugin_run,
+    record_run,
+    recorded,
+    witness_lines,
+)
 
 import kvverify.record as record
 from kvverify.record import cli, witness
@@ -28,25 +37,12 @@ from kvverify.record.witness import (
     Target,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
 BLOCK = 4096
 
 
 @pytest.fixture
 def fake():
     return FakeCuda()
-
-
-def recorded(fake, program, *args):
-    with record.recording(platform=fake, skip=fake.skip()) as rec:
-        rec.follow_calls(witness.Forcer(rec.recorder))
-        program(fake, *args)
-    return rec
-
-
-def plans_of(rec):
-    return witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
 
 
 # -- ops found again ------------------------------------------------------------------------------
@@ -135,29 +131,9 @@ def test_runs_that_read_other_buffers_of_the_same_sizes_are_not_compared_byte_fo
 # -- the command line -----------------------------------------------------------------------------
 
 
-PROGRAM = textwrap.dedent("""\
-    import fake_cuda
-
-    fake = fake_cuda.shared()
-    kv, host = fake.device(4096), fake.pinned(4096)
-    side = fake.stream()
-    kv.fill_(1)
-    with fake.use(side):
-        host.copy_(kv, non_blocking=True)
-    fake.synchronize()
-    """)
-
-
-def confirm_run(tmp_path, monkeypatch, capsys, *options, program=PROGRAM):
-    (tmp_path / "prog.py").write_text(program)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(HERE))
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    status = cli.run(parser.parse_args(["--confirm", "--json", "report.json", *options, "--", "python", "prog.py"]),
-                     platform=shared())
-    out = capsys.readouterr()
-    return status, json.loads((tmp_path / "report.json").read_text()), out
+def confirm_run(tmp_path, monkeypatch, capsys, *options, program=STORE):
+    status, report, out = record_run(tmp_path, monkeypatch, capsys, "--confirm", *options, program=program)
+    return status, report, out
 
 
 def test_a_scratch_folder_with_a_colon_in_its_path_still_gives_witnesses(tmp_path, monkeypatch, capsys):
@@ -342,69 +318,6 @@ def test_a_pytest_witness_run_sees_the_swap_op_named_on_the_command_line(tmp_pat
 
 
 # -- pytest --kvverify-confirm ---------------------------------------------------------------------
-
-
-CONFTEST = textwrap.dedent("""\
-    import fake_cuda
-    import pytest
-
-    import kvverify.record.cli as cli
-
-    _confirm = cli.confirm_races
-
-
-    def _on_the_stand_in(command, swap_ops, rec, verdict, platform=None, progress=lambda line: None, **kwargs):
-        # the plugin's witness runs, in this process on the stand-in (a child would need a CUDA device)
-        return _confirm(command, swap_ops, rec, verdict, fake_cuda.shared(), progress, **kwargs)
-
-
-    cli.confirm_races = _on_the_stand_in
-
-
-    @pytest.fixture
-    def kvverify_platform():
-        return fake_cuda.shared()
-    """)
-
-REFILL = textwrap.dedent("""\
-    import os
-    import subprocess
-    import sys
-
-    import fake_cuda
-    import pytest
-
-
-    def refill(size, synchronized):
-        fake = fake_cuda.shared()
-        gpu, staging, load, done = fake.device(size), fake.pinned(size), fake.stream(), fake.event()
-        with fake.use(load):
-            gpu.copy_(staging, non_blocking=True)
-            done.record()
-        if synchronized:
-            done.synchronize()
-        staging.fill_(2)
-    """)
-
-
-def plugin_run(tmp_path: Path, tests: str, *options: str) -> str:
-    """``tests`` in a child pytest with the plugin as installed (its entry point) and
-    ``--kvverify-confirm``; the witness runs are in-process on the stand-in. Returns the output."""
-    (tmp_path / "standin").mkdir()
-    (tmp_path / "standin" / "test_offload.py").write_text(REFILL + tests)
-    (tmp_path / "standin" / "conftest.py").write_text(CONFTEST)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
-    env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-    env.pop(cli.WITNESS_ENV, None)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--kvverify-confirm",
-                           *options, "standin/test_offload.py"],
-                          check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    return done.stdout + done.stderr
-
-
-def witness_lines(output: str, test: str) -> list[str]:
-    section = output.split(f"_ {test} _", 1)[1]
-    return [line.strip() for line in section.split("witnesses:", 1)[1].splitlines()[1:] if line.startswith("  ")][:1]
 
 
 FIXTURE_FIRST = textwrap.dedent("""\
