@@ -137,7 +137,6 @@ class Bindings:
                 at = bindings.rec.locate()
                 with bindings.rec.exclusive():
                     bindings.rec.collect()  # what the native log holds of this thread happened before
-                    logged = len(bindings.rec.ops)
                     try:
                         log(name, args, kwargs, result, at)
                     except Exception as exc:  # the program runs on: the summary says what is missing
@@ -145,7 +144,7 @@ class Bindings:
 
                         bindings.rec.notes[f"{RECORDER_ERROR} {name}: {type(exc).__name__}: {exc}"] += 1
                 if target is not None:
-                    forcer.after(target, logged, stream)
+                    forcer.after(target, stream)
             else:
                 bindings.missed(label)
             return result

@@ -187,7 +187,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
     from kvverify.check import check
 
     verdict = check(rec.trace(), max_races=args.max_races)
-    command = " ".join(args.command[1:] if args.command[:1] == ["--"] else args.command)
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = " ".join(argv)
     print(verdict.render(source=command).rstrip("\n"))
     print()
     print("\n".join(rec.summary().lines()))
@@ -198,7 +199,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
         else:
             # every race, not only those listed: each racing pair of lines gets its witness
             try:
-                witnesses = _confirm(args, rec, check(rec.trace(), max_races=None), platform)
+                every = check(rec.trace(), max_races=None) if verdict.truncated else verdict
+                witnesses = _confirm(argv, args.swap_op, rec, every, platform)
             except Exception as exc:  # the verdict and its exit status stand
                 print(f"kvverify record: --confirm failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if args.json:
@@ -245,7 +247,7 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_
     def run(plan, mode: str):
         folder = os.path.join(scratch, mode)
         os.makedirs(folder, exist_ok=True)
-        _, plan_file, out = witness_files(folder)
+        plan_file, out = witness_files(folder)
         for leftover in (out, out + ".bin"):
             if os.path.exists(leftover):
                 os.remove(leftover)
@@ -284,9 +286,9 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_
     return run
 
 
-def witness_files(folder: str) -> tuple[str, str, str]:
-    """``(folder, plan file, observation file)`` of a witness run's folder."""
-    return folder, os.path.join(folder, "plan.json"), os.path.join(folder, "observation.json")
+def witness_files(folder: str) -> tuple[str, str]:
+    """``(plan file, observation file)`` of a witness run's folder."""
+    return os.path.join(folder, "plan.json"), os.path.join(folder, "observation.json")
 
 
 def read_witness_spec(spec: str):
@@ -297,7 +299,7 @@ def read_witness_spec(spec: str):
     mode, _, folder = spec.partition(":")
     if mode not in (witness.IN_ORDER, witness.FORCED) or not folder:
         raise ValueError(f"a witness run takes {witness.IN_ORDER}|{witness.FORCED}:FOLDER, not {spec!r}")
-    _, plan_file, out = witness_files(folder)
+    plan_file, out = witness_files(folder)
     try:
         with open(plan_file) as f:
             plan = witness.Plan.from_json(json.load(f))
@@ -325,13 +327,11 @@ def confirm_races(command: list[str], swap_ops, rec, verdict, platform=None,
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _confirm(args: argparse.Namespace, rec, verdict, platform) -> list:
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-
+def _confirm(command: list[str], swap_ops, rec, verdict, platform) -> list:
     def progress(line: str) -> None:
         print(f"kvverify record: --confirm: {line}", file=sys.stderr, flush=True)
 
-    outcomes = confirm_races(command, args.swap_op, rec, verdict, platform, progress)
+    outcomes = confirm_races(command, swap_ops, rec, verdict, platform, progress)
     print()
     print(f"witnesses ({len(outcomes)} pair{'s' if len(outcomes) != 1 else ''} of lines):")
     for outcome in outcomes:

@@ -257,17 +257,15 @@ class RecordingMode(TorchDispatchMode):
                 forcer.failed(call)
             raise
         with rec.exclusive():
-            logged = len(rec.ops)
             try:
                 rec.collect()  # the op's fresh blocks and its frees come before its entry
-                logged = len(rec.ops)
                 info.handler(self, info, args, kwargs, out)
             except Exception as exc:  # the program must run on: the summary says what is missing
                 rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
             finally:
                 rec.end_op()
         if call is not None:  # outside the recorder's lock: a witness run may wait here
-            forcer.after(call, logged)
+            forcer.after(call)
         return out
 
     def is_active(self) -> bool:

@@ -39,7 +39,9 @@ out (``NOT_RECORDED``). Nothing is reported while the recorder reads pointer ten
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
@@ -480,8 +482,6 @@ class CudaTools:
             event.record(self._stream(stream))
 
         def wait(seconds: float) -> bool:
-            import time
-
             deadline = time.monotonic() + seconds
             with self._internal():
                 while not event.query():
@@ -493,8 +493,6 @@ class CudaTools:
         return wait
 
     def read(self, address: int, nbytes: int, device: bool) -> bytes:
-        import ctypes
-
         if not device:
             return ctypes.string_at(address, nbytes)
         d = self.driver
@@ -506,8 +504,6 @@ class CudaTools:
         return out.tobytes()
 
     def write(self, address: int, data: bytes, device: bool) -> None:
-        import ctypes
-
         if not device:
             ctypes.memmove(address, data, len(data))
             return

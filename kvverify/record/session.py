@@ -347,10 +347,9 @@ def _host_access(kind: str, objs: tuple, name: str | None) -> None:
     issued = None if forcer is None else forcer.before(name or kind)
     at = rec.recorder.locate()
     with rec.recorder.exclusive():
-        logged = len(rec.recorder.ops)
         rec.recorder.host_access(kind, _spans(rec, objs, at), name, at)
     if issued is not None:
-        forcer.after(issued, logged)
+        forcer.after(issued)
 
 
 def host_write(*objs, name: str | None = None) -> None:

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from kvverify.record.writer import buffer_name
 from kvverify.terms import DEVICE_SPACE
 
 IN_ORDER, FORCED = "in-order", "forced"
@@ -163,22 +164,23 @@ def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple
     for number, race in enumerate(races, 1):
         key = (race.first_at, race.second_at, race.kind)
         first, second = log[sources[race.first]], log[sources[race.second]]
+        targets = _target(first), _target(second)
         why = None
         if race.kind == "FREE":
             why = ("a free is not forced: an op held past it would touch unmapped memory (a device fault) or "
                    "the next owner's bytes; that owner's own race with the op, where the recording has one, is "
                    "the one to witness")
-        elif race.first == race.second or (_target(first) is not None and _target(first) == _target(second)):
+        elif race.first == race.second or (targets[0] is not None and targets[0] == targets[1]):
             why = ("the pair is one call (copies or groups of one batched call): there is no second call to "
                    "hold it for")
-        elif _target(first) is None or _target(second) is None:
+        elif None in targets:
             why = ("an op of the pair was seen only by native capture (a kernel or copy issued outside torch's "
                    "dispatcher and cuda-python): forcing it is not built")
         if why is not None:
             left.setdefault(key, ([], why))[0].append(number)
             continue
         groups.setdefault(key, []).append(number)
-        pair.setdefault(key, (_target(first), _target(second), first, second))
+        pair.setdefault(key, (*targets, first, second))
     out = []
     for key, numbers in groups.items():
         first, second, first_op, second_op = pair[key]
@@ -280,11 +282,13 @@ class Forcer:
             stable = self._threads[name] = f"{base} #{self._bases[base]}"
         return stable
 
-    def before(self, name: str, stream: int | None = None) -> tuple[Target, str | None]:
+    def before(self, name: str, stream: int | None = None) -> tuple[Target, str | None, int]:
         """Called before an op is issued (``stream``: its raw stream handle where it names one,
         else the current stream's); holds the stream where the op is the plan's first. Returns
-        what ``after`` takes: the op's ``Target`` and the recording's name of its thread."""
+        what ``after`` and ``failed`` take: the op's ``Target``, the recording's name of its
+        thread, and where the log stood."""
         rec = self.recorder
+        start = len(rec.ops)
         ident = threading.get_ident()
         thread = None if ident == rec.first else rec.threads.get(ident)
         at = rec.locate(1) or ""  # (a thread whose target is library code has no line of the program)
@@ -295,18 +299,18 @@ class Forcer:
             target = Target(self._thread(thread), at, name, call)
         if self.mode == FORCED and target == self.plan.first:
             self.tools.hold(stream)  # before the op is issued to the stream
-        return target, thread
+        return target, thread, start
 
-    def failed(self, issued: tuple[Target, str | None]) -> None:
+    def failed(self, issued: tuple[Target, str | None, int]) -> None:
         """The op raised instead of being issued: a hold put in for it is taken away."""
         if self.mode == FORCED and issued[0] == self.plan.first:
             self.tools.release()
 
-    def after(self, issued: tuple[Target, str | None], logged: int, stream: int | None = None) -> None:
-        """Called once the op is issued and logged (from ``logged`` on)."""
-        target, thread = issued
-        # (another thread may have logged meanwhile, also at this line)
-        ops = [op for op in self.recorder.ops[logged:] if (op.get("at") or "") == target.at
+    def after(self, issued: tuple[Target, str | None, int], stream: int | None = None) -> None:
+        """Called once the op is issued and logged: its entries are those since ``before`` of its
+        thread, line and name (another thread may have logged meanwhile, also at this line)."""
+        target, thread, start = issued
+        ops = [op for op in self.recorder.ops[start:] if (op.get("at") or "") == target.at
                and (op.get("name") or op["op"]) == target.name and op.get("thread") == thread]
         for op in ops:
             op["call"], op["caller"] = target.call, target.thread
@@ -364,8 +368,6 @@ class Forcer:
         if sum(s[2] for s in spans) > MAX_BYTES:
             obs.note = f"the pair writes more than {MAX_BYTES >> 20} MiB: not read back"
             return
-        from kvverify.record.writer import buffer_name
-
         obs.data = b"".join([self._read(span) for span in spans] + host_read)
         obs.ranges = ([(f"{buffer_name(memory.allocations[a])}+{offset:#x}", n) for a, offset, n in spans]
                       + [(f"{buffer_name(memory.allocations[a])}+{offset:#x} as the host read it", n)

@@ -77,11 +77,11 @@ def test_a_call_is_counted_into_the_ops_of_the_thread_that_issued_it(fake):
     class Interleaved(witness.Forcer):
         # only timing: thread a's second fill reaches after() once thread b's fill is logged (a
         # switch of the GIL between the end of the recorder's lock and after())
-        def after(self, issued, logged, stream=None):
+        def after(self, issued, stream=None):
             if threading.current_thread().name == "a" and issued[0].call == 1:
                 a_logged.set()
                 b_done.wait(5)
-            super().after(issued, logged, stream)
+            super().after(issued, stream)
 
     def work(block, times, go=None, done=None):
         if go is not None:
