@@ -198,7 +198,7 @@ class DriverOps:
             cursor = hi
         if cursor < end:
             spans.append(memory.unresolved_span(cursor, end - cursor, "lies in no allocation the recording knows", at))
-        self.rec.released(spans, name, at)
+        self.rec.released(spans, name, at, after="unmapped")
         for a in mapped:
             if not a.placeholder:
                 memory.retire(a.base)

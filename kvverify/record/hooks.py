@@ -514,6 +514,37 @@ class CudaTools:
             self._check(err, "cuMemcpyHtoDAsync")
             self._check(d.cuStreamSynchronize(self.stream)[0], "cuStreamSynchronize")
 
+    def back(self, address: int, nbytes: int) -> Callable[[], None]:
+        # the virtual memory calls a sleep-capable allocator makes to wake (CUDA Driver API, Virtual
+        # Memory Management: cuMemCreate, cuMemMap, cuMemSetAccess)
+        d = self.driver
+        prop = d.CUmemAllocationProp()
+        prop.type = d.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = d.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.torch.cuda.current_device()
+        access = d.CUmemAccessDesc()
+        access.location.type = prop.location.type
+        access.location.id = prop.location.id
+        access.flags = d.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        with self._internal():
+            err, handle = d.cuMemCreate(nbytes, prop, 0)
+            self._check(err, f"cuMemCreate of {nbytes:,} bytes for the unmapped range at {address:#x}")
+            (err,) = d.cuMemMap(d.CUdeviceptr(address), nbytes, 0, handle, 0)
+            if err == d.CUresult.CUDA_SUCCESS:
+                (err,) = d.cuMemSetAccess(d.CUdeviceptr(address), nbytes, [access], 1)
+                if err != d.CUresult.CUDA_SUCCESS:
+                    d.cuMemUnmap(d.CUdeviceptr(address), nbytes)
+            if err != d.CUresult.CUDA_SUCCESS:
+                d.cuMemRelease(handle)
+                self._check(err, f"mapping {nbytes:,} bytes at the unmapped range {address:#x}")
+
+        def undo() -> None:
+            with self._internal():
+                self._check(d.cuMemUnmap(d.CUdeviceptr(address), nbytes)[0], f"cuMemUnmap at {address:#x}")
+                self._check(d.cuMemRelease(handle)[0], "cuMemRelease")
+
+        return undo
+
     def close(self) -> None:
         self.gate.close()
         self.driver.cuStreamDestroy(self.stream)

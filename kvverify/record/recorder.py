@@ -505,11 +505,18 @@ class Recorder:
             self.issued({"op": "query_event", "event": event, "result": True, "at": at,
                          "name": "allocator: the block's events completed before it was handed out again"})
 
-    def released(self, spans: Sequence[Span], name: str | None, at: str | None) -> None:
+    def released(self, spans: Sequence[Span], name: str | None, at: str | None, after: str | None = None) -> None:
         """The host thread releases ``spans`` now (trace format 1.2 ``free``): device work on them
-        that is not ordered before this point races with it (use after free)."""
+        that is not ordered before this point races with it (use after free). ``after``: what the
+        bytes are once released, where known: ``"reused"`` (the program's own pool hands them to a
+        new owner: still its memory) or ``"unmapped"`` (``cuMemUnmap``: the virtual range stays
+        reserved with no memory behind it); a device witness stands in for the next owner there
+        (``kvverify.record.witness``)."""
         if spans:
-            self.issued({"op": "free", "ranges": tuple(spans), "name": name, "at": at})
+            op = {"op": "free", "ranges": tuple(spans), "name": name, "at": at}
+            if after is not None:
+                op["after"] = after
+            self.issued(op)
 
     # -- device work and host accesses ----------------------------------------------------------
 

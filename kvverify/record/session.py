@@ -18,7 +18,7 @@ import gc
 import json
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kvverify.errors import RecordingError
 from kvverify.record.frames import Locator
@@ -339,17 +339,23 @@ def _spans(rec: Recording, objs: tuple, at: str | None, device: bool = False) ->
     return out
 
 
-def _host_access(kind: str, objs: tuple, name: str | None) -> None:
-    rec = _current(f"kvverify.record.{kind}")
+def _annotate(what: str, name: str, log: Callable[[Recording, str | None], None]) -> None:
+    """Log an annotation of this thread's recording with ``log(recording, at)``; a witness run
+    finds it again by ``name`` as it does an op."""
+    rec = _current(f"kvverify.record.{what}")
     if rec is None:
         return
-    forcer = rec._mode.forcer  # a witness run finds the annotation again as it does an op
-    issued = None if forcer is None else forcer.before(name or kind)
+    forcer = rec._mode.forcer
+    issued = None if forcer is None else forcer.before(name)
     at = rec.recorder.locate()
     with rec.recorder.exclusive():
-        rec.recorder.host_access(kind, _spans(rec, objs, at), name, at)
+        log(rec, at)
     if issued is not None:
         forcer.after(issued)
+
+
+def _host_access(kind: str, objs: tuple, name: str | None) -> None:
+    _annotate(kind, name or kind, lambda rec, at: rec.recorder.host_access(kind, _spans(rec, objs, at), name, at))
 
 
 def host_write(*objs, name: str | None = None) -> None:
@@ -371,12 +377,8 @@ def host_read(*objs, name: str | None = None) -> None:
 
 
 def _release(what: str, objs: tuple, name: str | None) -> None:
-    rec = _current(f"kvverify.record.{what}")
-    if rec is None:
-        return
-    at = rec.recorder.locate()
-    with rec.recorder.exclusive():
-        rec.recorder.released(_spans(rec, objs, at, device=True), name or what, at)
+    _annotate(what, name or what, lambda rec, at: rec.recorder.released(
+        _spans(rec, objs, at, device=True), name or what, at, after="reused" if what == "reuse" else None))
 
 
 def free(*objs, name: str | None = None) -> None:

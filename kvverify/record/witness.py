@@ -23,9 +23,15 @@ complete and reading the bytes they wrote there:
 ``judge`` compares them: CONFIRMED with the count of bytes that differ and the first of them, or
 not confirmed (the forced order changed no byte, or ``second`` could not complete while ``first``
 was held: it waits for it), or no witness (the pair was not found again, the runs in issue order
-differ). A free as one of the pair is not forced: the op held past it would touch unmapped memory
-(a device fault that ends the run) or the next owner's bytes; the next owner's own race with it
-(RAW / WAR / WAW), where the recording has one, is witnessed instead. Ops seen only by native
+differ). A free as ``second`` (kind FREE, use after free) is forced where its bytes stay reachable:
+a pool's hand-over (``kvverify.record.reuse``) and ``cuMemUnmap`` (the virtual range stays
+reserved). Once the free returned, the witness stands in for the bytes' next owner: it maps fresh
+memory where the range was unmapped (the held op would otherwise read an unmapped address, a
+device fault that ends the context; a sleep-capable allocator's wake maps there the same way),
+writes ``MARK`` over them, then lets ``first`` go, and reads back what ``first`` wrote and what
+the next owner is left with; its own mapping goes again before the program goes on. A free that
+gives its bytes back (a raw or allocator free, a host unregister, ``kvverify.record.free``) is
+not forced: the bytes may be gone. Ops seen only by native
 capture (Triton, kernels launched from C++, ``cudaMemcpyAsync`` from C) are not forced: holding
 their stream before the call would need the driver callback to do it; they are named as such.
 """
@@ -51,6 +57,8 @@ WAIT_S = 10.0  # how long a forced run waits for the second op before it calls t
 DONE_S = 60.0  # how long a witness run waits for an op that nothing holds
 MAX_BYTES = 256 << 20  # the most bytes one witness reads back
 EARLY_READ_ORDERS = ("ANY", "DURING_API_CALL")
+NEXT_OWNERS = ("reused", "unmapped")  # frees whose bytes a witness run can stand in for (Recorder.released)
+MARK = 0xA5  # what the witness writes over released bytes as their next owner
 ADDRESS = re.compile(r" @0x[0-9a-f]+")
 NUMBERS = re.compile(r"\d+")  # in a thread's name: Python's and executors' counters go on from run to run
 
@@ -166,10 +174,10 @@ def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple
         first, second = log[sources[race.first]], log[sources[race.second]]
         targets = _target(first), _target(second)
         why = None
-        if race.kind == "FREE":
-            why = ("a free is not forced: an op held past it would touch unmapped memory (a device fault) or "
-                   "the next owner's bytes; that owner's own race with the op, where the recording has one, is "
-                   "the one to witness")
+        if race.kind == "FREE" and second.get("after") not in NEXT_OWNERS:
+            why = ("the free gives its bytes back (a raw or allocator free, a host unregister, "
+                   "kvverify.record.free): holding the op past it would touch memory that may be gone; a pool's "
+                   "hand-over marked with kvverify.record.reuse, or a cuMemUnmap, is witnessed")
         elif race.first == race.second or (targets[0] is not None and targets[0] == targets[1]):
             why = ("the pair is one call (copies or groups of one batched call): there is no second call to "
                    "hold it for")
@@ -184,7 +192,7 @@ def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple
     out = []
     for key, numbers in groups.items():
         first, second, first_op, second_op = pair[key]
-        on_host = second_op["op"] in ("host_read", "host_write")
+        on_host = second_op["op"] in ("host_read", "host_write", "free")
         early = (second_op["op"] == "copy_batch" and second_op.get("order") in EARLY_READ_ORDERS
                  and key[2] == "RAW")
         out.append(Plan(tuple(numbers), key[2], first, second, on_host, early))
@@ -221,6 +229,11 @@ class DeviceTools:
         raise NotImplementedError
 
     def write(self, address: int, data: bytes, device: bool) -> None:
+        raise NotImplementedError
+
+    def back(self, address: int, nbytes: int) -> Callable[[], None]:
+        """Map fresh device memory at ``[address, address + nbytes)``, a virtual range the program
+        unmapped and still reserves; returns the call that unmaps and releases it again."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -336,6 +349,15 @@ class Forcer:
     def _witness(self, second_ops: list[dict], stream: int | None) -> None:
         tools, obs, memory = self.tools, self.observation, self.recorder.memory
         swaps = [op for op in second_ops if op["op"] == "copy_batch" and op.get("order") in EARLY_READ_ORDERS]
+        stood_in: list[tuple[str, int, int, bool]] = []
+        undo: list[Callable[[], None]] = []
+        if self.plan.kind == "FREE":
+            try:
+                stood_in = self._stand_in(second_ops, undo)
+            except Exception as exc:  # the program runs on; this run witnesses nothing
+                obs.note = f"the witness could not stand in for the freed bytes' next owner: {exc}"
+                tools.release()
+                return
         if self.plan.second_on_host:
             second_done = True
         elif self.mode == FORCED and self.plan.early_read and swaps:
@@ -362,16 +384,47 @@ class Forcer:
         host_read = [self._read(span) for span in seen]
         tools.release()
         if not self._first_done(DONE_S):
+            # memory mapped for the next owner stays: the op may still reach it
             obs.note = f"the first op did not complete within {DONE_S:.0f} s of the release"
+            undo.clear()
         obs.expired = tools.expired()
-        spans = [s for op in (self._first_ops or []) + second_ops for s in _written(op)]
-        if sum(s[2] for s in spans) > MAX_BYTES:
-            obs.note = f"the pair writes more than {MAX_BYTES >> 20} MiB: not read back"
-            return
-        obs.data = b"".join([self._read(span) for span in spans] + host_read)
-        obs.ranges = ([(f"{buffer_name(memory.allocations[a])}+{offset:#x}", n) for a, offset, n in spans]
-                      + [(f"{buffer_name(memory.allocations[a])}+{offset:#x} as the host read it", n)
-                         for a, offset, n in seen])
+        try:
+            spans = [s for op in (self._first_ops or []) + second_ops for s in _written(op)]
+            if sum(s[2] for s in spans) + sum(s[2] for s in stood_in) > MAX_BYTES:
+                obs.note = f"the pair writes more than {MAX_BYTES >> 20} MiB: not read back"
+                return
+            obs.data = b"".join([self._read(span) for span in spans]
+                                + [tools.read(address, n, device) for _, address, n, device in stood_in] + host_read)
+            obs.ranges = ([(f"{buffer_name(memory.allocations[a])}+{offset:#x}", n) for a, offset, n in spans]
+                          + [(f"{label} as its next owner left it", n) for label, _, n, _ in stood_in]
+                          + [(f"{buffer_name(memory.allocations[a])}+{offset:#x} as the host read it", n)
+                             for a, offset, n in seen])
+        finally:
+            for call in undo:
+                call()
+
+    def _stand_in(self, frees: list[dict], undo: list[Callable[[], None]]) -> list[tuple[str, int, int, bool]]:
+        """Be the next owner of what ``frees`` released, as the program's next owner could be: map
+        fresh device memory where a range was unmapped (appending the call that unmaps it again to
+        ``undo``), then write ``MARK`` over every released byte. Returns what it wrote, as
+        ``(label, address, bytes, on the device)``."""
+        memory, out = self.recorder.memory, []
+        for op in frees:
+            if op["op"] != "free":
+                continue
+            parts = [(memory.allocations[a], offset, n) for a, offset, n in op["ranges"]]
+            if op.get("after") == "unmapped":
+                lo = min(a.base + offset for a, offset, _ in parts)
+                hi = max(a.base + offset + n for a, offset, n in parts)
+                if hi - lo > MAX_BYTES:
+                    raise ValueError(f"the unmapped range is {hi - lo:,} bytes, more than the "
+                                     f"{MAX_BYTES >> 20} MiB a witness maps and reads")
+                undo.append(self.tools.back(lo, hi - lo))
+            for a, offset, n in parts:
+                device = op.get("after") == "unmapped" or a.space == DEVICE_SPACE
+                self.tools.write(a.base + offset, bytes([MARK]) * n, device)
+                out.append((f"{buffer_name(a)}+{offset:#x}", a.base + offset, n, device))
+        return out
 
     def _read(self, span: tuple[int, int, int]) -> bytes:
         a = self.recorder.memory.allocations[span[0]]
@@ -431,7 +484,11 @@ def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Obs
                        "one whose effect this program does not keep)", 0, len(a))
     emulated = ("; the swap's read at its call was made by the witness: the order permits it, this driver "
                 "may still read in stream order") if plan.early_read else ""
-    return outcome(CONFIRMED, f"{len(diff):,} of {len(a):,} bytes differ with the second op first ("
+    if plan.kind == "FREE":
+        emulated = (f"; the witness stood in for the freed bytes' next owner: it wrote {MARK:#04x} over them (on "
+                    "fresh memory it mapped where they were unmapped) before the held op ran")
+    second = "the free" if plan.kind == "FREE" else "the second op"
+    return outcome(CONFIRMED, f"{len(diff):,} of {len(a):,} bytes differ with {second} first ("
                    f"{_first_difference(in_order.ranges, f, a, int(diff[0]))}){emulated}", len(diff), len(a))
 
 

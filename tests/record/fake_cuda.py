@@ -245,6 +245,11 @@ class FakeTools(DeviceTools):
     def write(self, address: int, data: bytes, device: bool) -> None:
         ctypes.memmove(address, data, len(data))
 
+    def back(self, address: int, nbytes: int):
+        """The stand-in's memory stays where it was: only the calls are kept."""
+        self.calls.append(("back", address, nbytes))
+        return lambda: self.calls.append(("unback", address, nbytes))
+
 
 _LIBRARIES: list = []
 

@@ -92,9 +92,77 @@ def test_a_free_and_a_host_access_as_the_second_op(fake):
     races = rec.check().races
     plans, left = witness.plans(rec.recorder.ops, rec.summary().sources, races)
     assert [p.kind for p in plans] == ["WAR"] and plans[0].second_on_host
-    # the free races with both copies of the pinned block: two pairs of lines
+    # the free races with both copies of the pinned block: two pairs of lines; its bytes may be gone
     assert [(o.kind, o.status) for o in left] == [("FREE", NO_WITNESS)] * 2
-    assert all("free is not forced" in o.detail for o in left)
+    assert all("gives its bytes back" in o.detail and "kvverify.record.reuse" in o.detail for o in left)
+
+
+def test_a_reuse_under_a_pending_d2h_copy_is_forced_with_the_witness_as_the_next_owner(fake):
+    """sgl-project/sglang#28468's shape: a D2H backup into a host slot, then the pool hands the slot
+    on (``kvverify.record.reuse``). The backup's stream is held until the hand-over returned; the
+    witness then writes ``MARK`` over the slot, as its next owner, before the backup is let go,
+    and reads the slot (what the backup wrote, and what the next owner is left with)."""
+    def program(fake):
+        kv, slot = fake.device(BLOCK), fake.pinned(BLOCK)
+        kv.fill_(3)
+        fake.synchronize()
+        with fake.use(fake.stream()):
+            slot.copy_(kv, non_blocking=True)
+        record.reuse(slot, name="host slot")
+        fake.synchronize()
+
+    rec = recorded(fake, program)
+    (plan,), left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+    assert left == [] and plan.kind == "FREE" and plan.second_on_host and plan.second.name == "host slot"
+    obs = witness.observe(lambda: (program(fake), 0)[1], plan, FORCED, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second and not obs.ordered and obs.note is None
+    calls = [c[0] for c in fake.witness_calls]
+    assert calls[:3] == ["hold", "mark", "release"] and "back" not in calls  # a pool's slot: no mapping
+    assert [label.endswith(" as its next owner left it") for label, _ in obs.ranges] == [False, True]
+    # (the stand-in ran the copy at its call: the next owner's bytes are what both read back)
+    assert obs.data == bytes([witness.MARK]) * (2 * BLOCK)
+
+
+def test_an_unmap_under_a_pending_store_is_forced_on_fresh_memory_mapped_at_the_range(fake):
+    """vllm-project/vllm#45268's shape: a store from device memory, then ``cuMemUnmap`` of it. The
+    witness maps fresh memory at the unmapped range before it writes ``MARK`` there and lets the
+    held store go (a read of an unmapped address would end the context), and unmaps it again
+    once it has read the bytes back; a free that gives its bytes back is not planned."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+
+    def program(fake):
+        gpu, cpu = fake.device(BLOCK), fake.pinned(BLOCK)
+        gpu.fill_(4)
+        fake.synchronize()
+        with fake.use(fake.stream()):
+            cpu.copy_(gpu, non_blocking=True)
+        driver.cuMemUnmap(gpu.data_ptr(), BLOCK)
+        fake.synchronize()
+        return gpu
+
+    unmap = driver.cuMemUnmap
+    try:
+        driver.cuMemUnmap = lambda *args: (driver.CUresult.CUDA_SUCCESS,)
+        rec = recorded(fake, program)
+        (plan,), left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
+        assert left == [] and plan.kind == "FREE" and plan.second.name == "cuda-python cuMemUnmap"
+        result = {}
+        obs = witness.observe(lambda: (result.setdefault("gpu", program(fake)), 0)[1], plan, FORCED,
+                              platform=fake, skip=fake.skip())
+    finally:
+        driver.cuMemUnmap = unmap
+    assert obs.found_first and obs.found_second and obs.note is None
+    address = result["gpu"].data_ptr()
+    back = [c for c in fake.witness_calls if c[0] in ("back", "unback", "release")]
+    assert back[:3] == [("back", address, BLOCK), ("release",), ("unback", address, BLOCK)]
+    assert obs.data == bytes([4]) * BLOCK + bytes([witness.MARK]) * BLOCK
+
+
+def test_a_confirmed_free_says_the_witness_stood_in_for_the_next_owner():
+    free = Plan(PLAN.races, "FREE", PLAN.first, PLAN.second, True, False)
+    out = witness.judge(free, None, None, seen(IN_ORDER, b"\x01" * 8), seen(IN_ORDER, b"\x01" * 8),
+                        seen(FORCED, bytes([witness.MARK]) * 8))
+    assert out.status == CONFIRMED and "with the free first" in out.detail and "next owner" in out.detail
 
 
 def test_a_witness_run_holds_the_first_op_before_it_is_issued_and_reads_what_the_pair_wrote(fake):
