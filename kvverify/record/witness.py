@@ -81,7 +81,9 @@ class Plan:
     ``races``: the numbers (1-based, as the verdict lists them) of every race of that pair;
     ``kind``: RAW / WAR / WAW; ``second_on_host``: ``second`` is a host access (complete when its
     call returns); ``early_read``: ``second`` is a batched swap reading ``first``'s output in an
-    order that lets it read at its call."""
+    order that lets it read at its call; ``next_owner``: ``second`` is a free whose bytes are
+    ``"reused"`` or ``"unmapped"`` after it (``Recorder.released``), which the witness stands in
+    for."""
 
     races: tuple[int, ...]
     kind: str
@@ -89,6 +91,7 @@ class Plan:
     second: Target
     second_on_host: bool
     early_read: bool
+    next_owner: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -96,7 +99,7 @@ class Plan:
     @classmethod
     def from_json(cls, d: dict) -> Plan:
         return cls(tuple(d["races"]), d["kind"], Target(**d["first"]), Target(**d["second"]),
-                   d["second_on_host"], d["early_read"])
+                   d["second_on_host"], d["early_read"], d.get("next_owner"))
 
 
 @dataclass
@@ -195,7 +198,7 @@ def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple
         on_host = second_op["op"] in ("host_read", "host_write", "free")
         early = (second_op["op"] == "copy_batch" and second_op.get("order") in EARLY_READ_ORDERS
                  and key[2] == "RAW")
-        out.append(Plan(tuple(numbers), key[2], first, second, on_host, early))
+        out.append(Plan(tuple(numbers), key[2], first, second, on_host, early, second_op.get("after")))
     outcomes = [Outcome(tuple(numbers), key[2], key[0], key[1], NO_WITNESS, why)
                 for key, (numbers, why) in left.items()]
     return out, outcomes
@@ -351,7 +354,7 @@ class Forcer:
         swaps = [op for op in second_ops if op["op"] == "copy_batch" and op.get("order") in EARLY_READ_ORDERS]
         stood_in: list[tuple[str, int, int, bool]] = []
         undo: list[Callable[[], None]] = []
-        if self.plan.kind == "FREE":
+        if self.plan.next_owner is not None:
             try:
                 stood_in = self._stand_in(second_ops, undo)
             except Exception as exc:  # the program runs on; this run witnesses nothing
@@ -484,9 +487,10 @@ def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Obs
                        "one whose effect this program does not keep)", 0, len(a))
     emulated = ("; the swap's read at its call was made by the witness: the order permits it, this driver "
                 "may still read in stream order") if plan.early_read else ""
-    if plan.kind == "FREE":
-        emulated = (f"; the witness stood in for the freed bytes' next owner: it wrote {MARK:#04x} over them (on "
-                    "fresh memory it mapped where they were unmapped) before the held op ran")
+    if plan.next_owner is not None:
+        mapped = " on fresh memory it mapped at the unmapped range" if plan.next_owner == "unmapped" else ""
+        emulated = (f"; the witness stood in for the freed bytes' next owner: it wrote {MARK:#04x} over them"
+                    f"{mapped} before the held op ran")
     second = "the free" if plan.kind == "FREE" else "the second op"
     return outcome(CONFIRMED, f"{len(diff):,} of {len(a):,} bytes differ with {second} first ("
                    f"{_first_difference(in_order.ranges, f, a, int(diff[0]))}){emulated}", len(diff), len(a))

@@ -114,6 +114,7 @@ def test_a_reuse_under_a_pending_d2h_copy_is_forced_with_the_witness_as_the_next
     rec = recorded(fake, program)
     (plan,), left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
     assert left == [] and plan.kind == "FREE" and plan.second_on_host and plan.second.name == "host slot"
+    assert plan.next_owner == "reused"
     obs = witness.observe(lambda: (program(fake), 0)[1], plan, FORCED, platform=fake, skip=fake.skip())
     assert obs.found_first and obs.found_second and not obs.ordered and obs.note is None
     calls = [c[0] for c in fake.witness_calls]
@@ -146,6 +147,7 @@ def test_an_unmap_under_a_pending_store_is_forced_on_fresh_memory_mapped_at_the_
         rec = recorded(fake, program)
         (plan,), left = witness.plans(rec.recorder.ops, rec.summary().sources, rec.check().races)
         assert left == [] and plan.kind == "FREE" and plan.second.name == "cuda-python cuMemUnmap"
+        assert plan.next_owner == "unmapped"
         result = {}
         obs = witness.observe(lambda: (result.setdefault("gpu", program(fake)), 0)[1], plan, FORCED,
                               platform=fake, skip=fake.skip())
@@ -159,10 +161,13 @@ def test_an_unmap_under_a_pending_store_is_forced_on_fresh_memory_mapped_at_the_
 
 
 def test_a_confirmed_free_says_the_witness_stood_in_for_the_next_owner():
-    free = Plan(PLAN.races, "FREE", PLAN.first, PLAN.second, True, False)
-    out = witness.judge(free, None, None, seen(IN_ORDER, b"\x01" * 8), seen(IN_ORDER, b"\x01" * 8),
-                        seen(FORCED, bytes([witness.MARK]) * 8))
-    assert out.status == CONFIRMED and "with the free first" in out.detail and "next owner" in out.detail
+    for after in ("reused", "unmapped"):
+        free = Plan(PLAN.races, "FREE", PLAN.first, PLAN.second, True, False, after)
+        out = witness.judge(free, None, None, seen(IN_ORDER, b"\x01" * 8), seen(IN_ORDER, b"\x01" * 8),
+                            seen(FORCED, bytes([witness.MARK]) * 8))
+        assert out.status == CONFIRMED and "with the free first" in out.detail and "next owner" in out.detail
+        assert ("fresh memory it mapped" in out.detail) == (after == "unmapped")
+        assert Plan.from_json(json.loads(json.dumps(free.to_json()))) == free
 
 
 def test_a_witness_run_holds_the_first_op_before_it_is_issued_and_reads_what_the_pair_wrote(fake):
