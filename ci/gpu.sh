@@ -22,6 +22,7 @@
 #        hook-probe      what a C++ op observer would cost the recorder per op (benchmarks/record_hook_probe.py)
 #        corpus          the race corpus (docs/corpus.md) with a device witness per race (--confirm): its
 #                        table in corpus.md, its JSON in corpus.json
+#        record-suite    kvverify record -- pytest -m gpu tests/record: the tests' own recordings nested in it
 #        Each has a wall-clock limit (SIGINT, then SIGKILL), so one stuck step cannot eat a lent
 #        device's whole call.
 set -uo pipefail
@@ -34,7 +35,7 @@ failed=()
 
 ALL_STEPS=(platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench swap-bandwidth
            kernel-bandwidth record kernel-path)
-ON_REQUEST=(sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge hook-probe corpus)
+ON_REQUEST=(sanitizer soak torchrun-1 stress-2gpu stress-2gpu-shard merge hook-probe corpus record-suite)
 SELECTED=("$@")
 [ ${#SELECTED[@]} -ne 0 ] || SELECTED=("${ALL_STEPS[@]}")
 for s in "${SELECTED[@]}"; do
@@ -126,6 +127,11 @@ step merge 120 bash -c 'stress=(); for f in stress.json stress-2gpu.json stress-
 step hook-probe 240 python3 benchmarks/record_hook_probe.py --device cuda --json "$OUT/hook-probe.json"
 # The race corpus: each case's forms natively, recorded (each race witnessed) and under CSAN (one child process); fails when a
 # case the dispatcher sees is not RACY with its pair when broken and SAFE when fixed.
+# kvverify record over the recorder's own GPU tests (issue 24): each test's own recording nests in it (pausing it). Passes
+# when the suite ran and its trace was checked: exit 0 (SAFE), 1 (races) or 2 (no race, the pauses not recorded).
+step record-suite 560 bash -c 'python3 -m kvverify record --json "$0/record-suite.json" -o "$0/record-suite-trace.json" \
+  -- pytest -m gpu -q -p no:cacheprovider tests/record > "$0/record-suite.log" 2>&1; rc=$?
+  tail -n 60 "$0/record-suite.log"; echo "kvverify record: exit $rc"; [ "$rc" -le 2 ]' "$OUT"
 step corpus 300 bash -c 'python3 -m kvverify corpus --confirm --json "$0/corpus.json" | tee "$0/corpus.md"
   exit "${PIPESTATUS[0]}"' "$OUT"
 

@@ -188,6 +188,13 @@ class MemoryMap:
             self._drop(a)
         return a
 
+    def forget_all(self) -> None:
+        """Forget every live allocation (a stretch of the program went unseen: any of them may
+        have been freed and its bytes handed out again); addresses are learnt again as they are
+        met. The allocations stay in ``allocations``, where ops logged before refer to them."""
+        for a in list(self._live):
+            self._drop(a)
+
     def _drop(self, a: Allocation) -> None:
         i = bisect.bisect_left(self._bases, a.base)
         del self._bases[i], self._live[i], self._base_column[i + 1], self._ends[i + 1], self._indices[i + 1]

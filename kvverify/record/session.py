@@ -60,6 +60,7 @@ class Recording:
         self._skip = skip
         self.recorder: Recorder | None = None
         self._mode = None
+        self._outer: Recording | None = None
         self._built: tuple[dict, Summary] | None = None
         self._verdict = None
         self.running = False
@@ -67,13 +68,17 @@ class Recording:
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> Recording:
-        """Start recording this thread. Raises RecordingError when there is no CUDA device, this
-        torch lacks the hooks, or another recording is running."""
+        """Start recording this thread. A recording started on the thread of one already running
+        nests: the outer one pauses until this one stops (see ``recording``). Raises
+        RecordingError when there is no CUDA device, this torch lacks the hooks, or a recording
+        runs on another thread."""
         global _active
         with _lock:
-            if _active is not None:
-                raise RecordingError("a recording is already running in this process; stop it first "
-                                     "(recordings do not nest)")
+            outer = _active
+            if outer is not None and outer.thread != threading.get_ident():
+                raise RecordingError(
+                    f"a recording is already running in this process, on thread {outer.thread}: stop it first, or "
+                    "start this one on that thread (a recording nests only on the thread of the one it pauses)")
             platform = self._platform
             if platform is None:
                 from kvverify.device.extension import cuda_refusal
@@ -85,51 +90,108 @@ class Recording:
 
             if platform is None:
                 platform = hooks.CudaPlatform()
-            from kvverify.record.bindings import Bindings
-            from kvverify.record.dispatch import RecordingMode
-            from kvverify.record.driver import DriverOps
-
-            locator = Locator(self._skip)
-            self.recorder = Recorder(locator.locate)
-            self.thread = threading.get_ident()
-            guard = hooks.thread_guard(self.recorder, busy)
-            try:
-                platform.install(self.recorder, guard, native=self.native)
-                self._mode = RecordingMode(self.recorder, platform, self.swap_ops, internal=self.internal)
-                self._mode.__enter__()
-            except BaseException:
-                platform.uninstall()
-                raise
             self._platform_in_use = platform
-            driver = DriverOps(self.recorder, self._mode, platform.handle_key, locator.locate_frames,
-                               platform.function_name)
-            self.capture_off = getattr(platform, "capture_off", None)
-            if self.capture_off is None:
-                self.recorder.native = driver.record
-                guard = hooks.thread_guard(self.recorder, busy)
-                platform.on_launch(guard(driver.launch_site))
-                platform.on_graph_replay(guard(driver.graph_site))
-            self._threads = ThreadCapture(self.recorder, self._enter_thread)
-            self._threads.start()
-            self._driver = driver
-            self._bindings = Bindings(driver, self._follows, self._missed, platform.suppressed)
-            self._bindings.install()
+            self._locator = Locator(self._skip)
+            self.recorder = Recorder(self._locator.locate)
+            self.thread = threading.get_ident()
+            if outer is not None:
+                outer._pause()
+            try:
+                self._attach()
+            except BaseException:
+                if outer is not None:
+                    outer._resume()
+                raise
+            self._outer = outer
             self._built = self._verdict = None
             self.running = True
             _active = self
-            # The log grows by a few objects per op, and the collector's full passes would walk
-            # the whole heap (torch's included, hundreds of thousands of objects) over and over:
-            # what existed before the recording is left out of them until it stops. A program that
-            # froze its own objects already (a server after start-up) keeps them so: unfreeze()
-            # would give it back every one of them, so the recording then freezes nothing.
-            self._froze = gc.get_freeze_count() == 0
-            if self._froze:
-                gc.freeze()
         return self
 
+    def _attach(self) -> None:
+        """Install the capture on this thread (at the start, and again where a nested recording
+        stopped)."""
+        from kvverify.record import hooks
+        from kvverify.record.bindings import Bindings
+        from kvverify.record.dispatch import RecordingMode
+        from kvverify.record.driver import DriverOps
+
+        platform, first = self._platform_in_use, self._mode is None
+        guard = hooks.thread_guard(self.recorder, busy)
+        try:
+            platform.install(self.recorder, guard, native=self.native)
+            if first:
+                self._mode = RecordingMode(self.recorder, platform, self.swap_ops, internal=self.internal)
+            self._mode.active = True
+            self._mode.__enter__()
+        except BaseException:
+            platform.uninstall()
+            raise
+        if first:
+            self._driver = DriverOps(self.recorder, self._mode, platform.handle_key, self._locator.locate_frames,
+                                     platform.function_name)
+            self._threads = ThreadCapture(self.recorder, self._enter_thread)
+            self._bindings = Bindings(self._driver, self._follows, self._missed, platform.suppressed)
+        self.capture_off = getattr(platform, "capture_off", None)
+        if self.capture_off is None:
+            self.recorder.native = self._driver.record
+            platform.on_launch(guard(self._driver.launch_site))
+            platform.on_graph_replay(guard(self._driver.graph_site))
+        self._threads.start()
+        self._bindings.install()
+        # The log grows by a few objects per op, and the collector's full passes would walk
+        # the whole heap (torch's included, hundreds of thousands of objects) over and over:
+        # what existed before the recording is left out of them until it stops. A program that
+        # froze its own objects already (a server after start-up) keeps them so: unfreeze()
+        # would give it back every one of them, so the recording then freezes nothing.
+        self._froze = gc.get_freeze_count() == 0
+        if self._froze:
+            gc.freeze()
+
+    def _detach(self) -> None:
+        """Take the capture away again (at the stop, and where a nested recording starts)."""
+        try:
+            self._collect_leftover()
+            self._bindings.uninstall()
+            self._threads.stop()
+            self._mode.active = False  # the modes of threads still running record nothing more
+            self._mode.__exit__(None, None, None)
+        finally:
+            if self._froze:
+                gc.unfreeze()
+            self._platform_in_use.uninstall()
+
+    def _pause(self) -> None:
+        """A recording nested in this one starts: record nothing until it stops. What runs
+        meanwhile is in its trace, not this one's: the summary counts the pauses as work not
+        recorded, and the trace orders everything before a pause before everything after it (a
+        device synchronization where the pause ends), so that no pair across it is decided either
+        way; memory is learnt again after it (the program may have freed and reallocated any)."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        rec = self.recorder
+        at = rec.locate()
+        top = _get_current_dispatch_mode()
+        if top is not self._mode:
+            # leaving a mode pops the top of torch's stack, whichever mode that is
+            raise RecordingError(f"cannot start a recording at {at} inside the running one: a dispatch mode entered "
+                                 f"after it is still active ({type(top).__name__}); leave it first")
+        self._detach()
+        with rec.exclusive():
+            rec.notes[f"{NOT_RECORDED} (recordings nested in this one, from {at} on: what ran while each "
+                      "ran is in its own trace; nothing across one is decided)"] += 1
+
+    def _resume(self) -> None:
+        rec = self.recorder
+        with rec.exclusive():
+            rec.device_synchronized(at=rec.locate())
+            rec.memory.forget_all()
+        self._attach()
+
     def stop(self) -> None:
-        """Stop recording (idempotent). Raises RecordingError on another thread than the one that
-        started it (torch's dispatch modes are per thread: only that one can leave it)."""
+        """Stop recording (idempotent); a recording this one paused goes on. Raises
+        RecordingError on another thread than the one that started it (torch's dispatch modes are
+        per thread: only that one can leave it)."""
         global _active
         if not self.running:
             return
@@ -138,17 +200,12 @@ class Recording:
                                  f"one ({threading.get_ident()}): the recording is still running")
         with _lock:
             try:
-                self._collect_leftover()
-                self._bindings.uninstall()
-                self._threads.stop()
-                self._mode.active = False  # the modes of threads still running record nothing more
-                self._mode.__exit__(None, None, None)
+                self._detach()
             finally:
-                if self._froze:
-                    gc.unfreeze()
-                self._platform_in_use.uninstall()
                 self.running = False
-                _active = None
+                _active = self._outer
+            if self._outer is not None:
+                self._outer._resume()
 
     def _collect_leftover(self) -> None:
         """The native log's records still there as the recording stops: this thread's are logged;
@@ -284,7 +341,10 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
 
     Use as ``with recording() as rec: ...``; starting raises RecordingError where no CUDA device
     is visible, torch's allocator does not report to kvverify's native log (another allocator),
-    or a recording is already running.
+    or a recording runs on another thread. Started on the thread of a running recording (a test
+    that records itself, run under ``kvverify record -- pytest``), it nests: the outer one pauses
+    until the inner one stops, and its summary names each pause as work it did not record
+    (nothing across a pause is decided; its verdict cannot be SAFE for the whole run).
     """
     return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip, native=native)
 

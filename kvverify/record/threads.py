@@ -69,7 +69,7 @@ class ThreadCapture:
         self.recorder = recorder
         self.enter_thread = enter_thread
         self.active = False
-        self.running_before: list[str] = []
+        self.running_before: list[str] | None = None  # at the first start (again after a pause: not)
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Thread -> its start and end names
         self._syncs: dict[int, tuple[object, str]] = {}  # id(lock) -> (lock, name): held, so no id is reused
         self._undo: list[Callable[[], None]] = []
@@ -78,11 +78,13 @@ class ThreadCapture:
     # -- lifetime ----------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Name the threads running now; from now on, follow new threads and every lock."""
+        """Name the threads running now (at the first start); from now on, follow new threads and
+        every lock."""
         from kvverify.record.patching import patch_method
 
-        current = threading.get_ident()
-        self.running_before = sorted(t.name for t in threading.enumerate() if t.ident != current and t.is_alive())
+        if self.running_before is None:
+            current = threading.get_ident()
+            self.running_before = sorted(t.name for t in threading.enumerate() if t.ident != current and t.is_alive())
         self._wrap_thread()
         self._wrap_queue()
         for cls in _LOCK_TYPES:

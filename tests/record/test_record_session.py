@@ -47,11 +47,9 @@ def test_a_cpu_only_torch_is_named_as_the_reason(monkeypatch):
         record.recording().start()
 
 
-def test_recordings_do_not_nest_and_results_wait_for_the_end(fake):
+def test_results_wait_for_the_end(fake):
     rec = record.recording(platform=fake)
     with rec:
-        with pytest.raises(RecordingError, match="already running"):
-            record.recording(platform=FakeCuda()).start()
         with pytest.raises(RecordingError, match="still running"):
             rec.trace()
     assert rec.trace()["version"] == 1
@@ -59,6 +57,74 @@ def test_recordings_do_not_nest_and_results_wait_for_the_end(fake):
         pass
     with pytest.raises(RecordingError, match="start"):
         record.recording(platform=fake).trace()
+
+
+def test_a_recording_started_inside_another_pauses_it_and_the_outer_decides_nothing_across_the_pause(fake):
+    """A test that records itself, run under ``kvverify record -- pytest``: the inner recording
+    gets the ops made while it runs, the outer one neither those nor a race between an op before
+    the pause and one after it (the inner run may have ordered them: it is not seen); the outer's
+    summary names the pause as work not recorded, so it cannot say SAFE for the whole run; after
+    the pause it records again, memory learnt anew."""
+    kv, host, other = fake.device(BLOCK), fake.pinned(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake) as outer:
+        kv.fill_(1)
+        fake.synchronize()
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)  # would race with the host write below, were it seen
+        with record.recording(platform=fake) as inner:
+            kv.fill_(2)
+            with fake.use(side):
+                other.copy_(kv, non_blocking=True)  # RAW with the fill: the inner's race
+        record.host_write(host)  # unordered with the store above, but a pause lies between
+        kv.fill_(3)
+        with fake.use(side):
+            other.copy_(kv, non_blocking=True)  # RAW with this fill: the outer's own race, after the pause
+        fake.synchronize()
+    assert [r.kind for r in inner.check().races] == ["RAW"]
+    inner_fills = [op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
+    assert len(inner_fills) == 1
+    outer_fills = [op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
+    assert len(outer_fills) == 2  # before and after the pause, not the inner's
+    races = outer.check().races
+    assert [r.kind for r in races] == ["RAW"], [r.render() if hasattr(r, "render") else r for r in races]
+    assert not outer.complete() and inner.complete()
+    assert any("recordings nested in this one" in n for n in outer.summary().notes)
+    assert any(op["op"] == "sync_device" for op in outer.recorder.ops)
+    assert record.session._active is None
+
+
+def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
+    errors = []
+    with record.recording(platform=fake):
+        t = threading.Thread(target=lambda: errors.append(_start_error(FakeCuda())))
+        t.start()
+        t.join()
+    assert len(errors) == 1 and "already running in this process, on thread" in errors[0]
+
+
+def test_a_recording_inside_another_with_a_dispatch_mode_entered_between_them_is_refused(fake):
+    """Pausing the outer recording leaves its dispatch mode, which pops whatever mode is on top of
+    torch's stack: one entered after it (a sanitizer's) would be popped in its place."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Between(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with record.recording(platform=fake) as outer:
+        with Between():
+            assert "a dispatch mode entered after it is still active (Between)" in _start_error(fake)
+        fake.device(BLOCK).fill_(1)  # the outer one still records
+    assert [op.get("name") for op in outer.recorder.ops if op["op"] == "kernel"] == ["aten.fill_.Scalar"]
+
+
+def _start_error(platform) -> str | None:
+    try:
+        record.recording(platform=platform).start()
+    except RecordingError as exc:
+        return str(exc)
+    return None
 
 
 def test_annotations_do_nothing_outside_a_recording_and_are_noted_on_threads_it_does_not_follow(fake):

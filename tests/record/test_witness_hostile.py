@@ -346,8 +346,9 @@ TESTS = textwrap.dedent("""\
 def test_pytest_confirm_finds_the_pair_of_a_marked_test_again(tmp_path):
     """``pytest --kvverify-confirm`` runs ``pytest TEST`` as each witness run, under the witness
     run's recording: a test marked ``kvverify_record`` (or using the ``kvverify_record`` fixture)
-    starts a recording of its own there, which is refused ("recordings do not nest"), so the test
-    errors before its body and every race of every marked test is "no witness"."""
+    starts a recording of its own there, which was refused when recordings did not nest (the test
+    errored before its body) and now pauses the witness run's recording (the pair is never seen):
+    either way every race of every marked test would be "no witness"."""
     out = plugin_run(tmp_path, TESTS, "-k", "marked")
     assert "races" in out and "witnesses:" in out, out[-3000:]
     found = witness_lines(out, "test_marked_racy")
