@@ -61,6 +61,7 @@ class Recording:
         self.recorder: Recorder | None = None
         self._mode = None
         self._outer: Recording | None = None
+        self._first_pause: str | None = None
         self._built: tuple[dict, Summary] | None = None
         self._verdict = None
         self.running = False
@@ -177,9 +178,10 @@ class Recording:
             raise RecordingError(f"cannot start a recording at {at} inside the running one: a dispatch mode entered "
                                  f"after it is still active ({type(top).__name__}); leave it first")
         self._detach()
+        self._first_pause = self._first_pause or at
         with rec.exclusive():
-            rec.notes[f"{NOT_RECORDED} (recordings nested in this one, from {at} on: what ran while each "
-                      "ran is in its own trace; nothing across one is decided)"] += 1
+            rec.notes[f"{NOT_RECORDED} (recordings nested in this one, the first at {self._first_pause}: what ran "
+                      "while each ran is in its own trace; nothing across one is decided)"] += 1
 
     def _resume(self) -> None:
         rec = self.recorder
