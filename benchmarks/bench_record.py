@@ -135,8 +135,8 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
     import torch
 
     from kvverify.record import recording
-    from kvverify.record.hooks import CudaPlatform
-    from kvverify.record.recorder import NativeRecord
+    from kvverify.record.capture.hooks import CudaPlatform
+    from kvverify.record.trace.recorder import NativeRecord
 
     arena = torch.zeros(5 << 20, dtype=torch.uint8)  # everything the stand-in calls device memory
     lo, hi = arena.data_ptr(), arena.data_ptr() + arena.numel()

@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from kvverify.record.frames import Locator
+    from kvverify.record.capture.frames import Locator
 
     if args.build_dir is not None:
         args.build_dir.mkdir(parents=True, exist_ok=True)

@@ -121,6 +121,28 @@ def test_imports_flow_one_way():
     assert not wrong, "\n".join(wrong)
 
 
+# Inside record/ (docs/architecture.md): cli / pytest_plugin -> confirm/ -> session -> capture/ -> trace/.
+RECORD_BELOW = {
+    "kvverify.record.trace": set(),
+    "kvverify.record.capture": {"kvverify.record.trace"},
+    "kvverify.record.confirm": {"kvverify.record.trace", "kvverify.record.session"},
+}
+
+
+def test_the_recorders_parts_import_only_the_parts_below_them():
+    wrong = []
+    for module, tree in MODULES.items():
+        mine = next((part for part in RECORD_BELOW if module == part or module.startswith(part + ".")), None)
+        if mine is None:
+            continue
+        for target, _, line in _imports(module, tree):
+            if not target.startswith("kvverify.record") or target == mine or target.startswith(mine + "."):
+                continue
+            if not any(target == ok or target.startswith(ok + ".") for ok in RECORD_BELOW[mine]):
+                wrong.append(f"{module}:{line} imports {target} ({mine} may import {sorted(RECORD_BELOW[mine]) or 'nothing of record/'})")
+    assert not wrong, "\n".join(wrong)
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}

@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
     except RecordingError as exc:
         return _fail(str(exc))
     if args.confirm:
-        from kvverify.record.witness import Forcer
+        from kvverify.record.confirm.witness import Forcer
 
         rec.follow_calls(Forcer(rec.recorder))
     try:
@@ -234,7 +234,7 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_
     an observation that says so."""
     import subprocess
 
-    from kvverify.record import witness
+    from kvverify.record.confirm import witness
 
     kind, target, arguments = program(command)
     if per_test:
@@ -294,7 +294,7 @@ def witness_files(folder: str) -> tuple[str, str]:
 def read_witness_spec(spec: str):
     """``(mode, plan, observation file)`` of a witness run's ``MODE:FOLDER`` (the folder holds the
     plan, and gets the observation). Raises ValueError naming what is wrong with it."""
-    from kvverify.record import witness
+    from kvverify.record.confirm import witness
 
     mode, _, folder = spec.partition(":")
     if mode not in (witness.IN_ORDER, witness.FORCED) or not folder:
@@ -310,13 +310,13 @@ def read_witness_spec(spec: str):
 
 def confirm_races(command: list[str], swap_ops, rec, verdict, platform=None,
                   progress=lambda line: None, per_test: bool = False) -> list:
-    """The witness outcomes (``kvverify.record.witness.Outcome``) of ``verdict``'s races in the
+    """The witness outcomes (``kvverify.record.confirm.witness.Outcome``) of ``verdict``'s races in the
     recording ``rec`` of ``command``, in the order of the races, its witness runs in child
     processes (see ``witness_runs``)."""
     import shutil
     import tempfile
 
-    from kvverify.record import witness
+    from kvverify.record.confirm import witness
 
     plan_list, outcomes = witness.plans(rec.recorder.ops, rec.summary().sources, verdict.races)
     scratch = tempfile.mkdtemp(prefix="kvverify-witness-")
@@ -344,7 +344,7 @@ def _witness_run(spec: str, kind: str, target: str, arguments: list[str], swap_o
     holding its plan); writes the observation there and returns the program's exit status (2 and
     one line for a bad spec or where no recording can start)."""
     from kvverify.errors import RecordingError
-    from kvverify.record import witness
+    from kvverify.record.confirm import witness
 
     try:
         mode, plan, out = read_witness_spec(spec)

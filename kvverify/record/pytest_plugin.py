@@ -82,7 +82,7 @@ def kvverify_record(request, kvverify_platform):
         pytest.fail(f"kvverify record: {refused}", pytrace=False)
     request.node.stash[_RECORDING] = rec
     if request.config.getoption("kvverify_confirm"):
-        from kvverify.record.witness import Forcer
+        from kvverify.record.confirm.witness import Forcer
 
         rec.follow_calls(Forcer(rec.recorder))
     try:
@@ -92,11 +92,11 @@ def kvverify_record(request, kvverify_platform):
 
 
 def _witness_run(spec: str, request, platform):
-    """The test's body as a witness run (``kvverify.record.witness.witnessing``), its observation
+    """The test's body as a witness run (``kvverify.record.confirm.witness.witnessing``), its observation
     written where the spec says; the recording is the test's ``kvverify_record``."""
     from kvverify.errors import RecordingError
-    from kvverify.record import witness
     from kvverify.record.cli import read_witness_spec
+    from kvverify.record.confirm import witness
 
     try:
         mode, plan, out = read_witness_spec(spec)

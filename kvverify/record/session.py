@@ -21,17 +21,15 @@ import threading
 from collections.abc import Callable, Iterable
 
 from kvverify.errors import RecordingError
-from kvverify.record.frames import Locator
-from kvverify.record.recorder import Recorder
-from kvverify.record.threads import (
-    INSIDE,
+from kvverify.record.capture.frames import Locator
+from kvverify.record.capture.threads import (
     NOT_RECORDED,
     OTHER_THREAD_WORK,
     ThreadCapture,
-    busy,
     unordered_sharing,
 )
-from kvverify.record.writer import Summary, build
+from kvverify.record.trace.recorder import INSIDE, Recorder, busy
+from kvverify.record.trace.writer import Summary, build
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 _active: Recording | None = None
@@ -87,7 +85,7 @@ class Recording:
                 reason = cuda_refusal()  # before the hooks' import, which needs torch
                 if reason is not None:
                     raise RecordingError(f"nothing to record: {reason}")
-            from kvverify.record import hooks
+            from kvverify.record.capture import hooks
 
             if platform is None:
                 platform = hooks.CudaPlatform()
@@ -112,10 +110,10 @@ class Recording:
     def _attach(self) -> None:
         """Install the capture on this thread (at the start, and again where a nested recording
         stopped)."""
-        from kvverify.record import hooks
-        from kvverify.record.bindings import Bindings
-        from kvverify.record.dispatch import RecordingMode
-        from kvverify.record.driver import DriverOps
+        from kvverify.record.capture import hooks
+        from kvverify.record.capture.bindings import Bindings
+        from kvverify.record.capture.dispatch import RecordingMode
+        from kvverify.record.capture.driver import DriverOps
 
         platform, first = self._platform_in_use, self._mode is None
         guard = hooks.thread_guard(self.recorder, busy)
@@ -246,7 +244,7 @@ class Recording:
     def follow_calls(self, forcer) -> None:
         """Count each op's calls at its line into what it logs (the dispatcher's ops, cuda-python's
         copies, ``os.preadv``), and in a witness run force the pair of a race
-        (``kvverify.record.witness.Forcer``). Call right after ``start()``: the threads the program
+        (``kvverify.record.confirm.witness.Forcer``). Call right after ``start()``: the threads the program
         starts later share it."""
         self._mode.forcer = self._bindings.forcer = forcer
 
@@ -338,7 +336,7 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
     or both the host and the device). ``platform``: the device layer (default: the CUDA device
     through torch; tests pass a stand-in). ``skip``: folders whose frames are library code when
     locating ops (default: torch and kvverify's recorder and op wrappers). ``native``: capture
-    the driver calls of every thread through CUPTI too (``kvverify.record.native``; False: the
+    the driver calls of every thread through CUPTI too (``kvverify.record.capture.native``; False: the
     dispatcher-level capture alone, as under another CUPTI subscriber).
 
     Use as ``with recording() as rec: ...``; starting raises RecordingError where no CUDA device

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from kvverify.record import demo
-from kvverify.record.recorder import short_at
+from kvverify.record.trace.recorder import short_at
 
 # mistake -> {(first op's mark, second op's mark, kind)}: every race the recording shows
 EXPECTED: dict[str | None, set[tuple[str, str, str]]] = {

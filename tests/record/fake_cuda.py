@@ -4,7 +4,7 @@ Tensors from ``FakeCuda.device`` are CPU tensors the stand-in calls device memor
 ones are CPU tensors it calls pinned. Both are made with ``torch.from_numpy`` (which the dispatcher
 does not see), as memory the caching allocator and the pinned allocator would hand out. Streams
 and events report to the recorder exactly what the observed event and stream methods report on a
-GPU (``kvverify.record.hooks``): event creation at first record, record / wait / synchronize with
+GPU (``kvverify.record.capture.hooks``): event creation at first record, record / wait / synchronize with
 the event's handle and the stream's handle, query with its result. The caching allocator's
 allocations and frees go into a per-thread log the recorder takes them from, as the extension's
 native log on a GPU. Everything runs at once on the host: only the recording is under test.
@@ -24,9 +24,9 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
-from kvverify.record.dispatch import Platform
-from kvverify.record.recorder import LEGACY_STREAM, NativeRecord, Recorder
-from kvverify.record.witness import DeviceTools
+from kvverify.record.capture.dispatch import Platform
+from kvverify.record.confirm.witness import DeviceTools
+from kvverify.record.trace.recorder import LEGACY_STREAM, NativeRecord, Recorder
 
 _handles = itertools.count(0x7000_0000, 0x100)
 SHARED: list[FakeCuda] = []  # the stand-in of programs run by `kvverify record` in-process (shared())
@@ -106,7 +106,7 @@ class FakeCuda(Platform):
         self.capture_off = None  # native capture "runs": tests put its records in with native()
         self._keep: list = []  # numpy arrays behind the tensors
 
-    # -- kvverify.record.dispatch.Platform ---------------------------------------------------
+    # -- kvverify.record.capture.dispatch.Platform ---------------------------------------------------
 
     def where(self, t) -> str | None:
         if t.device.type != "cpu":
@@ -134,7 +134,7 @@ class FakeCuda(Platform):
 
     def skip(self) -> tuple[str, ...]:
         """``recording(skip=...)``: the stand-in's own frames are library code, as torch's are."""
-        from kvverify.record.frames import library_dirs
+        from kvverify.record.capture.frames import library_dirs
 
         return (*library_dirs(), __file__)
 

@@ -334,7 +334,7 @@ def test_a_native_case_is_blind_for_its_own_reason_and_never_judged():
     unmap = _never_run_broken(find(["vllm-45268"])[0])
     threaded = replace(find(["vllm-45704"])[0], capture="native", unseen="a driver call this recorder does not watch")
     assert runner.blindness(find(["vllm-31341"])[0], "broken", True, []) is None
-    from kvverify.record.threads import OTHER_THREAD_WORK
+    from kvverify.record.capture.threads import OTHER_THREAD_WORK
 
     note = f"{OTHER_THREAD_WORK} torch's stream, event and allocator reports from thread 'io': 3"
     assert runner.blindness(threaded, "fixed", False, [note]) == runner.OTHER_THREADS

@@ -1,4 +1,4 @@
-"""Work that bypasses torch, seen where Python calls it (``kvverify.record.bindings``): cuda-python's
+"""Work that bypasses torch, seen where Python calls it (``kvverify.record.capture.bindings``): cuda-python's
 driver calls from a copy thread (vllm-project/vllm#45704's shape) and ``os.preadv`` into a pinned
 slot (vllm-project/vllm#51667's), on the CPU stand-in. The driver functions are stand-ins that
 answer CUDA_SUCCESS: what is under test is what the recording makes of the calls."""

@@ -10,7 +10,7 @@ from fake_cuda import FakeCuda, ptrs, swap_ops
 
 from kvverify.check import Trace, check
 from kvverify.record import recording
-from kvverify.record.recorder import short_at
+from kvverify.record.trace.recorder import short_at
 
 BLOCK = 4096
 
@@ -488,7 +488,7 @@ def test_the_cuda_platform_calls_a_fake_tensor_no_memory():
     a recording of kvverify's own GPU tests on the H200."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from kvverify.record.hooks import CudaPlatform
+    from kvverify.record.capture.hooks import CudaPlatform
 
     with FakeTensorMode():
         on_cuda, on_cpu = torch.empty(4, device="cuda"), torch.empty(4, dtype=torch.int64)

@@ -16,8 +16,8 @@ from fake_cuda import FakeCuda, Lines
 
 import kvverify.record as record
 from kvverify.check import check
-from kvverify.record.recorder import Recorder
-from kvverify.record.writer import build
+from kvverify.record.trace.recorder import Recorder
+from kvverify.record.trace.writer import build
 
 SIDE, COMPUTE = 0x7F10, 0x7F00
 BLOCK = 4096
@@ -343,7 +343,7 @@ def test_cuda_host_unregister_through_torchs_cudart_is_a_free(monkeypatch):
     """``cudaHostUnregister`` of kvverify's host memory is a ``free`` (device work still on the bytes
     races with it); the same call through ``torch.cuda.cudart()`` only forgot the memory, so a D2H
     still writing it was called SAFE against the release."""
-    from kvverify.record.hooks import CudaPlatform, thread_guard
+    from kvverify.record.capture.hooks import CudaPlatform, thread_guard
 
     class Cudart:
         def cudaHostRegister(self, ptr, size, flags):

@@ -2,7 +2,7 @@
 owner's, ordered only by what the program and the allocators did: stream order on the block's
 stream, ``record_stream`` events, the pinned allocator's copy events; memory released with no
 ordering of its own is a ``free``. The recorder is fed as torch's callbacks and the dispatcher feed
-it on a GPU (``kvverify.record.hooks``, ``dispatch``)."""
+it on a GPU (``kvverify.record.capture.hooks``, ``dispatch``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from fake_cuda import FakeCuda, Lines
 
 import kvverify.record as record
 from kvverify.check import check
-from kvverify.record.recorder import CopyArrays, Recorder
-from kvverify.record.writer import build
+from kvverify.record.trace.recorder import CopyArrays, Recorder
+from kvverify.record.trace.writer import build
 
 COMPUTE, SIDE = 0x7F00, 0x7F10  # stream handles
 BLOCK = 1 << 20

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvverify.record.memory import MemoryMap
+from kvverify.record.trace.memory import MemoryMap
 
 
 def test_a_range_resolves_to_the_allocation_it_lies_in():

@@ -1,4 +1,4 @@
-"""Native capture's records as the recording writes them (``kvverify.record.driver``), on the CPU
+"""Native capture's records as the recording writes them (``kvverify.record.capture.driver``), on the CPU
 stand-in: the records a GPU's CUPTI callbacks put in the native log (``csrc/cupti_capture.cpp``)
 are put in by the test, between the program's ops, as the C++ puts them on the calling thread.
 What the driver reports, and when, is under test on a GPU (``test_record_native_gpu.py``)."""
@@ -179,7 +179,7 @@ def test_the_log_parser_takes_over_each_frames_code_reference():
     parser hands them to Python and drops the record's own, or every recorded call would leak."""
     import sys
 
-    from kvverify.record.native import parse
+    from kvverify.record.capture.native import parse
 
     code = launcher.__code__
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(code))  # the record's reference, as the C++ takes it

@@ -1,4 +1,4 @@
-"""Hostile cases for native capture (``kvverify.record.driver`` / ``recorder``) on the CPU
+"""Hostile cases for native capture (``kvverify.record.capture.driver`` / ``recorder``) on the CPU
 stand-in: each is a false SAFE (or a recording called complete that is not) found by review."""
 
 from __future__ import annotations

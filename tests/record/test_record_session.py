@@ -18,10 +18,10 @@ import kvverify.record as record
 from kvverify.check import check
 from kvverify.device.extension import cuda_refusal
 from kvverify.errors import RecordingError
-from kvverify.record.frames import Locator
-from kvverify.record.hooks import CudaPlatform, thread_guard
-from kvverify.record.patching import patch_method
-from kvverify.record.recorder import NativeRecord, Recorder
+from kvverify.record.capture.frames import Locator
+from kvverify.record.capture.hooks import CudaPlatform, thread_guard
+from kvverify.record.capture.patching import patch_method
+from kvverify.record.trace.recorder import NativeRecord, Recorder
 
 BLOCK = 4096
 
@@ -262,7 +262,7 @@ def _stand_ins():
 def test_the_observed_methods_report_to_the_recorder_and_uninstall_puts_them_back(monkeypatch):
     """The wiring of ``CudaPlatform.install`` on the CPU: each C method the recorder observes is
     first replaced by a Python stand-in (no CUDA here), which ``install`` then observes in place."""
-    from kvverify.record import hooks
+    from kvverify.record.capture import hooks
 
     monkeypatch.setattr(hooks, "NativeLog", _NativeLog)
     monkeypatch.setattr(torch.cuda, "init", lambda: None)
@@ -399,7 +399,7 @@ def test_the_locator_names_each_call_site_and_never_another_codes_line(monkeypat
     # the locator keeps the line of each call site by code object: two calls in one function,
     # code objects made and dropped at one address, and a cache it started afresh must each get
     # their own line
-    from kvverify.record import frames
+    from kvverify.record.capture import frames
 
     loc = Locator([])
     calls = "def step(locate):\n" + "    x = 1\n" * 300 + "    a = locate()\n    b = locate()\n    return a, b\n"

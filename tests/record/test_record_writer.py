@@ -8,8 +8,8 @@ import pytest
 from fake_cuda import Lines
 
 from kvverify.check import Trace, check
-from kvverify.record.recorder import LEGACY_STREAM, CopyArrays, Recorder
-from kvverify.record.writer import build
+from kvverify.record.trace.recorder import LEGACY_STREAM, CopyArrays, Recorder
+from kvverify.record.trace.writer import build
 
 COMPUTE, OFFLOAD = 0x7F00, 0x7F10  # stream handles
 EVENT, EVENT2 = 0xE000, 0xE100

@@ -1,4 +1,4 @@
-"""``kvverify record --confirm``'s witness (``kvverify.record.witness``) on the CUDA stand-in: ops
+"""``kvverify record --confirm``'s witness (``kvverify.record.confirm.witness``) on the CUDA stand-in: ops
 found again by their place in the program, one plan per pair of lines, the hold before the first
 op, the bytes read back, and the verdict of three runs. The stand-in runs every op at its call, so
 a forced order is the issue order here: the reordering itself is the GPU's to show (the corpus
@@ -14,8 +14,8 @@ from fake_cuda import FakeCuda
 from witness_harness import record_run, recorded
 
 import kvverify.record as record
-from kvverify.record import witness
-from kvverify.record.witness import (
+from kvverify.record.confirm import witness
+from kvverify.record.confirm.witness import (
     CONFIRMED,
     FORCED,
     IN_ORDER,

@@ -1,4 +1,4 @@
-"""Hostile tests of ``kvverify record --confirm`` (``kvverify.record.witness``) on the CUDA stand-in:
+"""Hostile tests of ``kvverify record --confirm`` (``kvverify.record.confirm.witness``) on the CUDA stand-in:
 each test shows one defect of the witness runs and fails until it is fixed."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from fake_cuda import FakeCuda, FakeTools, shared
 from witness_harness import plans_of, plugin_run, record_run, recorded, witness_lines
 
 import kvverify.record as record
-from kvverify.record import cli, witness
-from kvverify.record.witness import (
+from kvverify.record import cli
+from kvverify.record.confirm import witness
+from kvverify.record.confirm.witness import (
     FORCED,
     IN_ORDER,
     NO_WITNESS,

@@ -1,4 +1,4 @@
-"""Hostile tests of ``kvverify record --confirm`` (``kvverify.record.witness``), second review, on
+"""Hostile tests of ``kvverify record --confirm`` (``kvverify.record.confirm.witness``), second review, on
 the CUDA stand-in: each test shows one defect of the witness runs and fails until it is fixed."""
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from witness_harness import (
 )
 
 import kvverify.record as record
-from kvverify.record import cli, witness
-from kvverify.record.witness import (
+from kvverify.record import cli
+from kvverify.record.confirm import witness
+from kvverify.record.confirm.witness import (
     FORCED,
     IN_ORDER,
     NO_WITNESS,

@@ -15,7 +15,8 @@ from pathlib import Path
 from fake_cuda import shared
 
 import kvverify.record as record
-from kvverify.record import cli, witness
+from kvverify.record import cli
+from kvverify.record.confirm import witness
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -43,7 +43,7 @@ class Recorded:
     ``blind``: for a case that needs native capture, why the recording cannot decide this form (a
     table shows that instead of the verdict, which covers only what the recording saw);
     ``witnesses``: with ``--confirm``, the device witness of each racing pair of lines
-    (``kvverify.record.witness.Outcome.line``)."""
+    (``kvverify.record.confirm.witness.Outcome.line``)."""
 
     verdict: str | None = None
     races: int = 0

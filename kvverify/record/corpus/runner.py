@@ -14,6 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from kvverify.record.capture.threads import OTHER_THREAD_WORK
 from kvverify.record.corpus.case import Case, Witness
 from kvverify.record.corpus.results import (
     CorpusRun,
@@ -24,7 +25,6 @@ from kvverify.record.corpus.results import (
     shortfalls,
     split_at,
 )
-from kvverify.record.threads import OTHER_THREAD_WORK
 
 CSAN_MARK = "kvverify-corpus-csan "  # a line of the sanitized child's standard output that carries a result
 CSAN_TIMEOUT_S = 600
@@ -85,8 +85,8 @@ def recorded(case: Case, form: str, confirm: bool = False) -> Recorded:
     """``case.run(form)`` under ``kvverify.record.recording()`` (``keep_all`` where the case asks),
     its trace checked: the verdict, the expected race if found, completeness, and for a native case
     why the verdict cannot stand. ``confirm``: where it races, the device witness of each pair of
-    lines (``kvverify.record.witness``, its runs in this process)."""
-    from kvverify.record import witness
+    lines (``kvverify.record.confirm.witness``, its runs in this process)."""
+    from kvverify.record.confirm import witness
     from kvverify.record.session import recording
 
     try:

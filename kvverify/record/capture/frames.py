@@ -15,8 +15,9 @@ import sysconfig
 from collections.abc import Iterable
 from pathlib import Path
 
-_RECORD_DIR = Path(__file__).resolve().parent
+_RECORD_DIR = Path(__file__).resolve().parent.parent
 _DEVICE_DIR = _RECORD_DIR.parent / "device"
+_RECORDER_PARTS = ("capture", "trace", "confirm")  # (not corpus/: its cases are programs, the user's code)
 USER_CODE = ("demo.py",)  # the recorder's demo stands for a user's program
 CALL_SITES = 1 << 16  # ``at`` strings a Locator keeps; past that it starts afresh
 
@@ -28,7 +29,8 @@ def library_dirs() -> tuple[str, ...]:
     loaded. The standard library
     (``runpy``, ``contextlib``, ``threading``) is library code too, but not the installed packages
     under it (``site-packages``)."""
-    dirs = [str(p) for p in sorted(_RECORD_DIR.glob("*.py")) if p.name not in USER_CODE] + [str(_DEVICE_DIR)]
+    dirs = ([str(p) for p in sorted(_RECORD_DIR.glob("*.py")) if p.name not in USER_CODE]
+            + [str(_RECORD_DIR / part) for part in _RECORDER_PARTS] + [str(_DEVICE_DIR)])
     for package in ("torch", "triton"):  # triton: its launcher's frames, between a kernel's caller and the launch
         module = sys.modules.get(package)
         if module is not None and getattr(module, "__file__", None):

@@ -1,6 +1,6 @@
 """CUDA driver calls, given as integers, as the recorder's ops: one translation for both places that
-see them, cuda-python's calls where Python makes them (``kvverify.record.bindings``) and native
-capture's records of every thread (``kvverify.record.native``).
+see them, cuda-python's calls where Python makes them (``kvverify.record.capture.bindings``) and native
+capture's records of every thread (``kvverify.record.capture.native``).
 
 - ``cuMemcpyBatchAsync``: a ``copy_batch`` per attribute group, in its ``srcAccessOrder``; a copy
   (``cuMemcpyAsync``, the ``cuMemcpy{HtoD,DtoH,DtoD}Async`` family; ``cuMemcpy``, which the host
@@ -26,8 +26,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from kvverify.record.recorder import CopyArrays, NativeRecord, Recorder
-from kvverify.record.threads import NOT_RECORDED
+from kvverify.record.capture.threads import NOT_RECORDED
+from kvverify.record.trace.recorder import CopyArrays, NativeRecord, Recorder
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
 
 POINTER_RANGE = (1 << 16, 1 << 57)
@@ -215,7 +215,7 @@ class DriverOps:
     # -- native capture's records ---------------------------------------------------------------------
 
     def record(self, record: NativeRecord) -> None:
-        """Write one record of native capture (``kvverify.record.native``), located by its frames."""
+        """Write one record of native capture (``kvverify.record.capture.native``), located by its frames."""
         kind, f = record.kind, record.fields
         at = self.locate_frames(record.frames)
         rec, key = self.rec, self.stream_key

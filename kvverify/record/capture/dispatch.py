@@ -15,7 +15,7 @@ schema's alias annotations (``Tensor(a!)`` is written, ``Tensor(a)`` only aliase
   followed by the stream synchronization torch performs for it (``at::cuda::memcpy_and_sync``);
 - a batched swap (``kvverify::swap_blocks_batch`` and every op of its schema under another name):
   a ``copy_batch`` in the order the call asked for, every raw pointer resolved to the allocation it
-  lies in (``kvverify.record.memory``); ``kvverify::swap_blocks_loop``: one ``copy`` per entry;
+  lies in (``kvverify.record.trace.memory``); ``kvverify::swap_blocks_loop``: one ``copy`` per entry;
 - kvverify's harness kernels (``write_blocks``, ``read_blocks``, ``verify_blocks``,
   ``checksum_blocks``): their accesses through the block pointers they are given;
 - ``kvverify::host_alloc`` / ``host_register`` (``kvverify.device.host_memory``): new pinned /
@@ -41,9 +41,9 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvverify.record.memory import Span
-from kvverify.record.recorder import CopyArrays, Recorder
-from kvverify.record.threads import NOT_RECORDED
+from kvverify.record.capture.threads import NOT_RECORDED
+from kvverify.record.trace.memory import Span
+from kvverify.record.trace.recorder import CopyArrays, Recorder
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
 
 DEFAULT_SWAP_OPS = ("kvverify::swap_blocks_batch",)
@@ -64,7 +64,7 @@ HANDLER_DEPTH = 3
 
 
 class Platform:
-    """What the recorder asks of the device layer. ``kvverify.record.hooks.CudaPlatform`` answers
+    """What the recorder asks of the device layer. ``kvverify.record.capture.hooks.CudaPlatform`` answers
     with torch.cuda; the CPU tests answer with a stand-in (``tests/record/fake_cuda.py``)."""
 
     def where(self, t: torch.Tensor) -> str | None:
@@ -117,7 +117,7 @@ class Platform:
         return contextlib.nullcontext()
 
     def witness_tools(self, internal: Callable):
-        """The device side of a witness run (``kvverify.record.witness.DeviceTools``); the recorder's
+        """The device side of a witness run (``kvverify.record.confirm.witness.DeviceTools``); the recorder's
         own work goes inside ``internal()``."""
         raise NotImplementedError
 
@@ -222,7 +222,7 @@ class RecordingMode(TorchDispatchMode):
         self._infos: dict[int, OpInfo] = {}
         self._pointers: OrderedDict[int, tuple] = OrderedDict()  # data_ptr -> (allocation, version, values)
         self.active = True  # false once the recording stopped: the modes of threads still running pass through
-        # kvverify.record.witness.Forcer: counts each op's calls at its line, and in a witness run holds
+        # kvverify.record.confirm.witness.Forcer: counts each op's calls at its line, and in a witness run holds
         # or waits for the pair of a race (None: a plain recording)
         self.forcer = None
 

@@ -1,7 +1,7 @@
 """The recorder's state: what the program asked the device to do, in host program order.
 
-``Recorder`` turns what the hooks report (``kvverify.record.hooks``: the observed event and
-stream methods, the caching allocator's log; ``kvverify.record.dispatch``: every aten op, copy
+``Recorder`` turns what the hooks report (``kvverify.record.capture.hooks``: the observed event and
+stream methods, the caching allocator's log; ``kvverify.record.capture.dispatch``: every aten op, copy
 and batched swap) into ops of the trace format
 (``docs/trace-format.md``), each with ``at``, where the user's code issued it. It knows nothing
 of torch: everything reaches it as integers (stream and event handles, byte addresses), which is
@@ -16,7 +16,7 @@ Work reported while an op runs (a Python custom op that records an event) is hel
 op itself is in the log: the event then captures the op's work.
 
 Lifetimes (trace format 1.2): the allocators' own ordering is written as ops, so that bytes a new
-owner receives can be one buffer with their old owner's (``kvverify.record.writer``):
+owner receives can be one buffer with their old owner's (``kvverify.record.trace.writer``):
 
 - torch's caching allocator hands a freed block out again on the stream it was freed on (stream
   order covers that), and after ``Tensor.record_stream(s)`` only once an event it recorded on ``s``
@@ -39,8 +39,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from kvverify.record.memory import MemoryMap, Span
-from kvverify.record.threads import INSIDE
+from kvverify.record.trace.memory import MemoryMap, Span
+
+
+class Depth(threading.local):
+    """Per thread: how deep it is in some code (the recorder's own; a queue's put or get)."""
+
+    depth = 0
+
+
+INSIDE = Depth()
+"""How deep this thread is in the recorder's own code, whose locks and calls are not the program's."""
+
+
+def busy() -> bool:
+    """True while this thread runs the recorder's own code."""
+    return INSIDE.depth > 0
+
 
 LEGACY_STREAM, PER_THREAD_STREAM = 0, 2
 """``cudaStreamLegacy`` (torch's default stream, handle 0) and ``cudaStreamPerThread``: one per device."""
@@ -51,7 +66,7 @@ HERE = object()
 
 
 class NativeRecord(NamedTuple):
-    """One record of the native log (``kvverify.record.native``): ``kind`` (``"alloc"`` and
+    """One record of the native log (``kvverify.record.capture.native``): ``kind`` (``"alloc"`` and
     ``"free"``: torch's caching allocator handed out a block, a free was asked for, fields
     ``address, size, stream, device``; the driver calls of native capture), its ``fields``, and
     the ``(code, line)`` frames of the call, innermost first (empty: not known)."""
@@ -77,7 +92,7 @@ class CopyArrays:
 
 class _Exclusive:
     """``Recorder.exclusive()``: a reentrant lock whose methods are bound before a recording
-    observes the lock types' (``kvverify.record.threads``), and the thread's depth in the
+    observes the lock types' (``kvverify.record.capture.threads``), and the thread's depth in the
     recorder's own code."""
 
     def __init__(self) -> None:
@@ -112,7 +127,7 @@ def short_at(at: str | None) -> str:
 class Recorder:
     """The op log of one recording, fed by the hooks.
 
-    ``locate``: returns the ``at`` string of the user's frame (``kvverify.record.frames.Locator``);
+    ``locate``: returns the ``at`` string of the user's frame (``kvverify.record.capture.frames.Locator``);
     ``locate(depth)`` starts looking ``depth`` frames above its caller (default 1: the caller).
     Stream keys are hashable values chosen by the caller: a handle (``int``), or ``(handle,
     device)`` for the per-device special handles (see ``stream_key``).
@@ -220,7 +235,7 @@ class Recorder:
 
     def exclusive(self) -> _Exclusive:
         """A context manager: this thread holds the recorder while it logs (reentrant), and is
-        inside the recorder's own code meanwhile (``kvverify.record.threads.busy()``)."""
+        inside the recorder's own code meanwhile (``busy()``)."""
         return self._exclusive
 
     # -- the log -----------------------------------------------------------------------------
@@ -511,7 +526,7 @@ class Recorder:
         bytes are once released, where known: ``"reused"`` (the program's own pool hands them to a
         new owner: still its memory) or ``"unmapped"`` (``cuMemUnmap``: the virtual range stays
         reserved with no memory behind it); a device witness stands in for the next owner there
-        (``kvverify.record.witness``)."""
+        (``kvverify.record.confirm.witness``)."""
         if spans:
             op = {"op": "free", "ranges": tuple(spans), "name": name, "at": at}
             if after is not None:

@@ -30,18 +30,13 @@ import threading
 import weakref
 from collections.abc import Callable
 
+from kvverify.record.trace.recorder import Depth, busy
+
 NOT_RECORDED = "NOT RECORDED"
 OTHER_THREAD_WORK = (f"{NOT_RECORDED} (device work of a thread the recording does not follow: one that was "
                      "running before it started; see docs/record.md):")
 
-class _Inside(threading.local):
-    """Per thread: how deep it is in the recorder's own code, whose locks are not the program's."""
-
-    depth = 0
-
-
-INSIDE = _Inside()
-_IN_QUEUE = _Inside()  # per thread: how deep in a queue's put or get, whose own locks are left out
+_IN_QUEUE = Depth()  # per thread: how deep in a queue's put or get, whose own locks are left out
 _LOCK_TYPES = (type(threading.Lock()), getattr(threading, "_CRLock", None) or type(threading.RLock()))
 # threading's own locks, taken as every thread begins and ends (``_active_limbo_lock``: also by
 # ``Thread.start``, ``enumerate()``): observed, they would order a thread started after another
@@ -52,15 +47,10 @@ _ACQUIRES = ("acquire", "acquire_lock", "__enter__", "_acquire_restore")
 _RELEASES = ("release", "release_lock", "__exit__", "_release_save")
 
 
-def busy() -> bool:
-    """True while this thread runs the recorder's own code."""
-    return INSIDE.depth > 0
-
-
 class ThreadCapture:
     """Follows the threads a recording starts and the locks between them.
 
-    ``recorder``: the ``kvverify.record.recorder.Recorder`` (its ``threads``, ``exclusive()``,
+    ``recorder``: the ``kvverify.record.trace.recorder.Recorder`` (its ``threads``, ``exclusive()``,
     ``host_synchronized``); ``enter_thread``: called in each new thread before its ``run()``, returns
     what to call at its end (the session pushes a dispatch mode there and pops it then).
     """
@@ -80,7 +70,7 @@ class ThreadCapture:
     def start(self) -> None:
         """Name the threads running now (at the first start); from now on, follow new threads and
         every lock."""
-        from kvverify.record.patching import patch_method
+        from kvverify.record.capture.patching import patch_method
 
         if self.running_before is None:
             current = threading.get_ident()

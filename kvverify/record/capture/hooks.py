@@ -3,12 +3,12 @@
 What reports what:
 
 - torch's caching allocator: every block handed out and every free asked for, from every thread,
-  through the extension's native log (``kvverify.record.native``: a trace tracker of
+  through the extension's native log (``kvverify.record.capture.native``: a trace tracker of
   ``CUDACachingAllocator``, kept in C++). The recorder takes this thread's records before
   anything it logs (``Recorder.collect``), so they land in program order;
 - native capture (CUPTI, same log): the driver calls of every thread that neither the dispatcher
   nor the methods below see: kernels launched by Triton or pybind11 code, torch's own work
-  outside ops, graph launches (``kvverify.record.driver`` writes them). Where it cannot start
+  outside ops, graph launches (``kvverify.record.capture.driver`` writes them). Where it cannot start
   (another CUPTI subscriber: Nsight Systems, torch.profiler), ``capture_off`` says why and the
   rest runs on;
 - the methods that order work: ``record``, ``wait``, ``synchronize`` and ``query`` of
@@ -20,7 +20,7 @@ What reports what:
   original's;
 - ``torch.cuda.cudart().cudaHostRegister`` / ``cudaHostUnregister`` are wrapped (registered host
   memory made through torch's cudart);
-- everything else comes through the dispatcher (``kvverify.record.dispatch``).
+- everything else comes through the dispatcher (``kvverify.record.capture.dispatch``).
 
 torch's GPU-trace hooks (``torch._C._activate_gpu_trace``, which PyTorch's CUDA Stream Sanitizer
 uses) are not used: torch never turns them off, and they change the program's exceptions (C++
@@ -48,11 +48,11 @@ from collections.abc import Callable
 import numpy as np
 
 from kvverify.errors import RecordingError
-from kvverify.record.dispatch import Platform
-from kvverify.record.native import NativeLog, cupti_library
-from kvverify.record.patching import patch_method
-from kvverify.record.recorder import DEFAULT_STREAMS, Recorder
-from kvverify.record.threads import OTHER_THREAD_WORK
+from kvverify.record.capture.dispatch import Platform
+from kvverify.record.capture.native import NativeLog, cupti_library
+from kvverify.record.capture.patching import patch_method
+from kvverify.record.capture.threads import OTHER_THREAD_WORK
+from kvverify.record.trace.recorder import DEFAULT_STREAMS, Recorder
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 
@@ -68,7 +68,7 @@ def _argument(args: tuple, kwargs: dict, name: str):
 
 
 class CudaPlatform(Platform):
-    """The platform of a live CUDA device through torch (``kvverify.record.dispatch.Platform``)."""
+    """The platform of a live CUDA device through torch (``kvverify.record.capture.dispatch.Platform``)."""
 
     def __init__(self) -> None:
         import torch
@@ -111,7 +111,7 @@ class CudaPlatform(Platform):
         return t.detach().to("cpu").contiguous().view(-1).numpy()
 
     def witness_tools(self, internal: Callable) -> CudaTools:
-        """The device side of a witness run (``kvverify.record.witness``), its calls kept out of
+        """The device side of a witness run (``kvverify.record.confirm.witness``), its calls kept out of
         the recording through ``internal``."""
         return CudaTools(internal)
 
@@ -441,7 +441,7 @@ class CudaPlatform(Platform):
 
 
 class CudaTools:
-    """``kvverify.record.witness.DeviceTools`` on the current CUDA device: holds through
+    """``kvverify.record.confirm.witness.DeviceTools`` on the current CUDA device: holds through
     ``kvverify.device.gate.StreamGate``, markers as events, reads and writes of raw addresses
     through the driver on a stream of its own that no other stream waits for (``CU_STREAM_NON_BLOCKING``:
     a read while the program's stream is held must not wait for it)."""

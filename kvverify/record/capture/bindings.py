@@ -7,18 +7,18 @@ offloaded KV from disk into pinned slots with ``os.preadv`` (vllm-project/vllm#5
 reaches torch's dispatcher or the methods the recorder observes. While a recording runs, the functions of
 ``cuda.bindings.driver`` below and ``os.preadv`` / ``os.readv`` are replaced on their modules by
 wrappers that call them and then log what they did, on the calling thread if the recording follows
-it (``kvverify.record.threads``), else as missed work:
+it (``kvverify.record.capture.threads``), else as missed work:
 
 - ``cuMemcpyBatchAsync``, ``cuMemcpyAsync`` and the ``cuMemcpy{HtoD,DtoH,DtoD}Async`` family,
   ``cuEventCreate`` / ``cuEventDestroy`` (a handle made again is a new event),
   ``cuEventRecord[WithFlags]``, ``cuStreamWaitEvent``, ``cuEventSynchronize``, ``cuEventQuery``
   (with its answer), ``cuStreamSynchronize``, ``cuCtxSynchronize``, ``cuMemMap``, ``cuMemUnmap``:
-  as ``kvverify.record.driver`` writes them, located at the Python line that called them;
+  as ``kvverify.record.capture.driver`` writes them, located at the Python line that called them;
 - ``os.preadv`` / ``os.readv``: a ``host_write`` of the bytes the call read into its buffers.
 
 What a program bound before the recording (``from cuda.bindings.driver import cuMemcpyAsync``)
 calls directly, the runtime API, and kernels launched through cuda-python are not seen here:
-native capture (``kvverify.record.native``) sees them, where it runs. The calls made through these
+native capture (``kvverify.record.capture.native``) sees them, where it runs. The calls made through these
 wrappers are left to them (native capture is quiet inside: cuda-python releases the GIL, so
 native capture could not tell their Python line).
 """
@@ -30,8 +30,8 @@ import ctypes
 import os
 from collections.abc import Callable
 
-from kvverify.record.driver import DriverOps
-from kvverify.record.threads import busy
+from kvverify.record.capture.driver import DriverOps
+from kvverify.record.trace.recorder import busy
 
 DRIVER_CALLS = ("cuMemcpyBatchAsync", "cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync",
                 "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent",
@@ -74,7 +74,7 @@ def _ok(result) -> bool:
 class Bindings:
     """The wrappers of one recording (see the module docstring).
 
-    ``driver``: the recording's ``kvverify.record.driver.DriverOps`` (what each call becomes);
+    ``driver``: the recording's ``kvverify.record.capture.driver.DriverOps`` (what each call becomes);
     ``follows``: whether this thread is recorded (else its work is noted as missed, through
     ``missed(what)``); ``quiet``: a context manager factory each driver call runs inside (native
     capture then leaves it to these wrappers, which locate it in Python)."""
@@ -86,7 +86,7 @@ class Bindings:
         self.follows = follows
         self.missed = missed
         self.quiet = quiet
-        self.forcer = None  # kvverify.record.witness.Forcer, as the dispatch hook's
+        self.forcer = None  # kvverify.record.confirm.witness.Forcer, as the dispatch hook's
         self._undo: list[Callable[[], None]] = []
 
     def install(self) -> None:
@@ -140,7 +140,7 @@ class Bindings:
                     try:
                         log(name, args, kwargs, result, at)
                     except Exception as exc:  # the program runs on: the summary says what is missing
-                        from kvverify.record.dispatch import RECORDER_ERROR
+                        from kvverify.record.capture.dispatch import RECORDER_ERROR
 
                         bindings.rec.notes[f"{RECORDER_ERROR} {name}: {type(exc).__name__}: {exc}"] += 1
                 if target is not None:

@@ -4,7 +4,7 @@ Bytes are one buffer for as long as the recording knows them: allocations of one
 share an address (the caching allocator's block handed to a new tensor, a pinned block torch's
 host allocator reuses, host memory freed and allocated again) are written as one buffer that
 covers them all, each op's ranges at their offset in it. What orders a new owner after an old one
-is then what the program and the allocators did, written as ops (``kvverify.record.recorder``):
+is then what the program and the allocators did, written as ops (``kvverify.record.trace.recorder``):
 stream order on the block's stream, the allocators' events, synchronization; where nothing does, the
 checker reports the race, as it should (a freed block reused under a copy still reading it).
 
@@ -25,8 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kvverify.record.memory import Allocation, Unresolved
-from kvverify.record.recorder import Recorder, short_at
+from kvverify.record.trace.memory import Allocation, Unresolved
+from kvverify.record.trace.recorder import Recorder, short_at
 from kvverify.terms import DEVICE_SPACE
 
 PREFIX = {DEVICE_SPACE: "gpu", "host_pinned": "pinned", "host_registered": "registered", "host_pageable": "pageable"}

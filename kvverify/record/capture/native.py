@@ -23,7 +23,7 @@ import os
 from collections import Counter
 
 from kvverify.errors import RecordingError
-from kvverify.record.recorder import NativeRecord
+from kvverify.record.trace.recorder import NativeRecord
 
 
 def cupti_library() -> str | None:

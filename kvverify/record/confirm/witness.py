@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from kvverify.record.writer import buffer_name
+from kvverify.record.trace.writer import buffer_name
 from kvverify.terms import DEVICE_SPACE
 
 IN_ORDER, FORCED = "in-order", "forced"
@@ -208,7 +208,7 @@ def plans(log: Sequence[dict], sources: Sequence[int], races: Sequence) -> tuple
 
 
 class DeviceTools:
-    """What a witness run asks of the device: ``kvverify.record.hooks.CudaTools`` on a CUDA device,
+    """What a witness run asks of the device: ``kvverify.record.capture.hooks.CudaTools`` on a CUDA device,
     a stand-in in the CPU tests."""
 
     def hold(self, stream: int | None = None) -> None:

@@ -1,0 +1,1 @@
+"""A device witness for each recorded race (``kvverify record --confirm``)."""
