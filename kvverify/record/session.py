@@ -199,6 +199,9 @@ class Recording:
             raise RecordingError(f"stop() the recording on the thread that started it ({self.thread}), not on this "
                                  f"one ({threading.get_ident()}): the recording is still running")
         with _lock:
+            if _active is not self:
+                raise RecordingError("stop() the recording nested in this one first (recordings stop in the reverse "
+                                     "order of their start): this one is paused and still running")
             try:
                 self._detach()
             finally:

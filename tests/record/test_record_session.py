@@ -94,6 +94,19 @@ def test_a_recording_started_inside_another_pauses_it_and_the_outer_decides_noth
     assert record.session._active is None
 
 
+def test_a_paused_recording_cannot_stop_before_the_one_nested_in_it(fake):
+    outer = record.recording(platform=fake).start()
+    inner = record.recording(platform=fake).start()
+    with pytest.raises(RecordingError, match="nested in this one first"):
+        outer.stop()
+    assert outer.running and inner.running and record.session._active is inner
+    inner.stop()
+    fake.device(BLOCK).fill_(1)  # the outer one records again
+    outer.stop()
+    assert [op.get("name") for op in outer.recorder.ops if op["op"] == "kernel"] == ["aten.fill_.Scalar"]
+    assert record.session._active is None
+
+
 def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
     errors = []
     with record.recording(platform=fake):
