@@ -27,7 +27,8 @@ exit status:
 The program runs in this process (runpy for scripts and modules, pytest.main for pytest).
 The threads it starts are recorded too, ordered by their start, join and locks; threads
 running before the recording are not, and where their work is seen the recording says so
-and never calls the rest SAFE (docs/record.md).
+and never calls the rest SAFE (docs/record.md). A test that records itself (the pytest
+plugin's marker or fixture) nests: this recording pauses meanwhile and says so (NOT RECORDED).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
