@@ -40,6 +40,68 @@ BLIND_SPOTS = ("kernels launched outside torch's dispatcher (Triton, pybind11, J
 _lock = threading.Lock()
 
 
+def _set_active(rec: Recording | None) -> None:
+    """``rec`` is the recording that records now; an op that a dispatch mode of a recording not
+    recording now sees (a thread it followed, still running) is that one's missed work."""
+    global _active
+    from kvverify.record.capture import dispatch
+
+    _active = rec
+    dispatch.unfollowed = None if rec is None else rec._missed
+
+
+def _enter(mode, depth: int | None) -> None:
+    """Enter the dispatch ``mode`` at ``depth`` of this thread's stack (None: on top); the modes
+    above that depth stay above it, in their order."""
+    from torch.utils._python_dispatch import (
+        _get_current_dispatch_mode_stack,
+        _pop_mode,
+        _push_mode,
+    )
+
+    above = []
+    if depth is not None:
+        while len(_get_current_dispatch_mode_stack()) > depth:
+            above.append(_pop_mode())
+    try:
+        mode.__enter__()
+    finally:
+        for m in reversed(above):
+            _push_mode(m)
+
+
+def _leave(mode) -> None:
+    """Leave the dispatch ``mode`` where it lies on this thread's stack: modes the program entered
+    after it stay, in their order (leaving a mode pops the top of the stack, whichever mode that
+    is). Raises RecordingError where the mode is not on the stack."""
+    from torch.utils._python_dispatch import (
+        _get_current_dispatch_mode,
+        _pop_mode,
+        _push_mode,
+    )
+
+    if _get_current_dispatch_mode() is mode:
+        mode.__exit__(None, None, None)
+        return
+    above = []
+    try:
+        while (top := _get_current_dispatch_mode()) is not mode:
+            if top is None:
+                raise RecordingError("the recording's dispatch mode is no longer on this thread's stack: the program "
+                                     "left it (a mode's __exit__ out of order)")
+            above.append(_pop_mode())
+        _pop_mode()
+        # what its __enter__ kept to restore at its __exit__; the modes above keep the process's flags set
+        for name in ("old_dispatch_mode_flags", "old_non_infra_dispatch_mode_flags",
+                     "old_without_ignore_compile_internals_dispatch_mode_flags"):
+            kept = getattr(mode, name, None)
+            if kept:
+                kept.pop()
+    finally:
+        for m in reversed(above):
+            _push_mode(m)
+
+
 class Recording:
     """One recording of the current thread's device work (see ``recording``).
 
@@ -58,8 +120,13 @@ class Recording:
         self._skip = skip
         self.recorder: Recorder | None = None
         self._mode = None
+        self._mode_entered = False
+        self._froze = False
+        self._bindings = self._threads = None
         self._outer: Recording | None = None
         self._first_pause: str | None = None
+        self._pauses = 0
+        self._depth: int | None = None  # the mode's place on the stack of dispatch modes when it paused
         self._built: tuple[dict, Summary] | None = None
         self._verdict = None
         self.running = False
@@ -70,8 +137,8 @@ class Recording:
         """Start recording this thread. A recording started on the thread of one already running
         nests: the outer one pauses until this one stops (see ``recording``). Raises
         RecordingError when there is no CUDA device, this torch lacks the hooks, or a recording
-        runs on another thread."""
-        global _active
+        runs on another thread; whatever the error, nothing stays installed and a paused outer
+        recording goes on."""
         with _lock:
             outer = _active
             if outer is not None and outer.thread != threading.get_ident():
@@ -89,126 +156,167 @@ class Recording:
 
             if platform is None:
                 platform = hooks.CudaPlatform()
-            self._platform_in_use = platform
-            self._locator = Locator(self._skip)
-            self.recorder = Recorder(self._locator.locate)
-            self.thread = threading.get_ident()
             if outer is not None:
                 outer._pause()
             try:
-                self._attach()
+                self._platform_in_use = platform
+                self._locator = Locator(self._skip)
+                self.recorder = Recorder(self._locator.locate)
+                self.thread = threading.get_ident()
+                self._attach(fresh=True)
             except BaseException:
+                self.recorder = None  # nothing was recorded
                 if outer is not None:
                     outer._resume()
                 raise
             self._outer = outer
             self._built = self._verdict = None
             self.running = True
-            _active = self
+            _set_active(self)
         return self
 
-    def _attach(self) -> None:
-        """Install the capture on this thread (at the start, and again where a nested recording
-        stopped)."""
+    def _attach(self, fresh: bool) -> None:
+        """Install the capture on this thread: made anew at a start (``fresh``), the same again
+        where a recording nested in this one stopped. On an error, what it installed is taken
+        away again before the error is raised."""
         from kvverify.record.capture import hooks
         from kvverify.record.capture.bindings import Bindings
         from kvverify.record.capture.dispatch import RecordingMode
         from kvverify.record.capture.driver import DriverOps
 
-        platform, first = self._platform_in_use, self._mode is None
-        guard = hooks.thread_guard(self.recorder, busy)
+        platform = self._platform_in_use
         try:
+            guard = hooks.thread_guard(self.recorder, busy)
             platform.install(self.recorder, guard, native=self.native)
-            if first:
+            if fresh:
                 self._mode = RecordingMode(self.recorder, platform, self.swap_ops, internal=self.internal)
+                self._driver = DriverOps(self.recorder, self._mode, platform.handle_key,
+                                         self._locator.locate_frames, platform.function_name)
+                self._threads = ThreadCapture(self.recorder, self._enter_thread)
+                self._bindings = Bindings(self._driver, self._follows, self._missed, platform.suppressed)
             self._mode.active = True
-            self._mode.__enter__()
+            _enter(self._mode, None if fresh else self._depth)
+            self._mode_entered = True
+            self.capture_off = getattr(platform, "capture_off", None)
+            if self.capture_off is None:
+                self.recorder.native = self._driver.record
+                platform.on_launch(guard(self._driver.launch_site))
+                platform.on_graph_replay(guard(self._driver.graph_site))
+            self._threads.start()
+            self._bindings.install()
+            # The log grows by a few objects per op, and the collector's full passes would walk
+            # the whole heap (torch's included, hundreds of thousands of objects) over and over:
+            # what existed before the recording is left out of them until it stops. A program that
+            # froze its own objects already (a server after start-up) keeps them so: unfreeze()
+            # would give it back every one of them, so the recording then freezes nothing.
+            self._froze = gc.get_freeze_count() == 0
+            if self._froze:
+                gc.freeze()
         except BaseException:
-            platform.uninstall()
+            with contextlib.suppress(Exception):  # the error that stopped the start is the one to see
+                self._detach()
             raise
-        if first:
-            self._driver = DriverOps(self.recorder, self._mode, platform.handle_key, self._locator.locate_frames,
-                                     platform.function_name)
-            self._threads = ThreadCapture(self.recorder, self._enter_thread)
-            self._bindings = Bindings(self._driver, self._follows, self._missed, platform.suppressed)
-        self.capture_off = getattr(platform, "capture_off", None)
-        if self.capture_off is None:
-            self.recorder.native = self._driver.record
-            platform.on_launch(guard(self._driver.launch_site))
-            platform.on_graph_replay(guard(self._driver.graph_site))
-        self._threads.start()
-        self._bindings.install()
-        # The log grows by a few objects per op, and the collector's full passes would walk
-        # the whole heap (torch's included, hundreds of thousands of objects) over and over:
-        # what existed before the recording is left out of them until it stops. A program that
-        # froze its own objects already (a server after start-up) keeps them so: unfreeze()
-        # would give it back every one of them, so the recording then freezes nothing.
-        self._froze = gc.get_freeze_count() == 0
-        if self._froze:
-            gc.freeze()
 
     def _detach(self) -> None:
-        """Take the capture away again (at the stop, and where a nested recording starts)."""
-        try:
-            self._collect_leftover()
-            self._bindings.uninstall()
-            self._threads.stop()
+        """Take away what ``_attach`` installed (at the stop, and where a nested recording
+        starts): every part, even where an earlier one fails; then raises the first error."""
+        errors: list[BaseException] = []
+
+        def step(call: Callable[[], object]) -> None:
+            try:
+                call()
+            except Exception as exc:
+                errors.append(exc)
+
+        if self._mode_entered:
+            step(self._collect_leftover)
+        if self._bindings is not None:
+            step(self._bindings.uninstall)
+        if self._threads is not None:
+            step(self._threads.stop)
+        if self._mode is not None:
             self._mode.active = False  # the modes of threads still running record nothing more
-            self._mode.__exit__(None, None, None)
-        finally:
-            if self._froze:
-                gc.unfreeze()
-            self._platform_in_use.uninstall()
+        if self._mode_entered:
+            self._mode_entered = False
+            step(lambda: _leave(self._mode))
+        if self._froze:
+            self._froze = False
+            gc.unfreeze()
+        step(self._platform_in_use.uninstall)
+        if errors:
+            raise errors[0]
 
     def _pause(self) -> None:
         """A recording nested in this one starts: record nothing until it stops. What runs
         meanwhile is in its trace, not this one's: the summary counts the pauses as work not
-        recorded, and the trace orders everything before a pause before everything after it (a
-        device synchronization where the pause ends), so that no pair across it is decided either
-        way; memory is learnt again after it (the program may have freed and reallocated any)."""
-        from torch.utils._python_dispatch import _get_current_dispatch_mode
+        recorded, and the trace orders everything before a pause before everything after it
+        (``Recorder.unseen``), so that no pair across it is decided either way; memory is learnt
+        again after it (the program may have freed and reallocated any)."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
         rec = self.recorder
         at = rec.locate()
-        top = _get_current_dispatch_mode()
-        if top is not self._mode:
-            # leaving a mode pops the top of torch's stack, whichever mode that is
-            raise RecordingError(f"cannot start a recording at {at} inside the running one: a dispatch mode entered "
-                                 f"after it is still active ({type(top).__name__}); leave it first")
+        # where the mode goes back at the resume: under the modes the program enters meanwhile,
+        # which it leaves after the resume by popping the top of the stack
+        self._depth = next((k for k, m in enumerate(_get_current_dispatch_mode_stack()) if m is self._mode), None)
         self._detach()
+        self._pauses += 1
         self._first_pause = self._first_pause or at
         with rec.exclusive():
             rec.notes[f"{NOT_RECORDED} (recordings nested in this one, the first at {self._first_pause}: what ran "
                       "while each ran is in its own trace; nothing across one is decided)"] += 1
 
     def _resume(self) -> None:
+        """The recording nested in this one stopped: go on recording. Where the capture cannot be
+        installed again, this recording ends here (its summary says so, and a recording it paused
+        goes on in its place) and the error is raised."""
         rec = self.recorder
         with rec.exclusive():
-            rec.device_synchronized(at=rec.locate())
+            rec.unseen(f"the end of pause {self._pauses} (a recording nested in this one)", rec.locate())
             rec.memory.forget_all()
-        self._attach()
+        try:
+            self._attach(fresh=False)
+        except BaseException as exc:
+            with rec.exclusive():
+                rec.notes[f"{NOT_RECORDED} (the recording could not go on after a recording nested in it stopped, "
+                          f"and ended there: {type(exc).__name__}: {exc})"] += 1
+            self.running = False
+            _set_active(self._outer)
+            if self._outer is not None:
+                self._outer._resume()
+            raise
 
     def stop(self) -> None:
-        """Stop recording (idempotent); a recording this one paused goes on. Raises
-        RecordingError on another thread than the one that started it (torch's dispatch modes are
-        per thread: only that one can leave it)."""
-        global _active
+        """Stop recording (idempotent); recordings nested in this one and still running (a program
+        that ended without stopping its own) are stopped first, and a recording this one paused
+        goes on. Raises RecordingError on another thread than the one that started it (torch's
+        dispatch modes are per thread: only that one can leave it); an error of the capture's
+        removal is raised after everything was removed."""
         if not self.running:
             return
         if threading.get_ident() != self.thread:
             raise RecordingError(f"stop() the recording on the thread that started it ({self.thread}), not on this "
                                  f"one ({threading.get_ident()}): the recording is still running")
+        while _active is not None and _active is not self and self in _active._outers():
+            _active.stop()
+        if not self.running:  # (its resume failed: it ended there)
+            return
         with _lock:
-            if _active is not self:
-                raise RecordingError("stop() the recording nested in this one first (recordings stop in the reverse "
-                                     "order of their start): this one is paused and still running")
             try:
                 self._detach()
             finally:
                 self.running = False
-                _active = self._outer
-            if self._outer is not None:
-                self._outer._resume()
+                _set_active(self._outer)
+                if self._outer is not None:
+                    self._outer._resume()
+
+    def _outers(self) -> list[Recording]:
+        """The recordings this one paused, innermost first."""
+        out, rec = [], self._outer
+        while rec is not None:
+            out.append(rec)
+            rec = rec._outer
+        return out
 
     def _collect_leftover(self) -> None:
         """The native log's records still there as the recording stops: this thread's are logged;

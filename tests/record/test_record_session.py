@@ -94,17 +94,20 @@ def test_a_recording_started_inside_another_pauses_it_and_the_outer_decides_noth
     assert record.session._active is None
 
 
-def test_a_paused_recording_cannot_stop_before_the_one_nested_in_it(fake):
+def test_a_paused_recording_stops_the_ones_nested_in_it_first(fake):
+    """A program that ends without stopping its own recording, under ``kvverify record``: the
+    outer's stop stops the inner first, so nothing stays installed and the outer's trace is
+    written."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
     outer = record.recording(platform=fake).start()
     inner = record.recording(platform=fake).start()
-    with pytest.raises(RecordingError, match="nested in this one first"):
-        outer.stop()
-    assert outer.running and inner.running and record.session._active is inner
-    inner.stop()
-    fake.device(BLOCK).fill_(1)  # the outer one records again
+    fake.device(BLOCK).fill_(1)
     outer.stop()
-    assert [op.get("name") for op in outer.recorder.ops if op["op"] == "kernel"] == ["aten.fill_.Scalar"]
-    assert record.session._active is None
+    assert not outer.running and not inner.running and record.session._active is None
+    assert _get_current_dispatch_mode_stack() == []
+    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
+    assert not outer.complete()
 
 
 def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
@@ -116,20 +119,33 @@ def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
     assert len(errors) == 1 and "already running in this process, on thread" in errors[0]
 
 
-def test_a_recording_inside_another_with_a_dispatch_mode_entered_between_them_is_refused(fake):
-    """Pausing the outer recording leaves its dispatch mode, which pops whatever mode is on top of
-    torch's stack: one entered after it (a sanitizer's) would be popped in its place."""
-    from torch.utils._python_dispatch import TorchDispatchMode
+def test_a_recording_inside_another_with_a_dispatch_mode_entered_between_them_leaves_that_mode_in_place(fake):
+    """Pausing the outer recording leaves its dispatch mode where it lies: a mode entered after it
+    (a sanitizer's, a test fixture's) stays on torch's stack in its place, and the program's own
+    ``__exit__`` of it, which pops the top of the stack, still pops that mode."""
+    from torch.utils._python_dispatch import (
+        TorchDispatchMode,
+        _get_current_dispatch_mode_stack,
+    )
 
     class Between(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             return func(*args, **(kwargs or {}))
 
+    kv = fake.device(BLOCK)
     with record.recording(platform=fake) as outer:
-        with Between():
-            assert "a dispatch mode entered after it is still active (Between)" in _start_error(fake)
-        fake.device(BLOCK).fill_(1)  # the outer one still records
-    assert [op.get("name") for op in outer.recorder.ops if op["op"] == "kernel"] == ["aten.fill_.Scalar"]
+        between = Between()
+        with between:
+            with record.recording(platform=fake) as inner:
+                assert _get_current_dispatch_mode_stack() == [between, inner._mode]
+                kv.fill_(1)
+            assert _get_current_dispatch_mode_stack() == [outer._mode, between]
+            kv.fill_(2)
+        assert _get_current_dispatch_mode_stack() == [outer._mode]
+        kv.fill_(3)
+    assert _get_current_dispatch_mode_stack() == []
+    assert len([op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 2
+    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
 
 
 def _start_error(platform) -> str | None:

@@ -43,10 +43,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvverify.record.capture.threads import NOT_RECORDED
 from kvverify.record.trace.memory import Span
-from kvverify.record.trace.recorder import CopyArrays, Recorder
+from kvverify.record.trace.recorder import CopyArrays, Recorder, busy
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
 
 DEFAULT_SWAP_OPS = ("kvverify::swap_blocks_batch",)
+unfollowed: Callable[[str], None] | None = None
+"""The recording running now's note of missed work (``kvverify.record.session`` sets it): where an
+op reaches the dispatch mode of a recording that is not recording (a thread it followed runs on
+after it stopped or while it is paused), the running one does not see the op either."""
 RECORDER_ERROR = f"{NOT_RECORDED} (a recorder error; the trace misses these ops):"
 SWAP_ORDER_ARGS = ("src_access_order", "is_src_access_order_any")
 # kvverify's harness kernels: each reaches ``block_bytes`` at every address of ``block_ptrs``.
@@ -243,6 +247,8 @@ class RecordingMode(TorchDispatchMode):
             with self.rec.exclusive():
                 info = self._infos[id(func)] = self._describe(func)
         if info.handler is None or not self.is_active():
+            if info.handler is not None and unfollowed is not None and not busy():
+                unfollowed(info.name)  # a thread this mode's recording followed, after it stopped or paused
             return func(*args, **kwargs)
         rec = self.rec
         forcer = self.forcer

@@ -313,6 +313,19 @@ class Recorder:
         this module: spans instead of ranges). Goes before anything held back."""
         self._log(op)
 
+    def unseen(self, sync: str, at: str | None) -> None:
+        """A stretch of the program this recording did not see ends here (a recording nested in
+        it ran): the device is synchronized, then every thread it ever followed releases ``sync``
+        and every one acquires it (trace format 1.2, rules 4 and 8), so that what any of them did
+        before is ordered before what any does after, and no pair across the stretch is decided."""
+        self.device_synchronized(at=at)
+        for kind in ("release", "acquire"):
+            for name in self.names:
+                op = {"op": kind, "sync": sync}
+                if name != self.names[0]:
+                    op["thread"] = name
+                self.ops.append(op)
+
     def host_synchronized(self, kind: str, sync: str) -> None:
         """This thread released (``kind="release"``) or acquired (``"acquire"``) the host
         synchronization object named ``sync`` (trace format 1.2, rule 8)."""
