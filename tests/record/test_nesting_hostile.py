@@ -22,6 +22,7 @@ from fake_cuda import FakeCuda
 from torch.utils._python_dispatch import (
     _get_current_dispatch_mode_stack,
 )
+from witness_harness import REFILL
 
 import kvverify.record as record
 from kvverify.record import cli
@@ -317,24 +318,13 @@ CONFTEST = textwrap.dedent("""\
             yield mode
     """)
 
-TESTS = textwrap.dedent("""\
-    import fake_cuda
-
-    def refill(synchronized):
-        fake = fake_cuda.shared()
-        gpu, staging, load, done = fake.device(64), fake.pinned(64), fake.stream(), fake.event()
-        with fake.use(load):
-            gpu.copy_(staging, non_blocking=True)
-            done.record()
-        if synchronized:
-            done.synchronize()
-        staging.fill_(2)
+TESTS = REFILL + textwrap.dedent("""\
 
     def test_a_safe_with_a_mode(counting):
-        refill(True)
+        refill(64, True)
 
     def test_b_racy():
-        refill(False)
+        refill(64, False)
     """)
 
 
