@@ -20,15 +20,13 @@ exit status:
   1  the program succeeded and its recorded work races (each race is listed with
      both ops and the lines that issued them, the bytes, the kind, why, and a fix)
   N  the program's own exit status, when it failed (the trace is written and checked anyway)
-  2  nothing was recorded: no CUDA device, another allocator than torch's, or a command
-     this cannot run in-process (one line on stderr says which); or no race was found
-     but the recording missed device work it knows of (its NOT RECORDED lines)
+  2  nothing was recorded (no CUDA device, another allocator than torch's, a command this
+     cannot run in-process: stderr says which); or no race, but NOT RECORDED lines (the
+     JSON has complete: false); or the trace was not written. --confirm changes none.
 
-The program runs in this process (runpy for scripts and modules, pytest.main for pytest).
-The threads it starts are recorded too, ordered by their start, join and locks; threads
-running before the recording are not, and where their work is seen the recording says so
-and never calls the rest SAFE (docs/record.md). A test that records itself (the pytest
-plugin's marker or fixture) nests: this recording pauses meanwhile and says so (NOT RECORDED).
+The program runs in this process (runpy, or pytest.main). Threads it starts are recorded;
+threads running before, and tests that record themselves (this recording pauses), are NOT
+RECORDED, and the rest is never called SAFE (docs/record.md).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
@@ -94,6 +92,9 @@ def program(command: list[str]) -> tuple[str, str, list[str]]:
             return "module", rest[1], rest[2:]
         if rest[0] == "-c" and len(rest) > 1:
             return "code", rest[1], rest[2:]
+        if rest[0] in ("-m", "-c"):
+            raise ValueError(f"'{first} {rest[0]}' needs a {'module name' if rest[0] == '-m' else 'line of code'} "
+                             "after it")
         if rest[0].startswith("-"):
             raise ValueError(f"python option {rest[0]} is not supported in-process; give python SCRIPT.py, "
                              "-m MODULE or -c CODE")
@@ -171,12 +172,12 @@ def run(args: argparse.Namespace, platform=None) -> int:
         status = run_program(kind, target, arguments)
     finally:
         rec.stop()
+    written = True  # (a trace that could not be written is said so; it changes neither the program's status nor the verdict)
     try:
         rec.write(args.output)
     except OSError as exc:
+        written = False
         print(f"kvverify record: cannot write {args.output}: {exc.strerror or exc}", file=sys.stderr)
-        if status == 0:
-            status = 2
     else:
         print(f"kvverify record: trace written to {args.output}", file=sys.stderr)
     if args.no_check:
@@ -184,7 +185,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
         if args.confirm:
             print("kvverify record: --confirm needs the check (--no-check was given): no witness runs",
                   file=sys.stderr)
-        return status
+        return status if status != 0 or written else 2
     from kvverify.check import check
 
     verdict = check(rec.trace(), max_races=args.max_races)
@@ -217,7 +218,10 @@ def run(args: argparse.Namespace, platform=None) -> int:
         return status
     if verdict.safe and not rec.complete():
         print("kvverify record: the recording missed device work (the NOT RECORDED lines above: ops the recorder "
-              "failed on, work of other threads): SAFE covers only what was recorded", file=sys.stderr)
+              "failed on, work of other threads, recordings nested in this one): SAFE covers only what was "
+              "recorded", file=sys.stderr)
+        return 2
+    if verdict.safe and not written:
         return 2
     return 0 if verdict.safe else 1
 

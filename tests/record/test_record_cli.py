@@ -79,6 +79,8 @@ def test_programs_it_runs_in_process(command, expected):
     (["python"], "has nothing to run"),
     (["python", "-u", "prog.py"], "python option -u is not supported in-process"),
     (["bash", "run.sh"], "'bash' is not a Python program"),
+    (["python", "-m"], "'python -m' needs a module name"),
+    (["python", "-c"], "'python -c' needs a line of code"),
 ])
 def test_commands_it_cannot_run_in_process_are_refused_by_name(command, message):
     with pytest.raises(ValueError, match=message):
@@ -94,6 +96,17 @@ def test_a_racy_program_exits_1_with_both_lines_in_the_report(program, capsys):
     assert "kvverify record: trace written to kvverify-trace.json" in out.err
     trace = json.loads(Path("kvverify-trace.json").read_text())
     assert {op["op"] for op in trace["ops"]} >= {"copy", "host_write"}
+
+
+def test_a_trace_that_cannot_be_written_leaves_the_verdict_and_the_programs_status_alone(program, capsys):
+    """A bad ``-o`` once turned a racy run into "the program exited with status 2" (and
+    --confirm into "the program failed"): the program succeeded, and its race is the verdict."""
+    status = cli.run(args("python", str(program), output="no/such/folder/t.json"), platform=shared())
+    err = capsys.readouterr().err
+    assert status == 1 and "cannot write no/such/folder/t.json" in err
+    assert "the program exited with status" not in err
+    status = cli.run(args("python", str(program), "--fixed", output="no/such/folder/t.json"), platform=shared())
+    assert status == 2  # SAFE, but the trace it speaks of is not there
 
 
 def test_a_safe_program_exits_0_and_the_trace_goes_where_asked(program, capsys):
