@@ -1,5 +1,5 @@
 """An engine-style CPU offload handler, in its safe form and with each mistake public race reports
-describe (docs/record.md, "The demo offload handler"): what kvverify record is shown on.
+describe (docs/record-design.md, "The demo offload handler"): what kvverify record is shown on.
 
 The handler has the shape of a serving engine's CPU offload worker: the KV cache is one tensor
 per layer on the GPU and one pinned tensor per layer on the host; every transfer (a store, GPU to

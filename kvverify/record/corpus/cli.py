@@ -14,8 +14,8 @@ Re-create the races that shipped in public KV-offload code and show what each to
 A case is one public report (an engine's issue or pull request) re-created in kvverify's own code,
 in a broken form and in the form its fix made; its race has a kind (RAW, WAR, WAW, FREE) and a
 pair: the two functions of the case's module whose lines issue the racing ops. Capture
-"recorded": kvverify record sees the race today; "native": only native capture can
-(another thread's device work, driver calls outside torch, a host thread's preadv).
+"recorded": a default kvverify record decides the race; "native": no capture sees the racing
+work (no case is so marked today).
 
 Each form runs three times, one column each: natively (pages the device corrupted, of those
 checked; a spin holds the writer's stream so the race can strike), under kvverify record (the
@@ -28,6 +28,7 @@ exit status:
      SAFE in the fixed form (the forms asked for)
   1  some such case is not (each is listed on stderr)
   2  a case or form that does not exist, or no CUDA device or kvverify._C (one line)
+  --confirm's witnesses never change it: read the witness column or the JSON
 
 Examples:
   kvverify corpus --list
