@@ -165,6 +165,21 @@ def test_a_join_during_the_pause_does_not_become_a_race_across_it(fake):
     assert len(outer.check().races) == 0, outer.check().render()
 
 
+def _d2h_when_told(fake):
+    """A device block and a worker's body: once ``go`` is set, a D2H copy reading the block on a
+    side stream, then ``done`` set. Returns ``(block, body, go, done)``."""
+    kv, host, side = fake.device(BLOCK), fake.pinned(BLOCK), fake.stream()
+    go, done = threading.Event(), threading.Event()
+
+    def work():
+        go.wait()
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)
+        done.set()
+
+    return kv, work, go, done
+
+
 def test_a_thread_started_by_the_inner_that_outlives_it_is_not_lost_by_the_outer(fake):
     """Was: A thread started while the inner recording runs is followed by the inner only: it
     carries the inner's (now inactive) dispatch mode, and the outer never follows it, never
@@ -173,16 +188,7 @@ def test_a_thread_started_by_the_inner_that_outlives_it_is_not_lost_by_the_outer
     no trace, and the outer's note even says "what ran while each ran is in its own trace". The
     same program without the inner recording is RACY; with it the outer says SAFE (exit 2 instead
     of 1) and the summary never names the thread."""
-    kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
-    side = fake.stream()
-    go, done = threading.Event(), threading.Event()
-
-    def work():
-        go.wait()
-        with fake.use(side):
-            host.copy_(kv, non_blocking=True)  # D2H reading kv on the side stream
-        done.set()
-
+    kv, work, go, done = _d2h_when_told(fake)
     with record.recording(platform=fake) as outer:
         with record.recording(platform=fake):
             worker = threading.Thread(target=work, name="worker")
@@ -203,16 +209,7 @@ def test_device_work_of_the_outers_thread_during_the_pause_is_not_dropped_unnoti
     and complete() (exit 0 under the CLI), the outer's note claims what ran is in the inner's
     trace. Without native capture (witness runs, another CUPTI subscriber: ``native=False``) nothing
     else flags it."""
-    kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
-    side = fake.stream()
-    go, done = threading.Event(), threading.Event()
-
-    def work():
-        go.wait()
-        with fake.use(side):
-            host.copy_(kv, non_blocking=True)  # reads kv on the side stream, during the pause
-        done.set()
-
+    kv, work, go, done = _d2h_when_told(fake)
     with record.recording(platform=fake, native=False):
         worker = threading.Thread(target=work, name="worker")
         worker.start()
