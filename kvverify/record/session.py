@@ -157,7 +157,11 @@ class Recording:
             if platform is None:
                 platform = hooks.CudaPlatform()
             if outer is not None:
-                outer._pause()
+                try:
+                    outer._pause()
+                except BaseException:
+                    outer._resume()  # what the pause took away goes back; the error is this start's
+                    raise
             try:
                 self._platform_in_use = platform
                 self._locator = Locator(self._skip)

@@ -278,6 +278,21 @@ def test_a_failed_resume_leaves_an_outer_that_stops_cleanly(clean):
     assert list(_get_current_dispatch_mode_stack()) == clean["modes"]
 
 
+def test_a_pause_that_fails_leaves_the_outer_recording(clean):
+    """The outer's pause failing partway (collecting its native leftovers raises as the inner
+    starts): the start raises that error, and the outer records again, its capture whole."""
+    fake = _FailsOn("native_leftover", {1})  # the outer's pause
+    kv = fake.device(BLOCK)
+    outer = record.recording(platform=fake).start()
+    with pytest.raises(RuntimeError, match="native_leftover failed"):
+        record.recording(platform=fake).start()
+    assert record.session._active is outer
+    kv.fill_(1)
+    outer.stop()
+    assert len(_fills(outer)) == 1
+    assert _hooks() == clean
+
+
 def test_an_inner_stop_that_fails_partway_still_takes_its_capture_away(clean):
     """Was: ``_detach`` runs its steps one after another in a ``try`` whose ``finally`` only
     unfreezes and uninstalls the platform: when collecting the native leftovers raises, the
