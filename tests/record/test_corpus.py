@@ -119,7 +119,8 @@ def test_importing_and_listing_the_corpus_imports_no_heavy_library():
     r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     status, heavy = json.loads(r.stderr.strip().splitlines()[-1])
     assert status == 0 and heavy == [], r.stderr
-    lines = r.stdout.splitlines()
+    header, *lines = r.stdout.splitlines()
+    assert header.split()[:4] == ["case", "source", "capture", "forms"]
     assert [line.split()[0] for line in lines] == TABLE
     first = lines[0].split()
     assert first[1:4] == ["vllm-project/vllm#31341", "recorded", "broken,fixed"] and lines[0].endswith("RAW write_kv / store")

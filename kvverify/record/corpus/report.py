@@ -18,8 +18,10 @@ def forms_of(case: Case) -> str:
 
 
 def listing(cases: Sequence[Case]) -> str:
-    """One line per case: name, source, capture, forms, expected kind and pair of functions."""
-    rows = [(c.name, c.source, c.capture, forms_of(c), f"{c.kind} {c.pair[0]} / {c.pair[1]}") for c in cases]
+    """A header, then one line per case: name, source, capture, forms, expected kind and pair of
+    functions."""
+    rows = [("case", "source", "capture", "forms", "expected race: kind, pair of functions")]
+    rows += [(c.name, c.source, c.capture, forms_of(c), f"{c.kind} {c.pair[0]} / {c.pair[1]}") for c in cases]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] for row in rows) + "\n"
 
