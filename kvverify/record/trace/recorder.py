@@ -316,13 +316,15 @@ class Recorder:
     def unseen(self, sync: str, at: str | None) -> None:
         """A stretch of the program this recording did not see ends here (a recording nested in
         it ran): the device is synchronized, then every thread it ever followed releases ``sync``
-        and every one acquires it (trace format 1.2, rules 4 and 8), so that what any of them did
-        before is ordered before what any does after, and no pair across the stretch is decided."""
+        and every one still followed acquires it (trace format 1.2, rules 4 and 8; a thread that
+        ended logs nothing more), so that what any of them did before is ordered before what any
+        does after, and no pair across the stretch is decided."""
         self.device_synchronized(at=at)
-        for kind in ("release", "acquire"):
-            for name in self.names:
+        first = self.names[0]
+        for kind, names in (("release", self.names), ("acquire", list(self.threads.values()))):
+            for name in names:
                 op = {"op": kind, "sync": sync}
-                if name != self.names[0]:
+                if name != first:
                     op["thread"] = name
                 self.ops.append(op)
 
