@@ -13,8 +13,10 @@ most ``--in-flight`` pending, completion found by polling ``Event.query()``. Two
 ``light`` (the demo's own kernels only: a few microseconds each, so the loop is bound by the host
 launching them, the recorder's worst case) and ``model`` (a ``tokens x hidden`` by ``hidden x
 hidden`` fp16 matmul per layer too, as a forward pass has). Each repeat runs the loop plain, under
-a pass-through dispatch mode (what any ``__torch_dispatch__`` hook costs, the recorder's included:
-torch's floor), recorded, and recorded without native capture, in turn; medians and bests are
+a pass-through dispatch mode (what any ``__torch_dispatch__`` hook costs: the floor of a recorder
+built on one), recorded (the op log: each op written down in C++, logged at the recording's stop),
+recorded without native capture, and recorded by the dispatch mode as each op runs (``op_log=False``),
+in turn; the loop is timed, the recording's start and stop are not (the stop's time is printed); medians and bests are
 printed; ``--csan`` then runs each load under PyTorch's CUDA Stream Sanitizer. Needs a CUDA device and ``kvverify._C``. Not a test: it prints the figures
 (the target is at most 2x, docs/record.md).
 
@@ -69,30 +71,36 @@ def engine_shapes(**overrides) -> dict:
     return {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=loop["hidden"], tokens=loop["tokens"])}
 
 
-def time_loop(shape, context) -> float:
+def time_loop(shape, context, after: list | None = None) -> float:
     """Wall seconds of one run of the demo's loop of ``shape`` inside ``context`` (allocation
-    outside the timing)."""
+    outside the timing, and the context's entry and exit too: a recording's stop, where its op log
+    is logged, is appended to ``after`` where given)."""
     from kvverify.record import demo
 
     engine = demo.Engine(shape)
-    start = time.perf_counter()
     with context:
+        start = time.perf_counter()
         engine.run()
-    return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        ended = time.perf_counter()
+    if after is not None:
+        after.append(time.perf_counter() - ended)
+    return seconds
 
 
-def run_once(shape, how: str):
+def run_once(shape, how: str, after: list | None = None):
     """Wall seconds of one loop, run ``how``: ``"plain"``, ``"mode"`` (under
-    ``pass_through_mode``), ``"recorded"`` or ``"dispatcher"`` (recorded without native capture);
-    and the recording if any."""
+    ``pass_through_mode``), ``"recorded"``, ``"dispatcher"`` (recorded without native capture) or
+    ``"live"`` (recorded by the dispatch mode as each op runs: no op log); and the recording if
+    any. ``after``: gets the seconds of the recording's stop."""
     from kvverify.record import recording
 
     context = {"plain": contextlib.nullcontext, "mode": pass_through_mode(), "recorded": recording,
-               "dispatcher": lambda: recording(native=False)}[how]()
-    return time_loop(shape, context), context if how == "recorded" else None
+               "dispatcher": lambda: recording(native=False), "live": lambda: recording(op_log=False)}[how]()
+    return time_loop(shape, context, after), context if how == "recorded" else None
 
 
-RUNS = ("plain", "mode", "recorded", "dispatcher")
+RUNS = ("plain", "mode", "recorded", "dispatcher", "live")
 """How each loop runs (``run_once``): the median of each, and the recorded / plain ratio, are printed."""
 
 
@@ -310,10 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         for how in RUNS:
             run_once(warm, how)  # the first recorded op imports torch._dynamo (seconds): not the recorder's cost
         seconds = {how: [] for how in RUNS}
+        stops: list[float] = []  # the recorded runs' stops: their op logs logged after the loop
         rec = None
         for _ in range(args.repeats):  # in turn: a busy host slows each of them alike
             for how in RUNS:
-                s, r = run_once(shape, how)
+                s, r = run_once(shape, how, stops if how == "recorded" else None)
                 seconds[how].append(s)
                 rec = r or rec
         start = time.perf_counter()
@@ -332,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             "best_ratio": min(seconds["recorded"]) / min(seconds["plain"]),
             "mode_ratio": statistics.median(seconds["mode"]) / statistics.median(seconds["plain"]),
             "dispatcher_ratio": statistics.median(seconds["dispatcher"]) / statistics.median(seconds["plain"]),
+            "live_ratio": statistics.median(seconds["live"]) / statistics.median(seconds["plain"]),
+            "stop_s": statistics.median(stops),
             "ops_recorded": summary.ops_recorded, "ops_written": summary.ops_written, "copies_written": copies,
             "trace_build_s": build_s, "check_s": check_s, "verdict": verdict.verdict,
         }
@@ -339,7 +350,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:5s}: {row['plain_ms_per_step']:.2f} ms/step plain, {row['mode_ms_per_step']:.2f} under a "
               f"pass-through dispatch mode ({row['mode_ratio']:.2f}x), {row['recorded_ms_per_step']:.2f} recorded "
               f"({row['ratio']:.2f}x; without native capture {row['dispatcher_ms_per_step']:.2f}, "
-              f"{row['dispatcher_ratio']:.2f}x; best of {args.repeats}: {row['plain_best_ms_per_step']:.2f} / "
+              f"{row['dispatcher_ratio']:.2f}x; by the dispatch mode as each op runs {row['live_ms_per_step']:.2f}, "
+              f"{row['live_ratio']:.2f}x; each recording's stop, where its op log is logged: {row['stop_s']:.2f} s; "
+              f"best of {args.repeats}: {row['plain_best_ms_per_step']:.2f} / "
               f"{row['recorded_best_ms_per_step']:.2f}, {row['best_ratio']:.2f}x); {row['ops_recorded']} ops recorded, "
               f"{row['ops_written']} written ({copies} copies); trace built in {build_s:.2f} s, checked in "
               f"{check_s:.2f} s: {verdict.verdict}", flush=True)

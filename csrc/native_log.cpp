@@ -39,7 +39,7 @@ constexpr const char* kKinds =
     "event_query=23 stream_sync=24 stream_query=25 device_sync=26 event_create=27 event_destroy=28 unmap=30 "
     "map=31 host_register=32 host_unregister=33 graph_launch=40 capture_begin=41 capture_end=42 graph_instantiate=43 "
     "graph_destroy=44 graph_exec_destroy=45 "
-    "unmodelled=50";
+    "unmodelled=50 op_begin=60 op=61 op_failed=62 mark=63";
 constexpr int kMaxFrames = 24;
 
 std::mutex mutex;
@@ -131,9 +131,20 @@ void move_records(std::vector<int64_t>& words, int64_t*& out, int64_t& room, int
   count.fetch_sub(records, std::memory_order_relaxed);
 }
 
+void push(std::vector<int64_t>& record) {
+  record[1] = static_cast<int64_t>(record.size()) - 2;
+  const auto thread = static_cast<uint64_t>(pthread_self());
+  std::lock_guard<std::mutex> guard(mutex);
+  auto& words = pending[thread];
+  words.insert(words.end(), record.begin(), record.end());
+  count.fetch_add(1, std::memory_order_relaxed);
+}
+
 }  // namespace
 
 bool enabled() { return on.load(std::memory_order_relaxed); }
+
+int64_t pending_records() { return count.load(std::memory_order_relaxed); }
 
 int& suppressed() { return suppress_depth; }
 
@@ -145,12 +156,15 @@ void append(Kind kind, const std::vector<int64_t>& fields, bool frames) {
     record.push_back(0);
   }
   record.insert(record.end(), fields.begin(), fields.end());
-  record[1] = static_cast<int64_t>(record.size()) - 2;
-  const auto thread = static_cast<uint64_t>(pthread_self());
-  std::lock_guard<std::mutex> guard(mutex);
-  auto& words = pending[thread];
-  words.insert(words.end(), record.begin(), record.end());
-  count.fetch_add(1, std::memory_order_relaxed);
+  push(record);
+}
+
+void append_record(Kind kind, const std::vector<int64_t>& frames, const std::vector<int64_t>& fields) {
+  std::vector<int64_t> record{static_cast<int64_t>(kind), 0};
+  record.reserve(2 + frames.size() + fields.size());
+  record.insert(record.end(), frames.begin(), frames.end());
+  record.insert(record.end(), fields.begin(), fields.end());
+  push(record);
 }
 
 }  // namespace kvverify::native

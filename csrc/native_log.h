@@ -39,6 +39,10 @@ enum Kind : int64_t {
   kGraphDestroy = 44,  // graph (a later graph at the handle is another one)
   kGraphExecDestroy = 45,  // graph exec
   kUnmodelled = 50,    // cbid, name (a char* CUPTI keeps: a driver call the recorder cannot write down)
+  kOpBegin = 60,       // (op_log.cpp) a kept dispatcher op starts
+  kOp = 61,            // (op_log.cpp) it ended: its facts
+  kOpFailed = 62,      // (op_log.cpp) it raised: id
+  kMark = 63,          // (op_log.cpp) a report the recorder holds in Python: its index
 };
 
 // Whether the log takes records now (a recording runs).
@@ -47,6 +51,13 @@ bool enabled();
 // Append one record of the calling thread: `fields` after its frames (captured here when the
 // thread holds the GIL and `frames` is true).
 void append(Kind kind, const std::vector<int64_t>& fields, bool frames);
+
+// Records not taken yet, of every thread.
+int64_t pending_records();
+
+// Append one record of the calling thread with frames captured already: `frames` is
+// [n, (code, line) x n], each code's reference now the record's.
+void append_record(Kind kind, const std::vector<int64_t>& frames, const std::vector<int64_t>& fields);
 
 // The calling thread's depth in work the recorder sees another way (an op of torch's dispatcher,
 // a method the recorder observes in Python): driver calls there are not logged.

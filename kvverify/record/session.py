@@ -111,9 +111,12 @@ class Recording:
     """
 
     def __init__(self, *, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=None,
-                 skip: Iterable[str] | None = None, native: bool = True) -> None:
+                 skip: Iterable[str] | None = None, native: bool = True, op_log: bool = True) -> None:
         self.swap_ops = tuple(swap_ops)
         self.native = native
+        self.op_log = op_log
+        self._replayer = None  # kvverify.record.capture.oplog.Replayer, where the platform has an op log
+        self._logging = False  # the op log, not the dispatch mode, captures this thread's ops now
         self.capture_off: str | None = None
         self.keep_all = keep_all
         self._platform = platform
@@ -187,23 +190,29 @@ class Recording:
         from kvverify.record.capture.bindings import Bindings
         from kvverify.record.capture.dispatch import RecordingMode
         from kvverify.record.capture.driver import DriverOps
+        from kvverify.record.capture.oplog import KINDS, Replayer
 
         platform = self._platform_in_use
         try:
-            guard = hooks.thread_guard(self.recorder, busy)
-            platform.install(self.recorder, guard, native=self.native)
             if fresh:
                 self._mode = RecordingMode(self.recorder, platform, self.swap_ops, internal=self.internal)
+                self._oplog_kinds = KINDS
+                if self.op_log:
+                    self._replayer = Replayer(self._mode, self._locator.locate_frames, self._locator.library_code)
+            guard = hooks.thread_guard(self.recorder, busy, self._replayer)
+            platform.install(self.recorder, guard, native=self.native)
+            if fresh:
+                if self._replayer is not None:
+                    self._replayer.log = platform.op_log()  # (the platform's native log is made by install)
                 self._driver = DriverOps(self.recorder, self._mode, platform.handle_key,
                                          self._locator.locate_frames, platform.function_name)
-                self._threads = ThreadCapture(self.recorder, self._enter_thread)
+                self._threads = ThreadCapture(self.recorder, self._enter_thread, self._go_live)
                 self._bindings = Bindings(self._driver, self._follows, self._missed, platform.suppressed)
             self._mode.active = True
-            _enter(self._mode, None if fresh else self._depth)
-            self._mode_entered = True
+            self._capture_ops(None if fresh else self._depth)
             self.capture_off = getattr(platform, "capture_off", None)
+            self.recorder.native = self._native
             if self.capture_off is None:
-                self.recorder.native = self._driver.record
                 platform.on_launch(guard(self._driver.launch_site))
                 platform.on_graph_replay(guard(self._driver.graph_site))
             self._threads.start()
@@ -221,6 +230,40 @@ class Recording:
                 self._detach()
             raise
 
+    def _capture_ops(self, depth: int | None) -> None:
+        """Capture this thread's ops: with the op log where it can (the platform has one, this is
+        the only thread the recording follows, no witness run forces ops), else with the dispatch
+        mode, entered at ``depth`` of the stack of dispatch modes (None: on top)."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        replayer = self._replayer
+        if (replayer is not None and replayer.log is not None and self._mode.forcer is None and len(self.recorder.followed) == 1
+                and replayer.start(threading.get_ident()) is None):
+            self._logging = True
+            self._depth = len(_get_current_dispatch_mode_stack())  # where the mode goes if it takes over
+            return
+        _enter(self._mode, depth)
+        self._mode_entered = True
+
+    def _go_live(self) -> None:
+        """The dispatch mode takes over from the op log (a second thread is about to be followed, a
+        witness run forces ops): what the log holds is logged first."""
+        if not self._logging:
+            return
+        self._logging = False
+        self._replayer.stop()
+        with self.recorder.exclusive():
+            self.recorder.collect()
+        _enter(self._mode, self._depth)
+        self._mode_entered = True
+
+    def _native(self, record) -> None:
+        """A record of the native log that is not the allocator's: the op log's, or a driver call's."""
+        if record.kind in self._oplog_kinds:
+            self._replayer.replay(record)
+        elif self.capture_off is None:
+            self._driver.record(record)
+
     def _detach(self) -> None:
         """Take away what ``_attach`` installed (at the stop, and where a nested recording
         starts): every part, even where an earlier one fails; then raises the first error."""
@@ -232,7 +275,11 @@ class Recording:
             except Exception as exc:
                 errors.append(exc)
 
-        if self._mode_entered:
+        logged = self._logging
+        if logged:
+            self._logging = False
+            step(self._replayer.stop)
+        if self._mode_entered or logged:
             step(self._collect_leftover)
         if self._bindings is not None:
             step(self._bindings.uninstall)
@@ -350,9 +397,14 @@ class Recording:
         rec = self.recorder
         rec.collect()
         INSIDE.depth += 1
+        logging = self._logging
+        if logging:
+            self._replayer.quiet(1)  # its own ops (a read-back) are not the program's
         try:
             yield
         finally:
+            if logging:
+                self._replayer.quiet(-1)
             rec.take(threading.get_ident())
             INSIDE.depth -= 1
 
@@ -362,6 +414,7 @@ class Recording:
         (``kvverify.record.confirm.witness.Forcer``). Call right after ``start()``: the threads the program
         starts later share it."""
         self._mode.forcer = self._bindings.forcer = forcer
+        self._go_live()
 
     def witness_tools(self):
         """The device side of a witness run on this recording's platform."""
@@ -442,7 +495,7 @@ class Recording:
 
 
 def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=None,
-              skip: Iterable[str] | None = None, native: bool = True) -> Recording:
+              skip: Iterable[str] | None = None, native: bool = True, op_log: bool = True) -> Recording:
     """A recording of what the current thread asks the CUDA device to do, as a trace.
 
     ``swap_ops``: qualified names (``"ns::name"``) of batched-swap ops with the schema of
@@ -452,7 +505,10 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
     through torch; tests pass a stand-in). ``skip``: folders whose frames are library code when
     locating ops (default: torch and kvverify's recorder and op wrappers). ``native``: capture
     the driver calls of every thread through CUPTI too (``kvverify.record.capture.native``; False: the
-    dispatcher-level capture alone, as under another CUPTI subscriber).
+    dispatcher-level capture alone, as under another CUPTI subscriber). ``op_log``: write the ops
+    of the recording thread down in C++ as they are called and log them after the program
+    (``kvverify.record.capture.oplog``), for as long as it is the only thread followed and no
+    witness run forces ops (False: a dispatch mode logs each op as it runs, at a Python call per op).
 
     Use as ``with recording() as rec: ...``; starting raises RecordingError where no CUDA device
     is visible, torch's allocator does not report to kvverify's native log (another allocator),
@@ -461,7 +517,8 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
     until the inner one stops, and its summary names each pause as work it did not record
     (nothing across a pause is decided; its verdict cannot be SAFE for the whole run).
     """
-    return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip, native=native)
+    return Recording(swap_ops=swap_ops, keep_all=keep_all, platform=platform, skip=skip, native=native,
+                     op_log=op_log)
 
 
 # -- annotations ---------------------------------------------------------------------------------
@@ -524,6 +581,7 @@ def _annotate(what: str, name: str, log: Callable[[Recording, str | None], None]
     issued = None if forcer is None else forcer.before(name)
     at = rec.recorder.locate()
     with rec.recorder.exclusive():
+        rec.recorder.collect()  # the memory map as of now: what the program did before is logged first
         log(rec, at)
     if issued is not None:
         forcer.after(issued)
@@ -599,6 +657,7 @@ def kernel(*, reads=(), writes=(), reads_through=None, writes_through=None, name
         return
     at = rec.recorder.locate(3)
     with rec.recorder.exclusive():
+        rec.recorder.collect()
         declared = (_spans(rec, reads, at, device=True) + _through(rec, reads_through, at),
                     _spans(rec, writes, at, device=True) + _through(rec, writes_through, at), name)
     outer = rec._driver.declare(declared)
@@ -648,4 +707,5 @@ def host_buffer(obj, kind: str = "pinned", *, name: str | None = None) -> None:
         address, nbytes = _address_range(obj)
     at = rec.recorder.locate()
     with rec.recorder.exclusive():
+        rec.recorder.collect()
         rec.recorder.memory.fresh(address, nbytes, space, "declared with host_buffer", at, name)

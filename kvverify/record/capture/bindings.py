@@ -140,7 +140,7 @@ class Bindings:
                     try:
                         log(name, args, kwargs, result, at)
                     except Exception as exc:  # the program runs on: the summary says what is missing
-                        from kvverify.record.capture.dispatch import RECORDER_ERROR
+                        from kvverify.record.capture.threads import RECORDER_ERROR
 
                         bindings.rec.notes[f"{RECORDER_ERROR} {name}: {type(exc).__name__}: {exc}"] += 1
                 if target is not None:

@@ -41,7 +41,16 @@ import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kvverify.record.capture.threads import NOT_RECORDED
+from kvverify.record.capture.oplog import (
+    CPU_VALUES,
+    CURRENT_STREAM,
+    LOG,
+    SWALLOW,
+    TRANSPARENT,
+    LoggedTensor,
+    NotLogged,
+)
+from kvverify.record.capture.threads import RECORDER_ERROR
 from kvverify.record.trace.memory import Span
 from kvverify.record.trace.recorder import CopyArrays, Recorder, busy
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
@@ -51,7 +60,6 @@ unfollowed: Callable[[str], None] | None = None
 """The recording running now's note of missed work (``kvverify.record.session`` sets it): where an
 op reaches the dispatch mode of a recording that is not recording (a thread it followed runs on
 after it stopped or while it is paused), the running one does not see the op either."""
-RECORDER_ERROR = f"{NOT_RECORDED} (a recorder error; the trace misses these ops):"
 SWAP_ORDER_ARGS = ("src_access_order", "is_src_access_order_any")
 # kvverify's harness kernels: each reaches ``block_bytes`` at every address of ``block_ptrs``.
 POINTER_KERNELS = {"kvverify::write_blocks": "writes", "kvverify::read_blocks": "reads",
@@ -65,6 +73,10 @@ POINTER_TABLES = 16384  # device pointer tensors whose values are kept, the olde
 # Where a handler's locate() starts: the handler's frame and __torch_dispatch__'s are the recorder's
 # own, and walking a frame makes its frame object; the third is whatever called the op.
 HANDLER_DEPTH = 3
+TENSORS = (Tensor, LoggedTensor)
+"""What the handlers take for a tensor: a live one (the dispatch mode's), or one the op log wrote down."""
+# c10::DeviceType -> the dispatch key of its backend, for the op log's classifier
+BACKENDS = {0: "CPU", 1: "CUDA", 9: "Meta"}
 
 
 class Platform:
@@ -83,6 +95,13 @@ class Platform:
     def stream_key_of(self, stream) -> object:
         """``Recorder.stream_key`` of a stream object (``torch.Stream``, ``torch.cuda.Stream``)."""
         raise NotImplementedError
+
+    def logged_stream_key(self, stream: tuple[int, int] | None) -> object:
+        """``Recorder.stream_key`` of a stream the op log wrote down as ``(handle, device)``; raises
+        ``NotLogged`` for None (it wrote none down)."""
+        if stream is None:
+            raise NotLogged("the current stream (the op log did not write it down)")
+        return Recorder.stream_key(*stream)
 
     def handle_key(self, handle: int) -> object:
         """``Recorder.stream_key`` of a raw stream handle on the current device (cuda-python's)."""
@@ -137,6 +156,11 @@ class Platform:
         """Call ``report()`` where the program is about to launch a CUDA graph on this thread with
         the GIL released (``torch.cuda.CUDAGraph.replay``), for as long as the recording runs."""
 
+    def op_log(self):
+        """The op log (``kvverify.record.capture.oplog.OpLog``) that writes this platform's ops down at
+        the call, or None where there is none (the dispatch mode then sees every op)."""
+        return None
+
     def native_leftover(self):
         """The native log's records no ``take`` removed (a ``collections.Counter`` by ``(thread,
         kind)``), now removed; called once the recording's own thread has taken its own."""
@@ -163,11 +187,11 @@ class OpInfo:
 
 
 def _tensors(value) -> Iterable[torch.Tensor]:
-    if isinstance(value, Tensor):
+    if isinstance(value, TENSORS):
         yield from _strided(value)
     elif isinstance(value, (list, tuple)):
         for v in value:
-            if isinstance(v, Tensor):
+            if isinstance(v, TENSORS):
                 yield from _strided(v)
 
 
@@ -187,7 +211,12 @@ def _strided(t: torch.Tensor) -> tuple:
 
 def _flat(t: torch.Tensor) -> np.ndarray:
     """A host tensor's elements as a 1-D numpy array: a view of its memory where it is one already
-    (``contiguous`` and ``view`` are dispatcher calls, a microsecond each)."""
+    (``contiguous`` and ``view`` are dispatcher calls, a microsecond each); a logged one's values
+    as the op log copied them at the call."""
+    if type(t) is LoggedTensor:
+        if t.values is None:
+            raise NotLogged("the values of an int64 tensor the op log did not copy")
+        return t.values
     t = t.detach()
     if t.dim() != 1 or not t.is_contiguous():
         t = t.contiguous().view(-1)
@@ -265,14 +294,56 @@ class RecordingMode(TorchDispatchMode):
         with rec.exclusive():
             try:
                 rec.collect()  # the op's fresh blocks and its frees come before its entry
-                info.handler(self, info, args, kwargs, out)
-            except Exception as exc:  # the program must run on: the summary says what is missing
-                rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
+                self.handle(info, args, kwargs, out)
             finally:
                 rec.end_op()
         if call is not None:  # outside the recorder's lock: a witness run may wait here
             forcer.after(call)
         return out
+
+    def handle(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
+        """Log the op ``info`` called with ``args`` and ``kwargs``, which returned ``out`` (live
+        tensors, or what the op log wrote down of them), holding the recorder."""
+        try:
+            info.handler(self, info, args, kwargs, out)
+        except Exception as exc:  # the program must run on: the summary says what is missing
+            self.rec.notes[f"{RECORDER_ERROR} {info.name}: {type(exc).__name__}: {exc}"] += 1
+
+    def locate(self, depth: int) -> str | None:
+        """``at`` of the op a handler handles, ``depth`` frames above the handler's caller (the op
+        log's replay answers with the frame it logged)."""
+        return self.rec.locate(depth + 1)
+
+    def log_class(self, func, backend: int) -> tuple[int, int, int, OpInfo | None]:
+        """What the op log does with op ``func`` on tensors of ``backend`` (a ``c10::DeviceType``;
+        -1: none): ``(class, flags, CUDA input positions whose int64 values it reads back, OpInfo)``
+        (``kvverify.record.capture.oplog``). An op torch decomposes above a dispatch mode (a
+        ``CompositeImplicitAutograd`` kernel and neither one for the backend nor a
+        ``CompositeExplicitAutograd`` one: the dispatcher's rule for the Autograd keys) is looked
+        into, as the dispatch mode sees the ops it decomposes into."""
+        info = self._infos.get(id(func))
+        if info is None:
+            with self.rec.exclusive():
+                info = self._infos[id(func)] = self._describe(func)
+        name = info.qualified + (f".{func._overloadname}" if func._overloadname != "default" else "")
+        has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+        key = BACKENDS.get(backend)
+        if (has_kernel(name, "CompositeImplicitAutograd") and not has_kernel(name, "CompositeExplicitAutograd")
+                and not (key and has_kernel(name, key))):
+            return TRANSPARENT, 0, 0, None
+        handler = info.handler
+        if handler is None:
+            return SWALLOW, 0, 0, None
+        flags, cuda_values = 0, 0
+        if handler in (RecordingMode._copy, RecordingMode._to_copy, RecordingMode._foreach_copy):
+            flags = CPU_VALUES
+        elif handler in (RecordingMode._swap, RecordingMode._swap_loop, RecordingMode._pointer_kernel):
+            flags = CPU_VALUES | CURRENT_STREAM
+            names = ("block_ptrs",) if handler is RecordingMode._pointer_kernel else \
+                tuple(name for _, name, _, _ in info.tensor_args[:3])
+            for name in names:
+                cuda_values |= 1 << info.arguments[name][0]
+        return LOG, flags, cuda_values, info
 
     def is_active(self) -> bool:
         """Whether the recording this mode belongs to still runs."""
@@ -330,11 +401,16 @@ class RecordingMode(TorchDispatchMode):
 
     def span(self, t: torch.Tensor, where: str, at: str | None) -> Span | None:
         """The covering span of ``t``'s elements, resolved; None for an empty tensor."""
-        length = t.nbytes  # elements times element size: one read for both, and 0 for an empty tensor
-        if not length:
-            return None
-        start = t.data_ptr()
-        if not t.is_contiguous():
+        if type(t) is LoggedTensor:
+            start, length = t.span
+            if not length:
+                return None
+        else:
+            length = t.nbytes  # elements times element size: one read for both, and 0 for an empty tensor
+            if not length:
+                return None
+            start = t.data_ptr()
+        if type(t) is not LoggedTensor and not t.is_contiguous():
             size = t.element_size()
             lo = hi = 0
             for extent, stride in zip(t.shape, t.stride()):
@@ -412,7 +488,7 @@ class RecordingMode(TorchDispatchMode):
         n_args = len(args)
         for k, name, is_write, metadata_only in info.tensor_args:
             value = args[k] if k < n_args else kwargs.get(name)
-            if isinstance(value, Tensor):
+            if isinstance(value, TENSORS):
                 tensors = _strided(value)
             elif isinstance(value, (list, tuple)):
                 tensors = _tensors(value)
@@ -464,7 +540,7 @@ class RecordingMode(TorchDispatchMode):
     # -- handlers ---------------------------------------------------------------------------
 
     def _generic(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        at = self.rec.locate(HANDLER_DEPTH)
+        at = self.locate(HANDLER_DEPTH)
         may_pin = info.pins or bool(kwargs.get("pin_memory"))
         self._emit(info, *self._accesses(info, args, kwargs, out, at, may_pin), at)
 
@@ -480,7 +556,7 @@ class RecordingMode(TorchDispatchMode):
     def _foreach_copy(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
         """``torch._foreach_copy_(dsts, srcs, non_blocking)`` (and its out-of-place form): one
         ``copy_`` per pair (torch runs the pairs across host and device as ``copy_`` does)."""
-        at = self.rec.locate(HANDLER_DEPTH)
+        at = self.locate(HANDLER_DEPTH)
         non_blocking = bool(_argument(info, args, kwargs, "non_blocking", False))
         fresh = info.qualified == "aten::_foreach_copy"
         srcs, dsts = _argument(info, args, kwargs, "src"), out if fresh else args[0]
@@ -505,7 +581,7 @@ class RecordingMode(TorchDispatchMode):
         device memory, otherwise a kernel or a host access like any op. Called by a handler."""
         where = self.platform.where
         ws, wd = where(src), where(dst)
-        at = self.rec.locate(HANDLER_DEPTH + 1)
+        at = self.locate(HANDLER_DEPTH + 1)
         if ws is None or wd is None or ws == wd:
             may_pin = info.qualified == "aten::_to_copy" and bool(kwargs.get("pin_memory"))
             self._emit(info, *self._accesses(info, args, kwargs, out, at, may_pin), at)
@@ -553,16 +629,19 @@ class RecordingMode(TorchDispatchMode):
             return None
         if where != "device":
             return _flat(t)
+        logged = type(t) is LoggedTensor
         entry = self._pointers.get(t.data_ptr())
         if entry is not None:
             allocation, version, values = entry
             try:
                 current = t._version
-            except RuntimeError:  # inference tensors have no version counter
+            except (RuntimeError, AttributeError):  # inference tensors have no version counter (a logged one: unset)
                 current = version
             if self.rec.memory.find(t.data_ptr()) is allocation and current == version and len(values) == t.numel():
                 return values
         self.rec.notes["pointer tensors read back from the device (no host copy of them seen)"] += 1
+        if logged:  # read back by the op log at the call, on the current stream
+            return _flat(t)
         with self._internal():
             return self.platform.read_values(t)
 
@@ -572,7 +651,7 @@ class RecordingMode(TorchDispatchMode):
         allocation = self.rec.memory.find(dst.data_ptr())
         try:
             version = dst._version + bumps
-        except RuntimeError:  # an inference tensor: no version counter
+        except (RuntimeError, AttributeError):  # an inference tensor: no version counter
             version = 0
         self._pointers[dst.data_ptr()] = (allocation, version, _flat(src).copy())
         self._pointers.move_to_end(dst.data_ptr())
@@ -658,7 +737,7 @@ class RecordingMode(TorchDispatchMode):
                     order = SrcAccessOrder.ANY if value else SrcAccessOrder.STREAM
                 else:
                     order = SrcAccessOrder(int(value))
-        at = self.rec.locate(HANDLER_DEPTH)
+        at = self.locate(HANDLER_DEPTH)
         s_index, s_offset, d_index, d_offset = self.resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         # sizes may be a view of the program's tensor: the log keeps its own copy
@@ -671,7 +750,7 @@ class RecordingMode(TorchDispatchMode):
         if any(t is None for t in tables):  # (as _swap)
             return
         src, dst, sizes = (t.astype(np.int64, copy=False) for t in tables)
-        at = self.rec.locate(HANDLER_DEPTH)
+        at = self.locate(HANDLER_DEPTH)
         s_index, s_offset, d_index, d_offset = self.resolve_both(src, dst, sizes, at)
         stream = self.platform.stream_key(None)
         for si, so, di, do, n in zip(s_index.tolist(), s_offset.tolist(), d_index.tolist(), d_offset.tolist(),
@@ -679,7 +758,7 @@ class RecordingMode(TorchDispatchMode):
             self.rec.copy(stream, info.name, (si, so, n), (di, do, n), at)
 
     def _pointer_kernel(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        at = self.rec.locate(HANDLER_DEPTH)
+        at = self.locate(HANDLER_DEPTH)
         stream, reads, writes, host_reads, host_writes = self._accesses(info, args, kwargs, out, at)
         ptrs = _argument(info, args, kwargs, "block_ptrs")
         block_bytes = int(_argument(info, args, kwargs, "block_bytes"))
@@ -702,7 +781,7 @@ class RecordingMode(TorchDispatchMode):
             self.rec.stream_used(t.untyped_storage().data_ptr(), self.platform.stream_key_of(stream))
 
     def _host_memory(self, info: OpInfo, args: tuple, kwargs: dict, out) -> None:
-        at = self.rec.locate(HANDLER_DEPTH)
+        at = self.locate(HANDLER_DEPTH)
         if info.qualified == "kvverify::host_alloc":
             address, nbytes, space = int(out), int(_argument(info, args, kwargs, "nbytes")), HOST_SPACE["pinned"]
         else:
@@ -716,7 +795,7 @@ class RecordingMode(TorchDispatchMode):
         memory = self.rec.memory
         released = memory.retire(int(_argument(info, args, kwargs, "ptr")))
         if released is not None:
-            self.rec.released([(released.index, 0, released.size)], info.name, self.rec.locate(HANDLER_DEPTH))
+            self.rec.released([(released.index, 0, released.size)], info.name, self.locate(HANDLER_DEPTH))
 
 
 def _is_swap_schema(schema) -> bool:

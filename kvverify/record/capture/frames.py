@@ -86,6 +86,13 @@ class Locator:
             self._shown[filename] = shown
         return shown
 
+    def library_code(self, code) -> bool:
+        """Whether frames of ``code`` (a code object) are library code."""
+        library = self._is_library.get(code.co_filename)
+        if library is None:
+            library = self._is_library[code.co_filename] = self._library(code.co_filename)
+        return library
+
     def locate_frames(self, frames) -> str | None:
         """The ``at`` string of the innermost user frame among ``frames`` (``(code, line)`` pairs,
         innermost first, as native capture keeps them); None where there is none."""

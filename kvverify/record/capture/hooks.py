@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import inspect
 import threading
 import time
 from collections import Counter
@@ -433,6 +434,9 @@ class CudaPlatform(Platform):
     def native_leftover(self) -> Counter:
         return self.log.leftover()
 
+    def op_log(self):
+        return self.log.op_log() if self.log is not None else None
+
     def uninstall(self) -> None:
         """Undo ``install`` (idempotent)."""
         while self._undo:
@@ -550,19 +554,28 @@ class CudaTools:
         self.driver.cuStreamDestroy(self.stream)
 
 
-def thread_guard(recorder: Recorder, busy: Callable[[], bool]) -> Callable[[Callable], Callable]:
+def thread_guard(recorder: Recorder, busy: Callable[[], bool], replayer=None) -> Callable[[Callable], Callable]:
     """A ``guard`` for ``install``: the wrapped callback runs on the threads ``recorder`` follows
     (``Recorder.threads``), unless ``busy()`` (the recorder's own work on that thread), holding the
-    recorder; calls from other threads are noted as missed work (``NOT_RECORDED``)."""
+    recorder; calls from other threads are noted as missed work (``NOT_RECORDED``). While
+    ``replayer`` (``kvverify.record.capture.oplog.Replayer``) logs the ops of the calling thread,
+    the reports of ``DEFERRED`` go into its log instead, located now, and run when it is replayed."""
 
     def guard(fn: Callable) -> Callable:
+        deferrable = replayer is not None and getattr(fn, "__name__", None) in DEFERRED
+        located = deferrable and "at" in inspect.signature(fn).parameters
+
         def cb(*args):
-            if threading.get_ident() not in recorder.threads:
+            ident = threading.get_ident()
+            if ident not in recorder.threads:
                 with recorder.exclusive():
                     recorder.notes[f"{OTHER_THREAD_WORK} torch's stream, event and allocator reports from thread "
                                    f"{threading.current_thread().name!r}"] += 1
                 return None
             if busy():
+                return None
+            if deferrable and replayer.on and ident == replayer.thread:
+                replayer.defer(fn, args, {"at": recorder.locate()} if located else {})
                 return None
             with recorder.exclusive():
                 recorder.collect()  # what the native log holds of this thread happened before
@@ -571,3 +584,9 @@ def thread_guard(recorder: Recorder, busy: Callable[[], bool]) -> Callable[[Call
         return cb
 
     return guard
+
+
+DEFERRED = frozenset(("event_created", "event_recorded", "event_waited", "event_synchronized", "event_queried",
+                      "stream_synchronized", "stream_queried", "stream_waited", "device_synchronized"))
+"""The recorder's reports that the op log holds until it is replayed: those an engine's loop makes at
+every transfer, which return nothing the caller uses."""

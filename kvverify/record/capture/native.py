@@ -113,6 +113,16 @@ class NativeLog:
         recorder sees them another way)."""
         return self._quiet
 
+    def op_log(self):
+        """The op log of the same extension (``kvverify.record.capture.oplog.OpLog``), or None where
+        the extension was built without it."""
+        from kvverify.record.capture.oplog import OpLog
+
+        try:
+            return OpLog(self._lib)
+        except AttributeError:
+            return None
+
     def pending(self) -> bool:
         """Whether any thread has records not taken yet (one memory read, no call)."""
         return self._count.value != 0

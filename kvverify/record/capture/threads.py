@@ -33,6 +33,7 @@ from collections.abc import Callable
 from kvverify.record.trace.recorder import Depth, busy
 
 NOT_RECORDED = "NOT RECORDED"
+RECORDER_ERROR = f"{NOT_RECORDED} (a recorder error; the trace misses these ops):"
 OTHER_THREAD_WORK = (f"{NOT_RECORDED} (device work of a thread the recording does not follow: one that was "
                      "running before it started; see docs/record.md):")
 
@@ -52,12 +53,16 @@ class ThreadCapture:
 
     ``recorder``: the ``kvverify.record.trace.recorder.Recorder`` (its ``threads``, ``exclusive()``,
     ``host_synchronized``); ``enter_thread``: called in each new thread before its ``run()``, returns
-    what to call at its end (the session pushes a dispatch mode there and pops it then).
+    what to call at its end (the session pushes a dispatch mode there and pops it then);
+    ``before_start``: called in the parent before a followed thread starts (the session's dispatch
+    mode takes over from the op log there).
     """
 
-    def __init__(self, recorder, enter_thread: Callable[[], Callable[[], None]]) -> None:
+    def __init__(self, recorder, enter_thread: Callable[[], Callable[[], None]],
+                 before_start: Callable[[], None] = lambda: None) -> None:
         self.recorder = recorder
         self.enter_thread = enter_thread
+        self.before_start = before_start
         self.active = False
         self.running_before: list[str] | None = None  # at the first start (again after a pause: not)
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Thread -> its start and end names
@@ -108,6 +113,7 @@ class ThreadCapture:
             # in the parent, before the thread can run: what it did so far happens before the thread
             if not capture._following():
                 return start(thread)
+            capture.before_start()
             n = len(capture._names) + 1
             capture._names[thread] = (f"start of thread {n} ({thread.name})", f"end of thread {n} ({thread.name})")
             capture._sync("release", capture._names[thread][0])
