@@ -77,3 +77,9 @@ class ExtensionUnavailableError(KvverifyError, RuntimeError):
 class RecordingError(KvverifyError, RuntimeError):
     """``kvverify record`` cannot record here: no CUDA device, a torch that does not report stream
     and event work to Python, or a recording already running in this process."""
+
+
+class NotStartedError(KvverifyError, RuntimeError):
+    """``kvverify record``'s program did not start: its script or module was not found, or could not
+    be read or compiled, so none of it ran (as ``python -m`` does, a parent package may have been
+    imported on the way). The message names it, where it was looked for, and what to do."""

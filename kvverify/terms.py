@@ -66,6 +66,9 @@ CONTRACTS: tuple[str, ...] = (SAFE, RACY)
 """The happens-before checker's verdict on a trace."""
 INVALID = "INVALID"
 """What ``kvverify check --json`` says of an input that is not a valid trace (no verdict)."""
+NOT_STARTED = "NOT_STARTED"
+"""What ``kvverify record --json`` says of a program that did not start: its script or module was
+not found or could not be loaded (no trace, no verdict)."""
 
 
 class CellVerdict(str, enum.Enum):

@@ -2,7 +2,9 @@
 
 Runs a Python program in this process under the recorder, writes the trace, checks it and prints
 each race with both source locations. Exit status: the program's own when it failed; else 1 on a
-race, 0 when safe; 2 when nothing could be recorded (no CUDA device, a bad command line).
+race, 0 when safe; 2 when nothing could be recorded (no CUDA device, a bad command line, a program
+that did not start: its script or module not found, or not compiled; no verdict then, and
+``--json`` says ``"verdict": "NOT_STARTED"``).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ exit status:
      both ops and the lines that issued them, the bytes, the kind, why, and a fix)
   N  the program's own exit status, when it failed (the trace is written and checked anyway)
   2  nothing was recorded (no CUDA device, another allocator than torch's, a command this
-     cannot run in-process: stderr says which); or no race, but NOT RECORDED lines (the
-     JSON has complete: false); or the trace was not written. --confirm changes none.
+     cannot run in-process, a program that did not start: its script or module not found
+     or not compiled, no verdict: stderr says which); or no race, but NOT RECORDED lines
+     (the JSON has complete: false); or the trace was not written. --confirm changes none.
 
 The program runs in this process (runpy, or pytest.main). Threads it starts are recorded;
 threads running before, and tests that record themselves (this recording pauses), are NOT
@@ -107,9 +110,13 @@ def program(command: list[str]) -> tuple[str, str, list[str]]:
 
 def run_program(kind: str, target: str, arguments: list[str]) -> int:
     """Run the program here, on this thread; return its exit status (an uncaught exception is
-    printed and gives 1, as python does)."""
+    printed and gives 1, as python does). Raises NotStartedError, one line naming what, where and
+    what to do, where the program did not start: its script or module not found, or not read or
+    compiled (an exception with none of the program's code in its traceback, see ``_not_started``)."""
     import runpy
     import traceback
+
+    from kvverify.errors import NotStartedError
 
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     try:
@@ -119,8 +126,7 @@ def run_program(kind: str, target: str, arguments: list[str]) -> int:
             return int(pytest.main(arguments))
         if kind == "script":
             if not os.path.isfile(target):
-                print(f"kvverify record: can't open file '{target}'", file=sys.stderr)
-                return 2
+                raise NotStartedError(_no_script(target))
             sys.argv = [target, *arguments]
             sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
             runpy.run_path(target, run_name="__main__")
@@ -139,16 +145,90 @@ def run_program(kind: str, target: str, arguments: list[str]) -> int:
             return exc.code
         print(exc.code, file=sys.stderr)
         return 1
-    except Exception:
+    except NotStartedError:
+        raise
+    except Exception as exc:
+        if _not_started(exc):
+            raise NotStartedError(_could_not_start(kind, target, exc)) from exc
         traceback.print_exc()
         return 1
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
 
 
+# Python's own code that finds, reads and compiles a program before any of it runs (runpy's lookup
+# of a module, importlib's finders and loaders); frozen modules have file names "<frozen NAME>".
+_MACHINERY = ("runpy", "pkgutil", "importlib", "zipimport")
+
+
+def _machinery(filename: str) -> bool:
+    if filename.startswith("<frozen ") and filename.endswith(">"):
+        return filename[len("<frozen "):-1].partition(".")[0] in _MACHINERY
+    import importlib
+    import pkgutil
+    import runpy
+
+    path = os.path.normcase(os.path.realpath(filename))
+    files = {os.path.normcase(os.path.realpath(m.__file__)) for m in (runpy, pkgutil)}
+    return path in files or os.path.dirname(path) == os.path.normcase(
+        os.path.dirname(os.path.realpath(importlib.__file__)))
+
+
+def _not_started(exc: BaseException) -> bool:
+    """Whether ``exc``, caught in run_program, was raised before the program started: no frame of
+    its traceback after run_program's own runs other code than Python's import machinery (a
+    missing module, or a script or module that cannot be read or compiled). An exception from the
+    program's own code, a ModuleNotFoundError of an import it makes included, has its frames."""
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # (the first: run_program)
+    while tb is not None:
+        if not _machinery(tb.tb_frame.f_code.co_filename):
+            return False
+        tb = tb.tb_next
+    return True
+
+
+def _working_directory() -> str:
+    try:
+        return os.getcwd()
+    except OSError:
+        return "(unknown: it was removed)"
+
+
+def _no_script(target: str) -> str:
+    """The line for a script that is not there (or not a file)."""
+    from kvverify.check.model import printable
+
+    try:
+        where = os.path.abspath(target)
+    except OSError:  # (no working directory)
+        where = target
+    problem = ("is a directory, not a script file" if os.path.isdir(target) else
+               "is not a regular file" if os.path.exists(target) else "does not exist")
+    return printable(f"python {target} did not start: {where} {problem} (the working directory is "
+                     f"{_working_directory()}): no trace, no verdict; check the script's path")
+
+
+def _could_not_start(kind: str, target: str, exc: BaseException) -> str:
+    """The line for a program that did not start (``exc``: why)."""
+    from kvverify.check.model import printable
+
+    what = {"module": f"python -m {target}", "script": f"python {target}", "code": "python -c CODE"}.get(kind, kind)
+    if isinstance(exc, (SyntaxError, ValueError)):  # (ValueError: a null byte in source, before 3.12)
+        todo = {"module": "fix the module", "script": "fix the script", "code": "fix the code given to -c"}.get(
+            kind, "fix it")
+    elif kind == "module":
+        todo = (f"check the module name (python -m takes a dotted name without .py; run a file as python PATH) "
+                f"and the working directory ({_working_directory()}), where python -m looks first")
+    elif kind == "pytest":
+        todo = "install pytest where this python finds it"
+    else:
+        todo = f"check the path (relative to the working directory, {_working_directory()}) and its permissions"
+    return printable(f"{what} did not start: {type(exc).__name__}: {exc}: no trace, no verdict; {todo}")
+
+
 def run(args: argparse.Namespace, platform=None) -> int:
     """``platform``: the device layer (default: the CUDA device through torch; tests pass a stand-in)."""
-    from kvverify.errors import RecordingError
+    from kvverify.errors import NotStartedError, RecordingError
     from kvverify.record.session import recording
 
     try:
@@ -168,10 +248,22 @@ def run(args: argparse.Namespace, platform=None) -> int:
         from kvverify.record.confirm.witness import Forcer
 
         rec.follow_calls(Forcer(rec.recorder))
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = " ".join(argv)
+    not_started = None
     try:
         status = run_program(kind, target, arguments)
+    except NotStartedError as exc:
+        not_started = str(exc)
     finally:
         rec.stop()
+    if not_started is not None:  # no trace, no verdict: a SAFE over what never ran would be a lie
+        if args.json:
+            from kvverify.terms import NOT_STARTED
+
+            _write_report(args.json, {"command": command, "verdict": NOT_STARTED, "error": not_started, "races": [],
+                                      "complete": False, "witnesses": None})
+        return _fail(not_started)
     written = True  # (a trace that could not be written is said so; it changes neither the program's status nor the verdict)
     try:
         rec.write(args.output)
@@ -189,8 +281,6 @@ def run(args: argparse.Namespace, platform=None) -> int:
     from kvverify.check import check
 
     verdict = check(rec.trace(), max_races=args.max_races)
-    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
-    command = " ".join(argv)
     print(verdict.render(source=command).rstrip("\n"))
     print()
     print("\n".join(rec.summary().lines()))
@@ -206,13 +296,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
             except Exception as exc:  # the verdict and its exit status stand
                 print(f"kvverify record: --confirm failed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if args.json:
-        report = {"command": command, **verdict.to_json(), "complete": rec.complete(),
-                  "witnesses": None if witnesses is None else [w.to_json() for w in witnesses]}
-        try:
-            with open(args.json, "w") as f:
-                json.dump(report, f, indent=2)
-        except OSError as exc:
-            print(f"kvverify record: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr)
+        _write_report(args.json, {"command": command, **verdict.to_json(), "complete": rec.complete(),
+                                  "witnesses": None if witnesses is None else [w.to_json() for w in witnesses]})
     if status != 0:
         print(f"kvverify record: the program exited with status {status}", file=sys.stderr)
         return status
@@ -224,6 +309,15 @@ def run(args: argparse.Namespace, platform=None) -> int:
     if verdict.safe and not written:
         return 2
     return 0 if verdict.safe else 1
+
+
+def _write_report(path: str, report: dict) -> None:
+    """The JSON report (``--json``); a report that cannot be written is said so on stderr."""
+    try:
+        with open(path, "w") as f:
+            json.dump(report, f, indent=2)
+    except OSError as exc:
+        print(f"kvverify record: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
 
 
 WITNESS_ENV = "KVVERIFY_WITNESS"  # MODE:FOLDER for the pytest plugin of a witness run of one test
@@ -347,15 +441,15 @@ def _confirm(command: list[str], swap_ops, rec, verdict, platform) -> list:
 def _witness_run(spec: str, kind: str, target: str, arguments: list[str], swap_ops, platform) -> int:
     """A child of ``--confirm``: the program once as a witness run (``MODE:FOLDER``, the folder
     holding its plan); writes the observation there and returns the program's exit status (2 and
-    one line for a bad spec or where no recording can start)."""
-    from kvverify.errors import RecordingError
+    one line for a bad spec, where no recording can start, or where the program does not start)."""
+    from kvverify.errors import NotStartedError, RecordingError
     from kvverify.record.confirm import witness
 
     try:
         mode, plan, out = read_witness_spec(spec)
         obs = witness.observe(lambda: run_program(kind, target, arguments), plan, mode, swap_ops=swap_ops,
                               platform=platform)
-    except (RecordingError, ValueError) as exc:
+    except (RecordingError, ValueError, NotStartedError) as exc:
         return _fail(str(exc))
     witness.save(obs, out)
     return obs.status

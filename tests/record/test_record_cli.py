@@ -125,6 +125,105 @@ def test_a_failing_program_gives_its_own_status_and_is_still_recorded(program, c
     assert "RuntimeError: boom" in capsys.readouterr().err
 
 
+def _no_verdict(out) -> None:
+    """Nothing on stdout says SAFE (nor RACY): a program that did not start gets no verdict."""
+    assert "SAFE" not in out.out and "RACY" not in out.out, out.out
+    assert "SAFE" not in out.err, out.err
+
+
+def test_a_missing_module_did_not_start_and_gets_no_verdict(program, capsys):
+    """``python -m`` of a module that is not there once printed "SAFE ... (0 ops ...)" over what
+    never ran: now one line naming it and where it was looked for, exit 2, no trace."""
+    status = cli.run(args("python", "-m", "kvverify_no_such_module", "--layers", "2", json="report.json"),
+                     platform=shared())
+    out = capsys.readouterr()
+    assert status == 2
+    _no_verdict(out)
+    assert out.err.count("\n") == 1, out.err
+    assert out.err.startswith("kvverify record: python -m kvverify_no_such_module did not start: ")
+    assert "No module named kvverify_no_such_module" in out.err
+    assert f"the working directory ({os.getcwd()})" in out.err and "check the module name" in out.err
+    assert not Path("kvverify-trace.json").exists()
+    report = json.loads(Path("report.json").read_text())
+    assert report == {"command": "python -m kvverify_no_such_module --layers 2", "verdict": "NOT_STARTED",
+                      "error": out.err.strip().removeprefix("kvverify record: "), "races": [], "complete": False,
+                      "witnesses": None}
+
+
+def test_a_module_in_a_missing_package_did_not_start(program, capsys):
+    assert cli.run(args("python", "-m", "kvverify_no_such_package.offload"), platform=shared()) == 2
+    out = capsys.readouterr()
+    _no_verdict(out)
+    assert "python -m kvverify_no_such_package.offload did not start" in out.err
+    assert "No module named 'kvverify_no_such_package'" in out.err
+
+
+def test_a_missing_script_did_not_start_and_gets_no_verdict(program, capsys):
+    status = cli.run(args("python", "no_such_prog.py", "-x", json="report.json", no_check=True), platform=shared())
+    out = capsys.readouterr()
+    assert status == 2
+    _no_verdict(out)
+    assert out.out == "" and out.err.count("\n") == 1, out
+    where = Path(program).parent / "no_such_prog.py"
+    assert out.err == (f"kvverify record: python no_such_prog.py did not start: {where} does not exist (the working "
+                       f"directory is {Path(program).parent}): no trace, no verdict; check the script's path\n")
+    assert not Path("kvverify-trace.json").exists()
+    assert json.loads(Path("report.json").read_text())["verdict"] == "NOT_STARTED"
+    assert cli.run(args("python", str(Path(program).parent)), platform=shared()) == 2  # (a folder: no script)
+    assert "is a directory, not a script file" in capsys.readouterr().err
+
+
+def test_a_script_that_does_not_compile_did_not_start(program, capsys):
+    Path("broken.py").write_text("blocks = (1,\n")
+    assert cli.run(args("python", "broken.py"), platform=shared()) == 2
+    out = capsys.readouterr()
+    _no_verdict(out)
+    assert "python broken.py did not start: SyntaxError: " in out.err and "(broken.py, line 1)" in out.err
+    assert cli.run(args("python", "-c", "1 +"), platform=shared()) == 2
+    assert "python -c CODE did not start: SyntaxError" in capsys.readouterr().err
+
+
+def test_a_witness_run_whose_program_does_not_start_exits_2_with_the_line(program, capsys):
+    """A child of --confirm (``--witness MODE:FOLDER``) whose script is gone says so in one line,
+    which its parent shows as the witness run's failure; it writes no observation."""
+    from kvverify.record.confirm.witness import IN_ORDER, Plan, Target
+
+    plan = Plan((1,), "RAW", Target(None, "prog.py:11 in <module>", "aten.copy_.default", 0),
+                Target(None, "prog.py:15 in <module>", "aten.fill_.Scalar", 0), False, False)
+    Path("w").mkdir()
+    plan_file, observation = cli.witness_files("w")
+    Path(plan_file).write_text(json.dumps(plan.to_json()))
+    assert cli.run(args("python", "gone.py", witness=f"{IN_ORDER}:w"), platform=shared()) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvverify record: python gone.py did not start: ") and err.count("\n") == 1
+    assert not Path(observation).exists() and not Path(observation + ".bin").exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["python", "raises_elsewhere.py"],
+    ["python", "-m", "raises_elsewhere"],
+    ["python", "-m", "kvverify_pkg_raises.offload"],  # (its package's __init__ runs, and raises)
+    ["python", "-c", "import kvverify_missing_dependency"],
+])
+def test_a_program_that_started_and_raised_module_not_found_gets_the_program_raised_path(program, capsys, command):
+    """Only the program's own script or module failing to load means it did not start: a
+    ModuleNotFoundError from an import the program makes is the program's failure (status 1, its
+    traceback, the trace written and checked), as any exception it raises."""
+    Path("raises_elsewhere.py").write_text(PROGRAM.replace("import fake_cuda\n",
+                                                           "import fake_cuda\nimport kvverify_missing_dependency\n"))
+    Path("kvverify_pkg_raises").mkdir()
+    Path("kvverify_pkg_raises/__init__.py").write_text("import kvverify_missing_dependency\n")
+    Path("kvverify_pkg_raises/offload.py").write_text("")
+    status = cli.run(args(*command, json="report.json"), platform=shared())
+    out = capsys.readouterr()
+    assert status == 1
+    assert "ModuleNotFoundError: No module named 'kvverify_missing_dependency'" in out.err
+    assert "Traceback (most recent call last)" in out.err
+    assert "did not start" not in out.err and "the program exited with status 1" in out.err
+    assert Path("kvverify-trace.json").exists()
+    assert json.loads(Path("report.json").read_text())["verdict"] == "SAFE"  # (of the 0 ops it recorded; exit 1)
+
+
 def test_no_check_writes_the_trace_and_returns_the_programs_status(program, capsys):
     assert cli.run(args("python", str(program), no_check=True), platform=shared()) == 0
     out = capsys.readouterr().out
