@@ -221,3 +221,19 @@ def test_a_stream_the_op_log_did_not_write_down_is_not_made_up():
     with pytest.raises(NotLogged):
         Platform().logged_stream_key(None)
     assert Platform().logged_stream_key((0x1234, 0)) == Recorder.stream_key(0x1234, 0)
+
+
+def test_an_op_without_tensor_arguments_is_logged_not_looked_into(swap_op):
+    # kvverify::host_register(int ptr, int nbytes) has one kernel, CompositeImplicitAutograd, and no
+    # tensor to dispatch on an Autograd key: torch decomposes nothing, a dispatch mode sees the op itself
+    from kvverify.record.capture.dispatch import RecordingMode
+    from kvverify.record.capture.oplog import LOG, TRANSPARENT
+
+    lib = torch.library.Library("kvoplog2", "DEF")
+    lib.define("remember(int ptr, int nbytes) -> ()")
+    lib.impl("remember", lambda ptr, nbytes: None, "CompositeImplicitAutograd")
+    mode = RecordingMode(Recorder(lambda depth=1: None), Platform(), (), internal=None)
+    assert mode.log_class(torch.ops.kvoplog2.remember.default, -1)[0] == LOG
+    # with a tensor argument, a composite-only op is decomposed above the mode: looked into
+    assert mode.log_class(torch.ops.aten.reshape.default, 0)[0] == TRANSPARENT
+    del lib

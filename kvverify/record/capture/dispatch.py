@@ -317,8 +317,8 @@ class RecordingMode(TorchDispatchMode):
     def log_class(self, func, backend: int) -> tuple[int, int, int, OpInfo | None]:
         """What the op log does with op ``func`` on tensors of ``backend`` (a ``c10::DeviceType``;
         -1: none): ``(class, flags, CUDA input positions whose int64 values it reads back, OpInfo)``
-        (``kvverify.record.capture.oplog``). An op torch decomposes above a dispatch mode (a
-        ``CompositeImplicitAutograd`` kernel and neither one for the backend nor a
+        (``kvverify.record.capture.oplog``). An op torch decomposes above a dispatch mode (tensor
+        arguments, a ``CompositeImplicitAutograd`` kernel and neither one for the backend nor a
         ``CompositeExplicitAutograd`` one: the dispatcher's rule for the Autograd keys) is looked
         into, as the dispatch mode sees the ops it decomposes into."""
         info = self._infos.get(id(func))
@@ -328,8 +328,9 @@ class RecordingMode(TorchDispatchMode):
         name = info.qualified + (f".{func._overloadname}" if func._overloadname != "default" else "")
         has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
         key = BACKENDS.get(backend)
-        if (has_kernel(name, "CompositeImplicitAutograd") and not has_kernel(name, "CompositeExplicitAutograd")
-                and not (key and has_kernel(name, key))):
+        # (an op with no tensor argument has no Autograd key to decompose at: a dispatch mode sees it)
+        if (backend >= 0 and has_kernel(name, "CompositeImplicitAutograd")
+                and not has_kernel(name, "CompositeExplicitAutograd") and not (key and has_kernel(name, key))):
             return TRANSPARENT, 0, 0, None
         handler = info.handler
         if handler is None:
