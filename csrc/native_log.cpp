@@ -131,12 +131,29 @@ void move_records(std::vector<int64_t>& words, int64_t*& out, int64_t& room, int
   count.fetch_sub(records, std::memory_order_relaxed);
 }
 
-void push(std::vector<int64_t>& record) {
-  record[1] = static_cast<int64_t>(record.size()) - 2;
+thread_local bool begin_owed = false;  // an op of the op log is open and its op_begin not written
+
+// Append `parts` (spans of words) as one record of the calling thread; an owed op_begin first.
+void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts) {
+  size_t n = 0;
+  for (const auto& [_, size] : parts) {
+    n += size;
+  }
   const auto thread = static_cast<uint64_t>(pthread_self());
   std::lock_guard<std::mutex> guard(mutex);
   auto& words = pending[thread];
-  words.insert(words.end(), record.begin(), record.end());
+  if (begin_owed) {
+    begin_owed = false;
+    words.insert(words.end(), {static_cast<int64_t>(kOpBegin), 1, 0});
+    count.fetch_add(1, std::memory_order_relaxed);
+  }
+  words.push_back(*parts.begin()->first);  // the kind
+  words.push_back(static_cast<int64_t>(n) - 1);
+  bool first = true;
+  for (const auto& [data, size] : parts) {
+    words.insert(words.end(), data + (first ? 1 : 0), data + size);
+    first = false;
+  }
   count.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -149,23 +166,21 @@ int64_t pending_records() { return count.load(std::memory_order_relaxed); }
 int& suppressed() { return suppress_depth; }
 
 void append(Kind kind, const std::vector<int64_t>& fields, bool frames) {
-  std::vector<int64_t> record{static_cast<int64_t>(kind), 0};
+  std::vector<int64_t> record{static_cast<int64_t>(kind)};
   if (frames) {
     capture_frames(record);
   } else {
     record.push_back(0);
   }
-  record.insert(record.end(), fields.begin(), fields.end());
-  push(record);
+  push({{record.data(), record.size()}, {fields.data(), fields.size()}});
 }
 
 void append_record(Kind kind, const std::vector<int64_t>& frames, const std::vector<int64_t>& fields) {
-  std::vector<int64_t> record{static_cast<int64_t>(kind), 0};
-  record.reserve(2 + frames.size() + fields.size());
-  record.insert(record.end(), frames.begin(), frames.end());
-  record.insert(record.end(), fields.begin(), fields.end());
-  push(record);
+  const int64_t head = static_cast<int64_t>(kind);
+  push({{&head, 1}, {frames.data(), frames.size()}, {fields.data(), fields.size()}});
 }
+
+void owe_begin(bool owed) { begin_owed = owed; }
 
 }  // namespace kvverify::native
 

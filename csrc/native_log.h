@@ -39,7 +39,7 @@ enum Kind : int64_t {
   kGraphDestroy = 44,  // graph (a later graph at the handle is another one)
   kGraphExecDestroy = 45,  // graph exec
   kUnmodelled = 50,    // cbid, name (a char* CUPTI keeps: a driver call the recorder cannot write down)
-  kOpBegin = 60,       // (op_log.cpp) a kept dispatcher op starts
+  kOpBegin = 60,       // (op_log.cpp) a kept dispatcher op started, and something was logged inside it
   kOp = 61,            // (op_log.cpp) it ended: its facts
   kOpFailed = 62,      // (op_log.cpp) it raised: id
   kMark = 63,          // (op_log.cpp) a report the recorder holds in Python: its index
@@ -51,6 +51,10 @@ bool enabled();
 // Append one record of the calling thread: `fields` after its frames (captured here when the
 // thread holds the GIL and `frames` is true).
 void append(Kind kind, const std::vector<int64_t>& fields, bool frames);
+
+// An op of the op log opens (true) on the calling thread: the next record it appends is preceded
+// by an op_begin (the op then holds back what is reported inside it); or it closes (false).
+void owe_begin(bool owed);
 
 // Records not taken yet, of every thread.
 int64_t pending_records();

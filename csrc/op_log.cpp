@@ -101,14 +101,27 @@ using Addr2LineFn = int (*)(PyObject*, int);
 const LastiFn frame_lasti = reinterpret_cast<LastiFn>(dlsym(RTLD_DEFAULT, "PyFrame_GetLasti"));
 const Addr2LineFn addr2line = reinterpret_cast<Addr2LineFn>(dlsym(RTLD_DEFAULT, "PyCode_Addr2Line"));
 
-struct Open : at::ObserverContext {
-  bool kept = false;  // false: an op inside a kept one
+// One open dispatcher call of this thread: a stack of them, reused (no allocation per op).
+struct Open {
+  enum : int { kNotSeen, kInside, kKept } state = kNotSeen;  // kInside: a call inside a kept op
   OpClass op;
   int64_t device = -1, stream = 0;
-  std::vector<int64_t> frames{0};
+  std::vector<int64_t> frames;
   std::vector<int64_t> inputs;
   bool unwritten = false;  // the observer failed on it: logged with id -1
 };
+thread_local std::vector<Open> calls;
+thread_local size_t open_calls = 0;
+thread_local std::vector<int64_t> fields;  // an op record's fields, reused
+
+Open& push_call() {
+  if (open_calls == calls.size()) {
+    calls.emplace_back();
+  }
+  Open& open = calls[open_calls++];
+  open.state = Open::kNotSeen;
+  return open;
+}
 
 void facts(const at::RecordFunction& fn, c10::ArrayRef<c10::IValue> inputs, Open& open);
 
@@ -354,17 +367,17 @@ int backend_of(c10::ArrayRef<c10::IValue> inputs) {
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (static_cast<uint64_t>(pthread_self()) != owner) {
     // torch hands thread-local callbacks on to the threads that run work for this one (autograd's)
-    if (depth == 0) {
-      elsewhere.fetch_add(1, std::memory_order_relaxed);
-    }
+    elsewhere.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
+  Open& open = push_call();
   if (quiet > 0) {
     return nullptr;
   }
   if (depth > 0) {
     ++depth;
-    return std::make_unique<Open>();
+    open.state = Open::kInside;
+    return nullptr;
   }
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
     return nullptr;  // torch keeps dispatch modes out of it (torch.tensor's own empty()): a mode would not see it
@@ -384,19 +397,23 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   ++depth;
-  auto open = std::make_unique<Open>();
-  open->kept = true;
-  open->op = op;
+  open.state = Open::kKept;
+  open.op = op;
   if (op.cls == kSwallow) {
-    return open;
+    return nullptr;
   }
-  append(kOpBegin, {}, false);
+  open.unwritten = false;
+  open.device = -1;
+  open.stream = 0;
+  open.frames.assign(1, 0);
+  open.inputs.clear();
+  owe_begin(true);
   try {
-    facts(fn, inputs, *open);
+    facts(fn, inputs, open);
   } catch (...) {  // the program's op runs on; the record says the op log could not write it down
-    open->unwritten = true;
+    open.unwritten = true;
   }
-  return open;
+  return nullptr;
 }
 
 void facts(const at::RecordFunction& fn, c10::ArrayRef<c10::IValue> inputs, Open& open) {
@@ -412,36 +429,41 @@ void facts(const at::RecordFunction& fn, c10::ArrayRef<c10::IValue> inputs, Open
   user_frame(open.frames);
 }
 
-void on_end(const at::RecordFunction& fn, at::ObserverContext* context) {
-  if (context == nullptr) {
+void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (open_calls == 0) {  // (another thread's call, or one that started before the observer)
+    return;
+  }
+  Open& open = calls[--open_calls];
+  if (open.state == Open::kNotSeen) {
     return;
   }
   --depth;
-  auto* open = static_cast<Open*>(context);
-  if (!open->kept || open->op.cls == kSwallow) {
+  if (open.state == Open::kInside || open.op.cls == kSwallow) {
     return;
   }
   if (std::uncaught_exceptions() > 0) {
-    append_record(kOpFailed, open->frames, {open->op.id});
+    owe_begin(false);
+    append_record(kOpFailed, open.frames, {open.op.id});
     return;
   }
-  std::vector<int64_t> fields{open->op.id, open->device, open->stream};
-  if (!open->unwritten) {
+  fields.assign({open.op.id, open.device, open.stream});
+  if (!open.unwritten) {
     try {
-      fields.insert(fields.end(), open->inputs.begin(), open->inputs.end());
+      fields.insert(fields.end(), open.inputs.begin(), open.inputs.end());
       const auto& outputs = fn.outputs();
       fields.push_back(static_cast<int64_t>(outputs.size()));
       for (const auto& v : outputs) {
         value(v, false, false, fields);
       }
     } catch (...) {
-      open->unwritten = true;
+      open.unwritten = true;
     }
   }
-  if (open->unwritten) {
-    fields = {-1, -1, 0, 0, 0};
+  if (open.unwritten) {
+    fields.assign({-1, -1, 0, 0, 0});
   }
-  append_record(kOp, open->frames, fields);
+  owe_begin(false);
+  append_record(kOp, open.frames, fields);
 }
 
 }  // namespace
@@ -473,6 +495,7 @@ __attribute__((visibility("default"))) const char* kvverify_ops_start(PyObject* 
   elsewhere.store(0);
   owner = static_cast<uint64_t>(pthread_self());
   depth = 0;
+  open_calls = 0;
   try {
     handle = at::addThreadLocalCallback(at::RecordFunctionCallback(on_start, on_end)
                                             .scopes({at::RecordScope::FUNCTION})
