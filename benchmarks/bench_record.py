@@ -18,7 +18,7 @@ built on one), recorded (the op log: each op written down in C++, logged at the 
 recorded without native capture, and recorded by the dispatch mode as each op runs (``op_log=False``),
 in turn; the loop is timed, the recording's start and stop are not (the stop's time is printed); medians and bests are
 printed; ``--csan`` then runs each load under PyTorch's CUDA Stream Sanitizer. Needs a CUDA device and ``kvverify._C``. Not a test: it prints the figures
-(the target is at most 2x, docs/record.md).
+(the target is at most 1.5x; docs/record-design.md has the figures).
 
 ``--host-only`` needs no GPU: it times ``layer[0:8].fill_(1)`` (a view and an in-place op) over 32
 small CPU tensors that a stand-in platform calls device memory, plain, under a dispatch mode that
