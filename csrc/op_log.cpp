@@ -61,7 +61,7 @@ enum Flags : int64_t { kCpuValues = 1, kCurrentStream = 2 };
 enum Tag : int64_t { kNone = 0, kTensor = 1, kInt = 2, kBool = 3, kDouble = 4, kList = 5, kStream = 6, kOpaque = 7 };
 enum TensorFlags : int64_t { kContiguous = 1, kPinned = 2, kVersioned = 4 };
 constexpr int64_t kMaxValues = int64_t{1} << 22;  // int64 tensors longer than this are not copied
-// Past this many records not taken, the next op first has the recorder log what the log holds (a
+// Past this many records of its thread not taken, the next op first has the recorder log what the log holds (a
 // pause of the program, but a log of bounded size in a long one).
 constexpr int64_t kFlushRecords = int64_t{1} << 18;
 
@@ -418,7 +418,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     // above the recording's): what it runs in its place reaches the observer as calls of its own
     return nullptr;
   }
-  if (pending_records() >= kFlushRecords) {
+  if (own_pending_records() >= kFlushRecords) {  // (this thread's: its flush takes no other's)
     PyGILState_STATE gil = PyGILState_Ensure();
     ++quiet;
     PyObject* r = PyObject_CallNoArgs(flush);

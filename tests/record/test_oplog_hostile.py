@@ -5,12 +5,14 @@ recorded with the op log and with the dispatch mode it stands in for, on the CPU
 
 from __future__ import annotations
 
+import ctypes
 import difflib
 import json
 import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -178,3 +180,50 @@ def test_a_dispatch_mode_of_the_program_sees_the_op_before_the_recording():
     assert [op.get("name") for op in live.trace()["ops"]] == ["aten.mul_.Tensor"]
     _same_or_named(live, logged)
     _assert_same(live, logged)
+
+
+def test_records_another_thread_left_in_the_native_log_do_not_make_every_op_flush(monkeypatch):
+    # the observer flushes where the native log holds 2**18 records not taken, counting every
+    # thread's; the recording thread's flush takes only its own: a thread the recording does not
+    # follow (its driver calls, under native capture) then makes every later op a Python call
+    import threading
+
+    from kvverify.record.capture.oplog import Replayer
+
+    flushes = []
+    original = Replayer._flush
+    monkeypatch.setattr(Replayer, "_flush", lambda self: (flushes.append(1), original(self)))
+    go, done = threading.Event(), threading.Event()
+
+    def background():  # an unfollowed thread whose records pile up in the native log
+        go.wait()
+        from kvverify import _C
+
+        mark = ctypes.CDLL(_C.__file__).kvverify_ops_mark  # (a record, as a driver call's would be)
+        mark.argtypes = [ctypes.c_int64]
+        for _ in range((1 << 18) + 10):
+            mark(0)
+        done.set()
+
+    worker = threading.Thread(target=background, name="background")
+    worker.start()
+
+    def program(arena, host, platform):
+        x = _dev(arena, 0, 16)
+        go.set()
+        done.wait()
+        for _ in range(200):
+            x.add_(1)
+
+    started = time.monotonic()
+    try:
+        logged = _run(program, op_log=True)
+    finally:
+        go.set()
+        worker.join()
+    assert _kernels(logged)["aten.add_.Tensor"] == 200
+    assert len(flushes) <= 1
+    # and the stop takes that thread's records (counted as its missed work) in linear time: a minute
+    # here before (each record erased from the front of the rest)
+    assert time.monotonic() - started < 15
+    assert any(note.endswith(": 262154") for note in logged.summary().notes)
