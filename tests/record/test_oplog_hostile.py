@@ -227,3 +227,29 @@ def test_records_another_thread_left_in_the_native_log_do_not_make_every_op_flus
     # here before (each record erased from the front of the rest)
     assert time.monotonic() - started < 15
     assert any(note.endswith(": 262154") for note in logged.summary().notes)
+
+
+def test_a_recording_resumed_inside_a_dispatch_mode_of_the_program_still_sits_below_it():
+    # the program enters its mode during the recording, and a recording nested in it starts and stops
+    # inside that mode: the outer one goes on where it was, below the program's mode (as the dispatch
+    # mode is entered again at its old depth), so the mode's replacement op is what it records
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    def program(arena, host, platform):
+        x, z = _dev(arena, 0, 16), _dev(arena, 4096, 16)
+
+        class Redirect(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func is torch.ops.aten.add_.Tensor:
+                    return torch.ops.aten.mul_.Tensor(z, 2)
+                return func(*args, **(kwargs or {}))
+
+        with Redirect():
+            with recording(platform=ArenaAsDevice(arena, []), op_log=True):
+                pass
+            x.add_(x)
+
+    live, logged = _both(program)
+    assert [op.get("name") for op in live.trace()["ops"] if op["op"] == "kernel"] == ["aten.mul_.Tensor"]
+    # (both name the pause as work not recorded: what they recorded around it must still agree)
+    _assert_same(live, logged)
