@@ -49,6 +49,7 @@ std::atomic<bool> on{false};
 std::once_flag attached;
 bool attach_failed = false;
 thread_local int suppress_depth = 0;
+thread_local int64_t own_count = 0;  // records this thread appended and has not taken itself
 
 // (code, line) pairs of the calling thread's Python stack, innermost first, where it holds the
 // GIL: reading frames needs it, and taking it here could deadlock (the caller may hold a lock the
@@ -146,7 +147,9 @@ void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts) {
     begin_owed = false;
     words.insert(words.end(), {static_cast<int64_t>(kOpBegin), 1, 0});
     count.fetch_add(1, std::memory_order_relaxed);
+    ++own_count;
   }
+  ++own_count;
   words.push_back(*parts.begin()->first);  // the kind
   words.push_back(static_cast<int64_t>(n) - 1);
   bool first = true;
@@ -162,6 +165,8 @@ void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts) {
 bool enabled() { return on.load(std::memory_order_relaxed); }
 
 int64_t pending_records() { return count.load(std::memory_order_relaxed); }
+
+int64_t own_pending_records() { return own_count; }
 
 int& suppressed() { return suppress_depth; }
 
@@ -214,6 +219,7 @@ __attribute__((visibility("default"))) void kvverify_native_enable(int enable) {
     dropped.swap(pending);
     count.store(0);
   }
+  own_count = 0;
   for (auto& [_, words] : dropped) {
     release(words.data(), words.size());
   }
@@ -236,17 +242,25 @@ __attribute__((visibility("default"))) int64_t kvverify_native_take(uint64_t thr
     auto found = pending.find(thread);
     if (found != pending.end()) {
       move_records(found->second, out, capacity, written);
+      if (thread == static_cast<uint64_t>(pthread_self())) {
+        own_count = found->second.empty() ? 0 : own_count;  // (what stays is taken by the next call)
+      }
     }
     return written;
   }
+  // every record preceded by its thread; the words moved are erased once per thread (erasing each
+  // record from the front of the rest would take time quadratic in a thread's records)
   for (auto& [who, words] : pending) {
-    while (!words.empty() && capacity >= 3 + words[1]) {
-      *out++ = static_cast<int64_t>(who), --capacity, ++written;
-      int64_t before = written;
-      int64_t one = 2 + words[1];
-      move_records(words, out, one, written);  // exactly the first record
-      capacity -= written - before;
+    size_t k = 0;
+    int64_t records = 0;
+    while (k < words.size() && capacity >= 3 + words[k + 1]) {
+      const size_t length = 2 + static_cast<size_t>(words[k + 1]);
+      *out++ = static_cast<int64_t>(who);
+      std::copy(words.begin() + k, words.begin() + k + length, out);
+      out += length, capacity -= 1 + length, written += 1 + length, k += length, ++records;
     }
+    words.erase(words.begin(), words.begin() + static_cast<std::ptrdiff_t>(k));
+    count.fetch_sub(records, std::memory_order_relaxed);
   }
   return written;
 }

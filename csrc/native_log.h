@@ -58,6 +58,8 @@ void owe_begin(bool owed);
 
 // Records not taken yet, of every thread.
 int64_t pending_records();
+// Records of the calling thread not taken yet (appended by it, not yet taken by it).
+int64_t own_pending_records();
 
 // Append one record of the calling thread with frames captured already: `frames` is
 // [n, (code, line) x n], each code's reference now the record's.

@@ -30,6 +30,7 @@
 #include <ATen/record_function.h>
 #include <Python.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -40,6 +41,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -59,7 +61,7 @@ enum Flags : int64_t { kCpuValues = 1, kCurrentStream = 2 };
 enum Tag : int64_t { kNone = 0, kTensor = 1, kInt = 2, kBool = 3, kDouble = 4, kList = 5, kStream = 6, kOpaque = 7 };
 enum TensorFlags : int64_t { kContiguous = 1, kPinned = 2, kVersioned = 4 };
 constexpr int64_t kMaxValues = int64_t{1} << 22;  // int64 tensors longer than this are not copied
-// Past this many records not taken, the next op first has the recorder log what the log holds (a
+// Past this many records of its thread not taken, the next op first has the recorder log what the log holds (a
 // pause of the program, but a log of bounded size in a long one).
 constexpr int64_t kFlushRecords = int64_t{1} << 18;
 
@@ -101,7 +103,10 @@ using Addr2LineFn = int (*)(PyObject*, int);
 const LastiFn frame_lasti = reinterpret_cast<LastiFn>(dlsym(RTLD_DEFAULT, "PyFrame_GetLasti"));
 const Addr2LineFn addr2line = reinterpret_cast<Addr2LineFn>(dlsym(RTLD_DEFAULT, "PyCode_Addr2Line"));
 
-// One open dispatcher call of this thread: a stack of them, reused (no allocation per op).
+// One open dispatcher call of this thread: a stack of them, reused (no allocation per op). A deque:
+// the observer calls Python at an op's start (the classifier, the frame predicate), where the
+// collector may run a finalizer that calls ops of its own, pushing calls on top of the one being
+// written down; a deque's elements stay where they are as it grows.
 struct Open {
   enum : int { kNotSeen, kInside, kKept } state = kNotSeen;  // kInside: a call inside a kept op
   OpClass op;
@@ -110,7 +115,7 @@ struct Open {
   std::vector<int64_t> inputs;
   bool unwritten = false;  // the observer failed on it: logged with id -1
 };
-thread_local std::vector<Open> calls;
+thread_local std::deque<Open> calls;
 thread_local size_t open_calls = 0;
 thread_local std::vector<int64_t> fields;  // an op record's fields, reused
 
@@ -125,6 +130,25 @@ Open& push_call() {
 
 void facts(const at::RecordFunction& fn, c10::ArrayRef<c10::IValue> inputs, Open& open);
 
+// The program's dispatch modes on this thread's stack (torch's infra modes, FakeTensorMode and
+// its kin, lie below every other one whenever they were entered), and how many there were where the
+// op log started: the recording's dispatch mode would sit above those.
+int64_t program_modes() {
+  using c10::impl::TorchDispatchModeKey;
+  using c10::impl::TorchDispatchModeTLS;
+  int64_t n = TorchDispatchModeTLS::stack_len();
+  if (n == 0) {
+    return 0;
+  }
+  for (auto key : {TorchDispatchModeKey::FAKE, TorchDispatchModeKey::PROXY, TorchDispatchModeKey::FUNCTIONAL}) {
+    if (TorchDispatchModeTLS::get_mode(key).has_value()) {
+      --n;
+    }
+  }
+  return n;
+}
+int64_t modes_below = 0;
+
 // The classifier's answer for this op on this backend (the GIL taken: called once per key).
 OpClass classify(const at::RecordFunction& fn, int backend) {
   const Key key{fn.name(), fn.overload_name(), backend};
@@ -133,6 +157,12 @@ OpClass classify(const at::RecordFunction& fn, int backend) {
     return found->second;
   }
   OpClass answer;
+  if (!fn.operator_name().has_value()) {
+    // no dispatcher op (autograd's "autograd::engine::evaluate_function: MulBackward0"): the ops
+    // inside it are the program's, seen one by one. Not kept in the map: its name is its own string,
+    // whose address another one's may take after it
+    return answer;
+  }
   answer.cls = kLog;  // an op the classifier cannot answer for is logged: its handler then says what failed
   PyGILState_STATE gil = PyGILState_Ensure();
   PyObject* r = PyObject_CallFunction(classifier, "ssi", fn.name(), fn.overload_name(), backend);
@@ -151,10 +181,11 @@ OpClass classify(const at::RecordFunction& fn, int backend) {
   return answer;
 }
 
-// The innermost frame of the user's code as (code, line), the code's reference held by the record.
-void user_frame(std::vector<int64_t>& frames) {
+// The innermost frame of the user's code as (code, line), the code's reference held by the record;
+// (0, 0) where there is none.
+std::pair<int64_t, int64_t> user_frame() {
   if (!Py_IsInitialized()) {
-    return;
+    return {0, 0};
   }
   PyGILState_STATE gil = PyGILState_Ensure();
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
@@ -186,12 +217,9 @@ void user_frame(std::vector<int64_t>& frames) {
       } else {
         line = PyFrame_GetLineNumber(frame);
       }
-      frames[0] = 1;
-      frames.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(code)));  // the record's reference
-      frames.push_back(line);
       Py_DECREF(frame);
       PyGILState_Release(gil);
-      return;
+      return {static_cast<int64_t>(reinterpret_cast<uintptr_t>(code)), line};  // the record's reference
     }
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
@@ -199,6 +227,7 @@ void user_frame(std::vector<int64_t>& frames) {
     frame = back;
   }
   PyGILState_Release(gil);
+  return {0, 0};
 }
 
 int64_t handle_of(const c10::cuda::CUDAStream& s) {
@@ -370,6 +399,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
     elsewhere.fetch_add(1, std::memory_order_relaxed);
     return nullptr;
   }
+  // Python runs below (the flush, the classifier, the frame): calls made meanwhile (a finalizer's)
+  // push on top of this one and are gone again before it goes on; its state is set after them
   Open& open = push_call();
   if (quiet > 0) {
     return nullptr;
@@ -382,7 +413,12 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::Python)) {
     return nullptr;  // torch keeps dispatch modes out of it (torch.tensor's own empty()): a mode would not see it
   }
-  if (pending_records() >= kFlushRecords) {
+  if (program_modes() > modes_below) {
+    // a dispatch mode the program entered after the recording started sees the op first (it sits
+    // above the recording's): what it runs in its place reaches the observer as calls of its own
+    return nullptr;
+  }
+  if (own_pending_records() >= kFlushRecords) {  // (this thread's: its flush takes no other's)
     PyGILState_STATE gil = PyGILState_Ensure();
     ++quiet;
     PyObject* r = PyObject_CallNoArgs(flush);
@@ -396,6 +432,8 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   if (op.cls == kTransparent) {
     return nullptr;
   }
+  const auto frame = op.cls == kLog ? user_frame() : std::pair<int64_t, int64_t>{0, 0};
+  // no Python from here on: what a call inside this one does is not this op's record
   ++depth;
   open.state = Open::kKept;
   open.op = op;
@@ -406,6 +444,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   open.device = -1;
   open.stream = 0;
   open.frames.assign(1, 0);
+  if (frame.first != 0) {
+    open.frames[0] = 1;
+    open.frames.push_back(frame.first);
+    open.frames.push_back(frame.second);
+  }
   open.inputs.clear();
   owe_begin(true);
   try {
@@ -426,7 +469,6 @@ void facts(const at::RecordFunction& fn, c10::ArrayRef<c10::IValue> inputs, Open
   for (size_t k = 0; k < inputs.size(); ++k) {
     value(inputs[k], (op.flags & kCpuValues) != 0, k < 64 && ((op.cuda_values >> k) & 1), open.inputs);
   }
-  user_frame(open.frames);
 }
 
 void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
@@ -494,6 +536,7 @@ __attribute__((visibility("default"))) const char* kvverify_ops_start(PyObject* 
   classes.clear();
   elsewhere.store(0);
   owner = static_cast<uint64_t>(pthread_self());
+  modes_below = program_modes();
   depth = 0;
   open_calls = 0;
   try {

@@ -193,6 +193,10 @@ def _tensors(value) -> Iterable[torch.Tensor]:
         for v in value:
             if isinstance(v, TENSORS):
                 yield from _strided(v)
+            elif isinstance(v, NotLogged):
+                raise v
+    elif isinstance(value, NotLogged):  # a tensor the op log could not write down: the op is not recorded
+        raise value
 
 
 _SPARSE_PARTS = {torch.sparse_coo: ("_indices", "_values"),
@@ -491,7 +495,7 @@ class RecordingMode(TorchDispatchMode):
             value = args[k] if k < n_args else kwargs.get(name)
             if isinstance(value, TENSORS):
                 tensors = _strided(value)
-            elif isinstance(value, (list, tuple)):
+            elif isinstance(value, (list, tuple, NotLogged)):
                 tensors = _tensors(value)
             else:
                 continue

@@ -307,6 +307,9 @@ class Replayer:
         elif kind == "op_failed":
             rec.end_op()
         else:
+            # (where nothing was logged inside the op, no op_begin was written: the op starts here, as
+            # live, so that what its handler reports is held back and released as the mode's is)
+            rec.begin_op()
             try:
                 self._replay_op(record)
             finally:
