@@ -517,9 +517,11 @@ extern "C" {
 
 // Start the op log on the calling thread (the GIL held): `classify(name, overload, backend)` ->
 // (class, id, flags, cuda_values), `library(code)` -> whether frames of that code are library
-// code, `flush()` logs what the log holds. Returns null, or why it could not start.
+// code, `flush()` logs what the log holds; `below`: how many of the program's dispatch modes on this
+// thread's stack lie below the recording (-1: those there now; a recording that goes on after a pause
+// stays where it was). Returns null, or why it could not start.
 __attribute__((visibility("default"))) const char* kvverify_ops_start(PyObject* classify_fn, PyObject* library_fn,
-                                                                     PyObject* flush_fn) {
+                                                                     PyObject* flush_fn, int64_t below) {
   if (handle != 0) {
     failure = "the op log already runs on another thread";
     return failure.c_str();
@@ -536,7 +538,7 @@ __attribute__((visibility("default"))) const char* kvverify_ops_start(PyObject* 
   classes.clear();
   elsewhere.store(0);
   owner = static_cast<uint64_t>(pthread_self());
-  modes_below = program_modes();
+  modes_below = below >= 0 ? below : program_modes();
   depth = 0;
   open_calls = 0;
   try {
@@ -550,6 +552,9 @@ __attribute__((visibility("default"))) const char* kvverify_ops_start(PyObject* 
   }
   return nullptr;
 }
+
+// The program's dispatch modes the op log sits above (its start's `below`, or those on the stack then).
+__attribute__((visibility("default"))) int64_t kvverify_ops_below() { return modes_below; }
 
 // Stop the op log (on the thread that started it; the GIL held).
 __attribute__((visibility("default"))) void kvverify_ops_stop() {

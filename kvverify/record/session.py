@@ -237,10 +237,12 @@ class Recording:
         from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
         replayer = self._replayer
-        if (replayer is not None and replayer.log is not None and self._mode.forcer is None and len(self.recorder.followed) == 1
-                and replayer.start(threading.get_ident()) is None):
+        if (replayer is not None and replayer.log is not None and self._mode.forcer is None
+                and len(self.recorder.followed) == 1
+                and replayer.start(threading.get_ident(), None if depth is None else replayer.below) is None):
             self._logging = True
-            self._depth = len(_get_current_dispatch_mode_stack())  # where the mode goes if it takes over
+            if depth is None:  # (after a pause: where it was, under the modes the program entered since)
+                self._depth = len(_get_current_dispatch_mode_stack())  # where the mode goes if it takes over
             return
         _enter(self._mode, depth)
         self._mode_entered = True
@@ -309,7 +311,8 @@ class Recording:
         at = rec.locate()
         # where the mode goes back at the resume: under the modes the program enters meanwhile,
         # which it leaves after the resume by popping the top of the stack
-        self._depth = next((k for k, m in enumerate(_get_current_dispatch_mode_stack()) if m is self._mode), None)
+        if not self._logging:  # (the op log's place is kept from its start)
+            self._depth = next((k for k, m in enumerate(_get_current_dispatch_mode_stack()) if m is self._mode), None)
         self._detach()
         self._pauses += 1
         self._first_pause = self._first_pause or at

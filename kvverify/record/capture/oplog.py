@@ -184,7 +184,8 @@ class OpLog:
 
     def __init__(self, lib: ctypes.PyDLL) -> None:
         lib.kvverify_ops_start.restype = ctypes.c_char_p
-        lib.kvverify_ops_start.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object]
+        lib.kvverify_ops_start.argtypes = [ctypes.py_object, ctypes.py_object, ctypes.py_object, ctypes.c_int64]
+        lib.kvverify_ops_below.restype = ctypes.c_int64
         lib.kvverify_ops_mark.argtypes = [ctypes.c_int64]
         lib.kvverify_ops_quiet.argtypes = [ctypes.c_int]
         lib.kvverify_ops_elsewhere.restype = ctypes.c_int64
@@ -192,11 +193,17 @@ class OpLog:
         self._mark = lib.kvverify_ops_mark
 
     def start(self, classify: Callable[[str, str, int], tuple], library: Callable[[object], bool],
-              flush: Callable[[], None]) -> str | None:
+              flush: Callable[[], None], below: int | None = None) -> str | None:
         """Log this thread's ops from now on; returns None, or why it could not start. ``flush()``
-        is called before an op where the log holds many records (the recorder logs them then)."""
-        why = self._lib.kvverify_ops_start(classify, library, flush)
+        is called before an op where the log holds many records (the recorder logs them then).
+        ``below``: how many of the program's dispatch modes lie below the recording (None: those on
+        the stack now); an op that a mode above them sees first is left to the calls it makes."""
+        why = self._lib.kvverify_ops_start(classify, library, flush, -1 if below is None else below)
         return None if why is None else why.decode()
+
+    def below(self) -> int:
+        """The program's dispatch modes the running op log lies above."""
+        return int(self._lib.kvverify_ops_below())
 
     def stop(self) -> None:
         self._lib.kvverify_ops_stop()
@@ -235,16 +242,18 @@ class Replayer:
         self.marks: list = []  # deferred reports: (fn, args, kwargs), None once replayed
         self.on = False
         self.thread: int | None = None
+        self.below: int | None = None  # the program's dispatch modes it lies above, once started
         self._replay = mode.fork()
         self._replay.platform = _Logged(mode.platform)
         self._replay.locate = self._at
         self._current_at: str | None = None
 
-    def start(self, thread: int) -> str | None:
-        """Log the ops of ``thread`` (the calling one) from now on; None, or why not."""
-        why = self.log.start(self._classify, self._library, self._flush)
+    def start(self, thread: int, below: int | None = None) -> str | None:
+        """Log the ops of ``thread`` (the calling one) from now on, above ``below`` of the program's
+        dispatch modes (None: those on the stack now; then ``below`` is set); None, or why not."""
+        why = self.log.start(self._classify, self._library, self._flush, below)
         if why is None:
-            self.on, self.thread = True, thread
+            self.on, self.thread, self.below = True, thread, self.log.below()
         return why
 
     def stop(self) -> None:
