@@ -241,8 +241,8 @@ class Recording:
                 and len(self.recorder.followed) == 1
                 and replayer.start(threading.get_ident(), None if depth is None else replayer.below) is None):
             self._logging = True
-            if depth is None:  # (after a pause: where it was, under the modes the program entered since)
-                self._depth = len(_get_current_dispatch_mode_stack())  # where the mode goes if it takes over
+            if depth is None:  # where the mode goes if it takes over (after a pause: where it was, kept)
+                self._depth = len(_get_current_dispatch_mode_stack())
             return
         _enter(self._mode, depth)
         self._mode_entered = True
