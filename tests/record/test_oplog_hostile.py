@@ -55,6 +55,19 @@ def _assert_same(live, logged) -> None:
     assert logged.summary().notes == live.summary().notes
 
 
+def _redirect(z: torch.Tensor):
+    """A dispatch mode of the program's own that runs ``z.mul_(2)`` in place of every ``add_``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Redirect(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.add_.Tensor:
+                return torch.ops.aten.mul_.Tensor(z, 2)
+            return func(*args, **(kwargs or {}))
+
+    return Redirect()
+
+
 def _host_blind(rec) -> list:
     """The trace's ops with every host buffer named "host": for programs that make host tensors as they
     go, which land where freed ones were in one run and not in the other."""
@@ -162,18 +175,10 @@ def test_a_backward_pass_on_the_recording_thread_is_recorded():
 def test_a_dispatch_mode_of_the_program_sees_the_op_before_the_recording():
     # a mode the program enters inside the recording is above the recording's dispatch mode: what it
     # runs in place of the op is what the device does (here: a write to another buffer)
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     def program(arena, host, platform):
         x, z = _dev(arena, 0, 16), _dev(arena, 4096, 16)
 
-        class Redirect(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func is torch.ops.aten.add_.Tensor:
-                    return torch.ops.aten.mul_.Tensor(z, 2)
-                return func(*args, **(kwargs or {}))
-
-        with Redirect():
+        with _redirect(z):
             x.add_(x)
 
     live, logged = _both(program)
@@ -233,18 +238,10 @@ def test_a_recording_resumed_inside_a_dispatch_mode_of_the_program_still_sits_be
     # the program enters its mode during the recording, and a recording nested in it starts and stops
     # inside that mode: the outer one goes on where it was, below the program's mode (as the dispatch
     # mode is entered again at its old depth), so the mode's replacement op is what it records
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     def program(arena, host, platform):
         x, z = _dev(arena, 0, 16), _dev(arena, 4096, 16)
 
-        class Redirect(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                if func is torch.ops.aten.add_.Tensor:
-                    return torch.ops.aten.mul_.Tensor(z, 2)
-                return func(*args, **(kwargs or {}))
-
-        with Redirect():
+        with _redirect(z):
             with recording(platform=ArenaAsDevice(arena, []), op_log=True):
                 pass
             x.add_(x)

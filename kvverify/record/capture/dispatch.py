@@ -213,6 +213,25 @@ def _strided(t: torch.Tensor) -> tuple:
     return (t,) if parts is None else tuple(getattr(t, part)() for part in parts)
 
 
+def _covering(t: torch.Tensor) -> tuple[int, int]:
+    """``(start address, bytes)`` of the span from ``t``'s first element to its last (0 bytes for an
+    empty tensor); a logged tensor carries its own (``LoggedTensor.span``, written by the op log)."""
+    length = t.nbytes  # elements times element size: one read for both, and 0 for an empty tensor
+    start = t.data_ptr()
+    if not length or t.is_contiguous():
+        return start, length
+    size = t.element_size()
+    lo = hi = 0
+    for extent, stride in zip(t.shape, t.stride()):
+        if extent > 1:
+            reach = (extent - 1) * stride
+            if reach < 0:
+                lo += reach
+            else:
+                hi += reach
+    return start + lo * size, (hi - lo + 1) * size
+
+
 def _flat(t: torch.Tensor) -> np.ndarray:
     """A host tensor's elements as a 1-D numpy array: a view of its memory where it is one already
     (``contiguous`` and ``view`` are dispatcher calls, a microsecond each); a logged one's values
@@ -406,27 +425,9 @@ class RecordingMode(TorchDispatchMode):
 
     def span(self, t: torch.Tensor, where: str, at: str | None) -> Span | None:
         """The covering span of ``t``'s elements, resolved; None for an empty tensor."""
-        if type(t) is LoggedTensor:
-            start, length = t.span
-            if not length:
-                return None
-        else:
-            length = t.nbytes  # elements times element size: one read for both, and 0 for an empty tensor
-            if not length:
-                return None
-            start = t.data_ptr()
-        if type(t) is not LoggedTensor and not t.is_contiguous():
-            size = t.element_size()
-            lo = hi = 0
-            for extent, stride in zip(t.shape, t.stride()):
-                if extent > 1:
-                    reach = (extent - 1) * stride
-                    if reach < 0:
-                        lo += reach
-                    else:
-                        hi += reach
-            start += lo * size
-            length = (hi - lo + 1) * size
+        start, length = t.span if type(t) is LoggedTensor else _covering(t)
+        if not length:
+            return None
         memory = self.rec.memory
         span = memory.resolve_known(start, length)
         if span is not None and (memory.allocations[span[0]].space == DEVICE_SPACE) == (where == "device"):
