@@ -71,13 +71,34 @@ def engine_shapes(**overrides) -> dict:
     return {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=loop["hidden"], tokens=loop["tokens"])}
 
 
-def time_loop(shape, context, after: list | None = None) -> float:
+def time_loop(shape, context, after: list | None = None, steps: list | None = None) -> float:
     """Wall seconds of one run of the demo's loop of ``shape`` inside ``context`` (allocation
     outside the timing, and the context's entry and exit too: a recording's stop, where its op log
-    is logged, is appended to ``after`` where given)."""
+    is logged, is appended to ``after`` where given). ``steps``: gets, per step, its wall seconds,
+    the loop thread's CPU seconds in it and the wall seconds spent polling for finished transfers."""
+    import gc
+
     from kvverify.record import demo
 
     engine = demo.Engine(shape)
+    if steps is not None:
+        step, wait, polled = engine.step, engine.handler.wait, [0.0]
+
+        def timed_wait(job: int) -> None:
+            start = time.perf_counter()
+            wait(job)
+            polled[0] += time.perf_counter() - start
+
+        def timed_step(k: int) -> None:
+            polled[0] = 0.0
+            start, cpu = time.perf_counter(), time.thread_time()
+            step(k)
+            steps.append((time.perf_counter() - start, time.thread_time() - cpu, polled[0]))
+
+        engine.step, engine.handler.wait = timed_step, timed_wait
+    # what an earlier run left for the cycle collector (a recording by the dispatch mode leaves a
+    # heap of it) is collected here, not in this run's loop
+    gc.collect()
     with context:
         start = time.perf_counter()
         engine.run()
@@ -88,16 +109,16 @@ def time_loop(shape, context, after: list | None = None) -> float:
     return seconds
 
 
-def run_once(shape, how: str, after: list | None = None):
+def run_once(shape, how: str, after: list | None = None, steps: list | None = None):
     """Wall seconds of one loop, run ``how``: ``"plain"``, ``"mode"`` (under
     ``pass_through_mode``), ``"recorded"``, ``"dispatcher"`` (recorded without native capture) or
     ``"live"`` (recorded by the dispatch mode as each op runs: no op log); and the recording if
-    any. ``after``: gets the seconds of the recording's stop."""
+    any. ``after``: gets the seconds of the recording's stop; ``steps``: see ``time_loop``."""
     from kvverify.record import recording
 
     context = {"plain": contextlib.nullcontext, "mode": pass_through_mode(), "recorded": recording,
                "dispatcher": lambda: recording(native=False), "live": lambda: recording(op_log=False)}[how]()
-    return time_loop(shape, context, after), context if how == "recorded" else None
+    return time_loop(shape, context, after, steps), context if how == "recorded" else None
 
 
 RUNS = ("plain", "mode", "recorded", "dispatcher", "live")
@@ -319,10 +340,11 @@ def main(argv: list[str] | None = None) -> int:
             run_once(warm, how)  # the first recorded op imports torch._dynamo (seconds): not the recorder's cost
         seconds = {how: [] for how in RUNS}
         stops: list[float] = []  # the recorded runs' stops: their op logs logged after the loop
+        steps: dict[str, list] = {"plain": [], "recorded": []}  # every step of these runs (time_loop)
         rec = None
         for _ in range(args.repeats):  # in turn: a busy host slows each of them alike
             for how in RUNS:
-                s, r = run_once(shape, how, stops if how == "recorded" else None)
+                s, r = run_once(shape, how, stops if how == "recorded" else None, steps.get(how))
                 seconds[how].append(s)
                 rec = r or rec
         start = time.perf_counter()
@@ -337,6 +359,11 @@ def main(argv: list[str] | None = None) -> int:
             "load": name, "steps": shape.steps, "layers": shape.layers, "in_flight": shape.in_flight,
             **{f"{how}_ms_per_step": 1e3 * statistics.median(seconds[how]) / shape.steps for how in RUNS},
             **{f"{how}_best_ms_per_step": 1e3 * min(seconds[how]) / shape.steps for how in RUNS},
+            **{f"{how}_runs_ms_per_step": [1e3 * s / shape.steps for s in seconds[how]] for how in RUNS},
+            # per step, medians over every step of the runs: its wall time, the loop thread's CPU time in it,
+            # the wall time spent polling for finished transfers (the loop waiting for the device)
+            **{f"{how}_step_ms": {part: 1e3 * statistics.median(t[k] for t in steps[how])
+                                  for k, part in enumerate(("wall", "thread_cpu", "polling"))} for how in steps},
             "ratio": statistics.median(seconds["recorded"]) / statistics.median(seconds["plain"]),
             "best_ratio": min(seconds["recorded"]) / min(seconds["plain"]),
             "mode_ratio": statistics.median(seconds["mode"]) / statistics.median(seconds["plain"]),
@@ -356,6 +383,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['recorded_best_ms_per_step']:.2f}, {row['best_ratio']:.2f}x); {row['ops_recorded']} ops recorded, "
               f"{row['ops_written']} written ({copies} copies); trace built in {build_s:.2f} s, checked in "
               f"{check_s:.2f} s: {verdict.verdict}", flush=True)
+        # each repeat's runs, in the order they ran: a median hides a loop that is slow in some runs only
+        print(f"{name:5s}: each repeat, ms/step plain / recorded (ratio): " + ", ".join(
+            f"{p:.2f} / {r:.2f} ({r / p:.2f}x)" for p, r in zip(row["plain_runs_ms_per_step"],
+                                                                row["recorded_runs_ms_per_step"])), flush=True)
+        # where a step's time goes: a loop that polls is waiting for the device; one that does not is
+        # bound by the host (the thread's CPU time against the wall time shows whether it ran or waited)
+        print(f"{name:5s}: a step, medians over every step, ms: " + "; ".join(
+            f"{how} {part['wall']:.2f} (the loop thread's CPU {part['thread_cpu']:.2f}, polling {part['polling']:.2f})"
+            for how, part in ((how, row[how + "_step_ms"]) for how in steps)), flush=True)
         if args.profile:
             profile_recorded(shape, name, args.profile)
     if args.csan:
