@@ -109,6 +109,12 @@ def time_loop(shape, context, after: list | None = None, steps: list | None = No
     return seconds
 
 
+def step_parts(steps: list) -> dict:
+    """Medians, ms, of the ``(wall, CPU, polling)`` seconds of ``steps`` (``time_loop``)."""
+    return {part: 1e3 * statistics.median(t[k] for t in steps) for k, part in enumerate(("wall", "thread_cpu",
+                                                                                          "polling"))}
+
+
 def run_once(shape, how: str, after: list | None = None, steps: list | None = None):
     """Wall seconds of one loop, run ``how``: ``"plain"``, ``"mode"`` (under
     ``pass_through_mode``), ``"recorded"``, ``"dispatcher"`` (recorded without native capture) or
@@ -379,11 +385,14 @@ def main(argv: list[str] | None = None) -> int:
             run_once(warm, how)  # the first recorded op imports torch._dynamo (seconds): not the recorder's cost
         seconds = {how: [] for how in RUNS}
         stops: list[float] = []  # the recorded runs' stops: their op logs logged after the loop
-        steps: dict[str, list] = {"plain": [], "recorded": []}  # every step of these runs (time_loop)
+        steps: dict[str, list] = {"plain": [], "recorded": []}  # per run, its steps (time_loop)
         rec = None
         for _ in range(args.repeats):  # in turn: a busy host slows each of them alike
             for how in RUNS:
-                s, r = run_once(shape, how, stops if how == "recorded" else None, steps.get(how))
+                if how in steps:
+                    steps[how].append([])
+                s, r = run_once(shape, how, stops if how == "recorded" else None,
+                                steps[how][-1] if how in steps else None)
                 seconds[how].append(s)
                 rec = r or rec
         start = time.perf_counter()
@@ -399,10 +408,11 @@ def main(argv: list[str] | None = None) -> int:
             **{f"{how}_ms_per_step": 1e3 * statistics.median(seconds[how]) / shape.steps for how in RUNS},
             **{f"{how}_best_ms_per_step": 1e3 * min(seconds[how]) / shape.steps for how in RUNS},
             **{f"{how}_runs_ms_per_step": [1e3 * s / shape.steps for s in seconds[how]] for how in RUNS},
-            # per step, medians over every step of the runs: its wall time, the loop thread's CPU time in it,
-            # the wall time spent polling for finished transfers (the loop waiting for the device)
-            **{f"{how}_step_ms": {part: 1e3 * statistics.median(t[k] for t in steps[how])
-                                  for k, part in enumerate(("wall", "thread_cpu", "polling"))} for how in steps},
+            # a step's wall time, the loop thread's CPU time in it and the wall time spent polling for
+            # finished transfers (the loop waiting for the device): medians over every step of the runs,
+            # and of each run's steps (a run slower than the others shows which of them grew)
+            **{f"{how}_step_ms": step_parts([t for run in steps[how] for t in run]) for how in steps},
+            **{f"{how}_runs_step_ms": [step_parts(run) for run in steps[how]] for how in steps},
             "ratio": statistics.median(seconds["recorded"]) / statistics.median(seconds["plain"]),
             "best_ratio": min(seconds["recorded"]) / min(seconds["plain"]),
             "mode_ratio": statistics.median(seconds["mode"]) / statistics.median(seconds["plain"]),
@@ -423,9 +433,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['ops_written']} written ({copies} copies); trace built in {build_s:.2f} s, checked in "
               f"{check_s:.2f} s: {verdict.verdict}", flush=True)
         # each repeat's runs, in the order they ran: a median hides a loop that is slow in some runs only
-        print(f"{name:5s}: each repeat, ms/step plain / recorded (ratio): " + ", ".join(
-            f"{p:.2f} / {r:.2f} ({r / p:.2f}x)" for p, r in zip(row["plain_runs_ms_per_step"],
-                                                                row["recorded_runs_ms_per_step"])), flush=True)
+        print(f"{name:5s}: each repeat, ms/step plain / recorded (ratio; the recorded loop's median step: wall, "
+              "the loop thread's CPU, polling): " + ", ".join(
+                  f"{p:.2f} / {r:.2f} ({r / p:.2f}x; {t['wall']:.2f}, {t['thread_cpu']:.2f}, {t['polling']:.2f})"
+                  for p, r, t in zip(row["plain_runs_ms_per_step"], row["recorded_runs_ms_per_step"],
+                                     row["recorded_runs_step_ms"])), flush=True)
         # where a step's time goes: a loop that polls is waiting for the device; one that does not is
         # bound by the host (the thread's CPU time against the wall time shows whether it ran or waited)
         print(f"{name:5s}: a step, medians over every step, ms: " + "; ".join(
