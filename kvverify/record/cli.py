@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "engine's own); repeat for several. Ops named *::swap_blocks_batch are found anyway")
     parser.add_argument("--keep-all", action="store_true",
                         help="write every kernel access, also to buffers no copy and no host access touches")
+    parser.add_argument("--no-op-log", action="store_true",
+                        help="log each op as it runs, by a dispatch mode (2.5-3.5x plain), not after the program")
     parser.add_argument("--max-races", type=int, default=20, metavar="N",
                         help="list at most N races (default %(default)s); the verdict does not depend on it")
     parser.add_argument("--confirm", action="store_true",
@@ -239,7 +241,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
         return _fail("--max-races must be at least 1")
     if args.witness:
         return _witness_run(args.witness, kind, target, arguments, args.swap_op, platform)
-    rec = recording(swap_ops=args.swap_op, keep_all=args.keep_all, platform=platform)
+    rec = recording(swap_ops=args.swap_op, keep_all=args.keep_all, platform=platform, op_log=not args.no_op_log)
     try:
         rec.start()
     except RecordingError as exc:
