@@ -161,18 +161,25 @@ def test_the_op_log_gives_the_trace_the_dispatch_mode_gives(swap_op):
                if op["op"] in ("kernel", "copy", "copy_batch"))
 
 
-def test_the_op_log_was_what_recorded_the_ops(swap_op, monkeypatch):
-    # the dispatch mode must not have seen the ops of the logged run: its handler is never called live
+def dispatch_calls(monkeypatch) -> list[str]:
+    """The names of the ops the recorder's dispatch mode is handed from now on, in order (the spy is
+    then the innermost frame outside kvverify where the mode locates an op)."""
     from kvverify.record.capture.dispatch import RecordingMode
 
-    live_calls = []
+    calls = []
     original = RecordingMode.__torch_dispatch__
 
     def spy(self, func, types, args=(), kwargs=None):
-        live_calls.append(str(func))
+        calls.append(str(func))
         return original(self, func, types, args, kwargs)
 
     monkeypatch.setattr(RecordingMode, "__torch_dispatch__", spy)
+    return calls
+
+
+def test_the_op_log_was_what_recorded_the_ops(swap_op, monkeypatch):
+    # the dispatch mode must not have seen the ops of the logged run: its handler is never called live
+    live_calls = dispatch_calls(monkeypatch)
     logged, _ = _record(swap_op, op_log=True)
     assert live_calls == []
     assert any(op["op"] == "copy_batch" for op in logged.trace()["ops"])

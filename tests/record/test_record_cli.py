@@ -299,9 +299,7 @@ def test_help_fits_a_screen_in_plain_text_and_ends_with_examples():
 def test_no_op_log_hands_the_ops_to_the_dispatch_mode_and_records_the_same_ops(tmp_path, monkeypatch, capsys):
     # a platform with the extension's op log (test_oplog's stand-in): the op log writes the ops down
     # and the dispatch mode never sees one; --no-op-log hands every op to the dispatch mode
-    from test_oplog import ArenaAsDevice, _native_log
-
-    from kvverify.record.capture.dispatch import RecordingMode
+    from test_oplog import ArenaAsDevice, _native_log, dispatch_calls
 
     _native_log()  # skips where the extension is not built
     arena = torch.zeros(8 << 10, dtype=torch.uint8)
@@ -309,14 +307,7 @@ def test_no_op_log_hands_the_ops_to_the_dispatch_mode_and_records_the_same_ops(t
     holder.arena = arena
     monkeypatch.setitem(sys.modules, holder.__name__, holder)
     code = "import kvverify_cli_arena as a\nfor k in range(3):\n    a.arena[k * 64:(k + 1) * 64].fill_(k)\n"
-    seen = []
-    original = RecordingMode.__torch_dispatch__
-
-    def spy(self, func, types, args=(), kwargs=None):
-        seen.append(str(func))
-        return original(self, func, types, args, kwargs)
-
-    monkeypatch.setattr(RecordingMode, "__torch_dispatch__", spy)
+    seen = dispatch_calls(monkeypatch)
     monkeypatch.chdir(tmp_path)
     kernels = {}
     for no_op_log in (False, True):
@@ -329,7 +320,7 @@ def test_no_op_log_hands_the_ops_to_the_dispatch_mode_and_records_the_same_ops(t
                               if op["op"] == "kernel"]
         assert (seen.count("aten.fill_.Scalar") == 3) is no_op_log, seen
     assert len(kernels[False]) == 3 and all(op["at"] == "<string>:3 in <module>" for op in kernels[False])
-    # (the spy is the innermost frame outside kvverify when the dispatch mode locates an op: "at" and
-    # the stream's label name it, test_oplog.py compares them without a spy)
+    # (the spy's frame is where the dispatch mode locates an op, in "at" and the stream's label:
+    # test_oplog.py compares those without a spy)
     same = ("name", "reads", "writes")
     assert [[op[k] for k in same] for op in kernels[True]] == [[op[k] for k in same] for op in kernels[False]]
