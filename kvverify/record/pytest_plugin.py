@@ -42,6 +42,9 @@ def pytest_addoption(parser) -> None:
                     help="an op with the schema of kvverify::swap_blocks_batch under another name")
     group.addoption("--kvverify-trace-dir", default=None, metavar="DIR",
                     help="write each recorded test's trace to DIR (one JSON file per test)")
+    group.addoption("--kvverify-no-op-log", action="store_true", default=False,
+                    help="log each op as it runs, by a dispatch mode (2.5-3.5x plain), not after the test "
+                         "(kvverify record --no-op-log)")
     group.addoption("--kvverify-confirm", action="store_true", default=False,
                     help="where a recorded test races, run it again in child processes for a device witness "
                          "of each racing pair of lines (kvverify record --confirm); the failure lists them")
@@ -72,7 +75,8 @@ def kvverify_record(request, kvverify_platform):
     if spec:  # a witness run of this test (--kvverify-confirm's child): it starts where its recording did
         yield from _witness_run(spec, request, kvverify_platform)
         return
-    rec = recording(swap_ops=request.config.getoption("kvverify_swap_op"), platform=kvverify_platform)
+    rec = recording(swap_ops=request.config.getoption("kvverify_swap_op"), platform=kvverify_platform,
+                    op_log=not request.config.getoption("kvverify_no_op_log"))
     refused = None
     try:
         rec.start()

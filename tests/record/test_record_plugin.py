@@ -73,15 +73,21 @@ BARE = textwrap.dedent("""\
 def run(tmp_path: Path, *options: str) -> dict[str, tuple[str, str]]:
     """Run the tests above in a child pytest (``TESTS`` on the stand-in, ``BARE`` on this host as
     it is); return {test name: (outcome, message)}."""
-    (tmp_path / "standin").mkdir()
-    (tmp_path / "standin" / "test_offload.py").write_text(TESTS)
-    (tmp_path / "standin" / "conftest.py").write_text(CONFTEST)
-    (tmp_path / "bare").mkdir()
-    (tmp_path / "bare" / "test_bare.py").write_text(BARE)
+    return child_pytest(tmp_path, {"standin/test_offload.py": TESTS, "standin/conftest.py": CONFTEST,
+                                   "bare/test_bare.py": BARE}, *options)
+
+
+def child_pytest(tmp_path: Path, files: dict[str, str], *options: str) -> dict[str, tuple[str, str]]:
+    """Write ``files`` (path under ``tmp_path``: text) and run pytest with the plugin over their
+    folders; return {test name: (outcome, message)}."""
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    folders = sorted({name.split("/")[0] for name in files})
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
     xml = tmp_path / "out.xml"
     subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kvverify.record.pytest_plugin",
-                    f"--junitxml={xml}", *options, "standin", "bare"],
+                    f"--junitxml={xml}", *options, *folders],
                    cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     out = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
@@ -123,3 +129,43 @@ def test_confirm_lists_a_witness_for_each_racing_pair_and_leaves_safe_tests_alon
     outcome, message = out["test_racy"]
     assert outcome == "failure" and "the device work of standin/test_offload.py::test_racy races" in message
     assert "\nwitnesses:\n  not confirmed: race 1 (WAR): the forced order changed no byte of 128 " in message
+
+
+OPLOG_CONFTEST = textwrap.dedent("""\
+    import pytest
+    import torch
+    from test_oplog import ArenaAsDevice, dispatch_calls
+
+    ARENA = torch.zeros(8 << 10, dtype=torch.uint8)
+
+    @pytest.fixture
+    def arena():
+        return ARENA
+
+    @pytest.fixture
+    def kvverify_platform():
+        return ArenaAsDevice(ARENA, [])
+
+    @pytest.fixture
+    def handed(monkeypatch):
+        return dispatch_calls(monkeypatch)
+    """)
+
+OPLOG_TESTS = textwrap.dedent("""\
+    def test_fills(handed, arena, kvverify_record, request):
+        for k in range(3):
+            arena[k * 64:(k + 1) * 64].fill_(k)
+        # the op log writes the fills down and the dispatch mode never sees one; --kvverify-no-op-log
+        # hands each to the dispatch mode as it runs
+        expected = 3 if request.config.getoption("kvverify_no_op_log") else 0
+        assert handed.count("aten.fill_.Scalar") == expected, handed
+    """)
+
+
+def test_no_op_log_hands_each_test_s_ops_to_the_dispatch_mode(tmp_path):
+    from test_oplog import _native_log
+
+    _native_log()  # skips where the extension is not built
+    files = {"oplog/conftest.py": OPLOG_CONFTEST, "oplog/test_oplog_child.py": OPLOG_TESTS}
+    assert child_pytest(tmp_path / "logged", files) == {"test_fills": ("passed", "")}
+    assert child_pytest(tmp_path / "live", files, "--kvverify-no-op-log") == {"test_fills": ("passed", "")}
