@@ -164,8 +164,6 @@ void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts) {
 
 bool enabled() { return on.load(std::memory_order_relaxed); }
 
-int64_t pending_records() { return count.load(std::memory_order_relaxed); }
-
 int64_t own_pending_records() { return own_count; }
 
 int& suppressed() { return suppress_depth; }

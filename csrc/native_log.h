@@ -56,8 +56,6 @@ void append(Kind kind, const std::vector<int64_t>& fields, bool frames);
 // by an op_begin (the op then holds back what is reported inside it); or it closes (false).
 void owe_begin(bool owed);
 
-// Records not taken yet, of every thread.
-int64_t pending_records();
 // Records of the calling thread not taken yet (appended by it, not yet taken by it).
 int64_t own_pending_records();
 

@@ -42,6 +42,7 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kvverify.record.capture.oplog import (
+    BACKENDS,
     CPU_VALUES,
     CURRENT_STREAM,
     LOG,
@@ -75,8 +76,6 @@ POINTER_TABLES = 16384  # device pointer tensors whose values are kept, the olde
 HANDLER_DEPTH = 3
 TENSORS = (Tensor, LoggedTensor)
 """What the handlers take for a tensor: a live one (the dispatch mode's), or one the op log wrote down."""
-# c10::DeviceType -> the dispatch key of its backend, for the op log's classifier
-BACKENDS = {0: "CPU", 1: "CUDA", 9: "Meta"}
 
 
 class Platform:

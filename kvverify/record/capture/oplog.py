@@ -40,7 +40,9 @@ KINDS = frozenset(("op_begin", "op", "op_failed", "mark"))
 _DTYPES = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
            torch.float64, torch.complex32, torch.complex64, torch.complex128, torch.bool, torch.qint8,
            torch.quint8, torch.qint32, torch.bfloat16)
-_CUDA, _CPU = 1, 0  # c10::DeviceType
+_CPU, _CUDA = 0, 1  # c10::DeviceType
+BACKENDS = {_CPU: "CPU", _CUDA: "CUDA", 9: "Meta"}
+"""c10::DeviceType -> the dispatch key of its backend (the classifier asks per backend)."""
 
 
 class LoggedStorage:
@@ -80,10 +82,6 @@ class LoggedTensor:
     @property
     def dtype(self):
         return _DTYPES[self._scalar] if 0 <= self._scalar < len(_DTYPES) else None
-
-    @property
-    def nbytes(self) -> int:
-        return self.span[1]
 
     def get_device(self) -> int:
         return self._index if self._device == _CUDA else -1
