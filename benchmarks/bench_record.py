@@ -74,28 +74,36 @@ def engine_shapes(**overrides) -> dict:
 def time_loop(shape, context, after: list | None = None, steps: list | None = None) -> float:
     """Wall seconds of one run of the demo's loop of ``shape`` inside ``context`` (allocation
     outside the timing, and the context's entry and exit too: a recording's stop, where its op log
-    is logged, is appended to ``after`` where given). ``steps``: gets, per step, its wall seconds,
-    the loop thread's CPU seconds in it and the wall seconds spent polling for finished transfers."""
+    is logged, is appended to ``after`` where given). ``steps``: gets, per step, a tuple of
+    ``STEP_PARTS`` and the CPU the step ended on."""
     import gc
 
     from kvverify.record import demo
 
     engine = demo.Engine(shape)
     if steps is not None:
-        step, wait, polled = engine.step, engine.handler.wait, [0.0]
+        import resource
 
-        def timed_wait(job: int) -> None:
-            start = time.perf_counter()
-            wait(job)
-            polled[0] += time.perf_counter() - start
+        step, wait, stage, spent = engine.step, engine.handler.wait, engine._stage_descriptor, [0.0, 0.0]
+
+        def timed(call, part: int):
+            def run(*args) -> None:
+                start = time.perf_counter()
+                call(*args)
+                spent[part] += time.perf_counter() - start
+            return run
 
         def timed_step(k: int) -> None:
-            polled[0] = 0.0
+            spent[:] = [0.0, 0.0]
+            before = resource.getrusage(resource.RUSAGE_THREAD)
             start, cpu = time.perf_counter(), time.thread_time()
             step(k)
-            steps.append((time.perf_counter() - start, time.thread_time() - cpu, polled[0]))
+            wall, cpu = time.perf_counter() - start, time.thread_time() - cpu
+            after = resource.getrusage(resource.RUSAGE_THREAD)
+            steps.append((wall, cpu, *spent, after.ru_minflt - before.ru_minflt, after.ru_nivcsw - before.ru_nivcsw,
+                          int(Path("/proc/thread-self/stat").read_text().rsplit(")", 1)[1].split()[36])))
 
-        engine.step, engine.handler.wait = timed_step, timed_wait
+        engine.step, engine.handler.wait, engine._stage_descriptor = timed_step, timed(wait, 0), timed(stage, 1)
     # what an earlier run left for the cycle collector (a recording by the dispatch mode leaves a
     # heap of it) is collected here, not in this run's loop
     gc.collect()
@@ -109,10 +117,18 @@ def time_loop(shape, context, after: list | None = None, steps: list | None = No
     return seconds
 
 
+STEP_PARTS = ("wall", "thread_cpu", "polling", "staging", "minor_faults", "involuntary_switches")
+"""What ``time_loop`` keeps of each step: its wall seconds, the loop thread's CPU seconds in it, the wall
+seconds spent polling for finished transfers and staging the block ids (which synchronizes on the
+previous step's copy: a wait for the device that spins, so it counts as CPU time), the thread's minor
+page faults and involuntary context switches, and then the CPU it ended on."""
+
+
 def step_parts(steps: list) -> dict:
-    """Medians, ms, of the ``(wall, CPU, polling)`` seconds of ``steps`` (``time_loop``)."""
-    return {part: 1e3 * statistics.median(t[k] for t in steps) for k, part in enumerate(("wall", "thread_cpu",
-                                                                                          "polling"))}
+    """Medians of each of ``STEP_PARTS`` over ``steps`` (``time_loop``), the times in ms; and
+    ``cpus``, the CPUs the steps ended on."""
+    parts = {part: (1e3 if k < 4 else 1) * statistics.median(t[k] for t in steps) for k, part in enumerate(STEP_PARTS)}
+    return parts | {"cpus": sorted({t[len(STEP_PARTS)] for t in steps})}
 
 
 def run_once(shape, how: str, after: list | None = None, steps: list | None = None):
@@ -385,14 +401,12 @@ def main(argv: list[str] | None = None) -> int:
             run_once(warm, how)  # the first recorded op imports torch._dynamo (seconds): not the recorder's cost
         seconds = {how: [] for how in RUNS}
         stops: list[float] = []  # the recorded runs' stops: their op logs logged after the loop
-        steps: dict[str, list] = {"plain": [], "recorded": []}  # per run, its steps (time_loop)
+        steps: dict[str, list] = {how: [] for how in RUNS}  # per run, its steps (time_loop)
         rec = None
         for _ in range(args.repeats):  # in turn: a busy host slows each of them alike
             for how in RUNS:
-                if how in steps:
-                    steps[how].append([])
-                s, r = run_once(shape, how, stops if how == "recorded" else None,
-                                steps[how][-1] if how in steps else None)
+                steps[how].append([])
+                s, r = run_once(shape, how, stops if how == "recorded" else None, steps[how][-1])
                 seconds[how].append(s)
                 rec = r or rec
         start = time.perf_counter()
@@ -408,9 +422,8 @@ def main(argv: list[str] | None = None) -> int:
             **{f"{how}_ms_per_step": 1e3 * statistics.median(seconds[how]) / shape.steps for how in RUNS},
             **{f"{how}_best_ms_per_step": 1e3 * min(seconds[how]) / shape.steps for how in RUNS},
             **{f"{how}_runs_ms_per_step": [1e3 * s / shape.steps for s in seconds[how]] for how in RUNS},
-            # a step's wall time, the loop thread's CPU time in it and the wall time spent polling for
-            # finished transfers (the loop waiting for the device): medians over every step of the runs,
-            # and of each run's steps (a run slower than the others shows which of them grew)
+            # medians of each step's parts (STEP_PARTS) over every step of the runs, and of each run's
+            # steps (a run slower than the others shows which of them grew)
             **{f"{how}_step_ms": step_parts([t for run in steps[how] for t in run]) for how in steps},
             **{f"{how}_runs_step_ms": [step_parts(run) for run in steps[how]] for how in steps},
             "ratio": statistics.median(seconds["recorded"]) / statistics.median(seconds["plain"]),
@@ -432,17 +445,21 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['recorded_best_ms_per_step']:.2f}, {row['best_ratio']:.2f}x); {row['ops_recorded']} ops recorded, "
               f"{row['ops_written']} written ({copies} copies); trace built in {build_s:.2f} s, checked in "
               f"{check_s:.2f} s: {verdict.verdict}", flush=True)
-        # each repeat's runs, in the order they ran: a median hides a loop that is slow in some runs only
-        print(f"{name:5s}: each repeat, ms/step plain / recorded (ratio; the recorded loop's median step: wall, "
-              "the loop thread's CPU, polling): " + ", ".join(
-                  f"{p:.2f} / {r:.2f} ({r / p:.2f}x; {t['wall']:.2f}, {t['thread_cpu']:.2f}, {t['polling']:.2f})"
-                  for p, r, t in zip(row["plain_runs_ms_per_step"], row["recorded_runs_ms_per_step"],
-                                     row["recorded_runs_step_ms"])), flush=True)
-        # where a step's time goes: a loop that polls is waiting for the device; one that does not is
-        # bound by the host (the thread's CPU time against the wall time shows whether it ran or waited)
+        # each repeat's runs, in the order they ran: a median hides a loop that is slow in some runs only;
+        # the step's parts say whether a slow run waited (polling, staging), ran slower on the host (CPU
+        # time alike to the wall time), faulted pages or lost its core
+        def parts(t: dict) -> str:
+            return (f"{t['wall']:.2f} = cpu {t['thread_cpu']:.2f}, poll {t['polling']:.2f}, stage {t['staging']:.2f}, "
+                    f"{t['minor_faults']:.0f} faults, {t['involuntary_switches']:.0f} preempted, cpus {t['cpus']}")
+
+        print(f"{name:5s}: each repeat, ms/step and the median step (wall = the loop thread's CPU, polling, "
+              "staging the block ids; minor faults, involuntary switches; the CPUs it ended on):")
+        for k in range(args.repeats):
+            for how in ("plain", "recorded"):
+                print(f"  {k + 1} {how:8s} {row[how + '_runs_ms_per_step'][k]:6.2f}: "
+                      f"{parts(row[how + '_runs_step_ms'][k])}", flush=True)
         print(f"{name:5s}: a step, medians over every step, ms: " + "; ".join(
-            f"{how} {part['wall']:.2f} (the loop thread's CPU {part['thread_cpu']:.2f}, polling {part['polling']:.2f})"
-            for how, part in ((how, row[how + "_step_ms"]) for how in steps)), flush=True)
+            f"{how} {parts(row[how + '_step_ms'])}" for how in ("plain", "recorded")), flush=True)
         if args.profile:
             profile_recorded(shape, name, args.profile)
     if args.csan:
