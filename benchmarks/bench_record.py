@@ -71,6 +71,17 @@ def engine_shapes(**overrides) -> dict:
     return {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=loop["hidden"], tokens=loop["tokens"])}
 
 
+def host_speed_ms() -> float:
+    """Wall ms of a fixed pure-Python loop (summing 200,000 ints) on the calling thread: the host's
+    speed just before a run. On a shared host, one core's speed changes from run to run (a
+    neighbour on its other hardware thread, its clock); a run slower than its peers with a slower
+    figure here was slowed by the host, not by what it ran."""
+    start, total = time.perf_counter(), 0
+    for i in range(200_000):
+        total += i
+    return 1e3 * (time.perf_counter() - start)
+
+
 def time_loop(shape, context, after: list | None = None, steps: list | None = None) -> float:
     """Wall seconds of one run of the demo's loop of ``shape`` inside ``context`` (allocation
     outside the timing, and the context's entry and exit too: a recording's stop, where its op log
@@ -403,9 +414,11 @@ def main(argv: list[str] | None = None) -> int:
         stops: list[float] = []  # the recorded runs' stops: their op logs logged after the loop
         steps: dict[str, list] = {how: [] for how in RUNS}  # per run, its steps (time_loop)
         rec = None
+        host_ms: dict[str, list] = {how: [] for how in RUNS}  # host_speed_ms() before each run
         for _ in range(args.repeats):  # in turn: a busy host slows each of them alike
             for how in RUNS:
                 steps[how].append([])
+                host_ms[how].append(host_speed_ms())
                 s, r = run_once(shape, how, stops if how == "recorded" else None, steps[how][-1])
                 seconds[how].append(s)
                 rec = r or rec
@@ -426,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             # steps (a run slower than the others shows which of them grew)
             **{f"{how}_step_ms": step_parts([t for run in steps[how] for t in run]) for how in steps},
             **{f"{how}_runs_step_ms": [step_parts(run) for run in steps[how]] for how in steps},
+            **{f"{how}_runs_host_speed_ms": host_ms[how] for how in RUNS},
             "ratio": statistics.median(seconds["recorded"]) / statistics.median(seconds["plain"]),
             "best_ratio": min(seconds["recorded"]) / min(seconds["plain"]),
             "mode_ratio": statistics.median(seconds["mode"]) / statistics.median(seconds["plain"]),
@@ -452,11 +466,12 @@ def main(argv: list[str] | None = None) -> int:
             return (f"{t['wall']:.2f} = cpu {t['thread_cpu']:.2f}, poll {t['polling']:.2f}, stage {t['staging']:.2f}, "
                     f"{t['minor_faults']:.0f} faults, {t['involuntary_switches']:.0f} preempted, cpus {t['cpus']}")
 
-        print(f"{name:5s}: each repeat, ms/step and the median step (wall = the loop thread's CPU, polling, "
-              "staging the block ids; minor faults, involuntary switches; the CPUs it ended on):")
+        print(f"{name:5s}: each repeat, ms/step [the host's speed before it: host_speed_ms()] and the median step "
+              "(wall = the loop thread's CPU, polling, staging the block ids; minor faults, involuntary switches; "
+              "the CPUs it ended on):")
         for k in range(args.repeats):
             for how in ("plain", "recorded"):
-                print(f"  {k + 1} {how:8s} {row[how + '_runs_ms_per_step'][k]:6.2f}: "
+                print(f"  {k + 1} {how:8s} {row[how + '_runs_ms_per_step'][k]:6.2f} [{host_ms[how][k]:5.2f}]: "
                       f"{parts(row[how + '_runs_step_ms'][k])}", flush=True)
         print(f"{name:5s}: a step, medians over every step, ms: " + "; ".join(
             f"{how} {parts(row[how + '_step_ms'])}" for how in ("plain", "recorded")), flush=True)
