@@ -12,13 +12,16 @@ every layer's KV is written, zero-filled and attended on the compute stream; one
 most ``--in-flight`` pending, completion found by polling ``Event.query()``. Two compute loads:
 ``light`` (the demo's own kernels only: a few microseconds each, so the loop is bound by the host
 launching them, the recorder's worst case) and ``model`` (a ``tokens x hidden`` by ``hidden x
-hidden`` fp16 matmul per layer too, as a forward pass has). Each repeat runs the loop plain, under
-a pass-through dispatch mode (what any ``__torch_dispatch__`` hook costs: the floor of a recorder
+hidden`` fp16 matmul per layer too, as a forward pass has). Each repeat runs the loop plain, under a
+pass-through dispatch mode (what any ``__torch_dispatch__`` hook costs: the floor of a recorder
 built on one), recorded (the op log: each op written down in C++, logged at the recording's stop),
-recorded without native capture, and recorded by the dispatch mode as each op runs (``op_log=False``),
-in turn; the loop is timed, the recording's start and stop are not (the stop's time is printed); medians and bests are
-printed; ``--csan`` then runs each load under PyTorch's CUDA Stream Sanitizer. Needs a CUDA device and ``kvverify._C``. Not a test: it prints the figures
-(the target is at most 1.5x; docs/record-design.md has the figures).
+recorded without native capture, and recorded by the dispatch mode as each op runs
+(``op_log=False``), in turn; the loop is timed, the recording's start and stop are not (the stop's
+time is printed); medians and bests are printed, and each repeat's plain and recorded runs with the
+host's speed before each (``host_speed_ms``: a shared host's cores change speed from run to run) and
+where their steps' time went; ``--csan`` then runs each load under PyTorch's CUDA Stream Sanitizer.
+Needs a CUDA device and ``kvverify._C``. Not a test: it prints the figures (the target is at most
+1.5x; docs/record-design.md has the figures).
 
 ``--host-only`` needs no GPU: it times ``layer[0:8].fill_(1)`` (a view and an in-place op) over 32
 small CPU tensors that a stand-in platform calls device memory, plain, under a dispatch mode that
