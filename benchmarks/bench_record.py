@@ -85,16 +85,17 @@ def host_speed_ms() -> float:
     return 1e3 * (time.perf_counter() - start)
 
 
-def time_loop(shape, context, after: list | None = None, steps: list | None = None) -> float:
+def time_loop(shape, context, after: list | None = None, steps: list | None = None, cuda=None) -> float:
     """Wall seconds of one run of the demo's loop of ``shape`` inside ``context`` (allocation
     outside the timing, and the context's entry and exit too: a recording's stop, where its op log
     is logged, is appended to ``after`` where given). ``steps``: gets, per step, a tuple of
-    ``STEP_PARTS`` and the CPU the step ended on."""
+    ``STEP_PARTS`` and the CPU the step ended on. ``cuda``: the demo's device (default: the current
+    CUDA device; the tests pass the CPU stand-in)."""
     import gc
 
     from kvverify.record import demo
 
-    engine = demo.Engine(shape)
+    engine = demo.Engine(shape, cuda=cuda)
     if steps is not None:
         import resource
 
