@@ -76,9 +76,9 @@ def engine_shapes(**overrides) -> dict:
 
 def host_speed_ms() -> float:
     """Wall ms of a fixed pure-Python loop (summing 200,000 ints) on the calling thread: the host's
-    speed just before a run. On a shared host, one core's speed changes from run to run (a
-    neighbour on its other hardware thread, its clock); a run slower than its peers with a slower
-    figure here was slowed by the host, not by what it ran."""
+    speed just before a run. On a shared host (a VM whose cores the machine under it shares out), a
+    core's speed changes from run to run; a run slower than its peers with a slower figure here was
+    slowed by the host, not by what it ran. It is a sample before the run, not a guarantee over it."""
     start, total = time.perf_counter(), 0
     for i in range(200_000):
         total += i
