@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-all", action="store_true",
                         help="write every kernel access, also to buffers no copy and no host access touches")
     parser.add_argument("--no-op-log", action="store_true",
-                        help="log each op as it runs, by a dispatch mode (2.5-3.5x plain), not after the program")
+                        help="log each op as it runs, by a dispatch mode (slower: docs/record.md), not after the program")
     parser.add_argument("--max-races", type=int, default=20, metavar="N",
                         help="list at most N races (default %(default)s); the verdict does not depend on it")
     parser.add_argument("--confirm", action="store_true",

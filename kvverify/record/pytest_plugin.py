@@ -43,7 +43,7 @@ def pytest_addoption(parser) -> None:
     group.addoption("--kvverify-trace-dir", default=None, metavar="DIR",
                     help="write each recorded test's trace to DIR (one JSON file per test)")
     group.addoption("--kvverify-no-op-log", action="store_true", default=False,
-                    help="log each op as it runs, by a dispatch mode (2.5-3.5x plain), not after the test "
+                    help="log each op as it runs, by a dispatch mode (slower: docs/record.md), not after the test "
                          "(kvverify record --no-op-log)")
     group.addoption("--kvverify-confirm", action="store_true", default=False,
                     help="where a recorded test races, run it again in child processes for a device witness "
