@@ -305,7 +305,8 @@ class _Finder:
     def __init__(self, order: Ordering, buffers: Mapping[str, Buffer], max_races: int | None):
         self.order = order
         self.nbytes = {name: b.nbytes for name, b in buffers.items()}
-        self.rank = {name: n for n, name in enumerate(buffers)}
+        # by name, not by declaration: a trace's members are unordered (RFC 8259), and so is `buffers`
+        self.rank = {name: n for n, name in enumerate(sorted(buffers))}
         self.cap = max_races if max_races is not None else float("inf")
         self.found: dict[tuple[int, int], tuple[Access, Access, Range]] = {}
         # per buffer: the lanes a read is checked against (the streams' writes there), and those a
@@ -318,7 +319,7 @@ class _Finder:
 
     def record(self, a: Access, b: Access) -> None:
         """Note the race of ``a`` (earlier) with ``b`` (the op just stepped), keeping per op pair
-        the lowest overlap (in buffer declaration order)."""
+        the lowest overlap (in buffer name order)."""
         lo = max(a.offset, b.offset)
         hi = min(a.offset + a.length, b.offset + b.length)
         if a.role == b.role == "free":   # two frees of the same bytes are no race (rule 9)

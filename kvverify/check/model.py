@@ -500,10 +500,11 @@ class TraceText:
     :meth:`trace` then gives the :class:`Trace`, whose ops are parsed again from the text when
     asked (a report asks for a few), so a trace of millions of ops is held once, as its text.
 
-    Ops stream when ``"ops"`` follows version, buffers and streams (as the format's example and
-    every writer put them); otherwise the ops array is decoded whole first. ``threads`` belongs
-    before ``"ops"`` too: after streamed ops it is still validated, but the ops were read without
-    it (so one that names a thread is reported as naming an undeclared one).
+    The members may come in any order (RFC 8259: an object's members are unordered). Ops stream
+    when ``"ops"`` follows version, buffers and streams (as the format's example and every writer
+    put them) and no ``"threads"`` member may still follow (its key nowhere in the rest of the
+    text: ops name threads, so they are read once the threads are known); otherwise the ops
+    array is decoded whole first.
 
     ``text``: str, or UTF-8 bytes (a byte order mark is allowed). Raises :class:`TraceError`,
     from the constructor for the header and from :meth:`ops` for an op or what follows the ops."""
@@ -527,7 +528,8 @@ class TraceText:
             for key in self._keys:
                 if key not in _KEYS:
                     raise TraceError(_unknown_top_level(key), field=_field(key))
-                if key == "ops" and header.keys() >= _REQUIRED_HEADER and self._reader.at_array():
+                if (key == "ops" and header.keys() >= _REQUIRED_HEADER and self._reader.at_array()
+                        and ("threads" in header or '"threads"' not in text[self._reader.pos:])):
                     self._streaming = True
                     header["ops"] = []    # read one by one, by ops()
                     break
@@ -571,10 +573,8 @@ class TraceText:
                 offsets.append(start)
                 yield parse(raw, i)
                 i += 1
-            for key in self._keys:   # nothing may follow the ops but threads and the end of the trace
-                if key != "threads":
-                    raise TraceError(_unknown_top_level(key), field=_field(key))
-                self.threads = parser.threads_of(self._member(key))
+            for key in self._keys:   # nothing may follow streamed ops but the end of the trace
+                raise TraceError(_unknown_top_level(key), field=_field(key))
         except JSONTextError as e:
             raise TraceError(f"not valid JSON: {e}", op_index=e.item, field=e.key) from None
 
@@ -831,7 +831,7 @@ class _Parser:
             if thread not in self.thread_set:
                 if not self.thread_set:
                     self.fail("thread", f"unknown thread {_quote(thread)}: the trace declares no threads "
-                                        "(a top-level \"threads\" array, before the ops)")
+                                        "(a top-level \"threads\" array)")
                 self.fail("thread", f"unknown thread {_quote(thread)} (declared: {_listed(self.thread_set)})")
         return self._kinds[kind][1](raw, name, at, thread)
 

@@ -20,7 +20,7 @@ class Race:
     whose source and destination overlap). ``kind`` is RAW / WAR / WAW by issue order (the
     earlier-issued access first; inside one op, by copy index, source before destination), or
     FREE when one of the two ops is a ``free`` (use after free, rule 9).
-    ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer declaration order;
+    ``overlap`` is one overlapping byte range of the pair (the lowest, in buffer name order;
     ranges one op lists back to back count as one);
     ``rule`` the number of the rule that leaves them unordered ("2", "4", "5", "6", "7", "8" for
     two host threads, "9" for a free);

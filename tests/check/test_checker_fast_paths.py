@@ -70,7 +70,7 @@ def _frees(a, b) -> str | None:
 
 def reference(trace: Trace) -> dict[tuple[int, int], tuple[tuple[int, int], set[str]]]:
     """Per racing op pair: the lowest overlap as (buffer rank, first byte) and the kinds seen there."""
-    rank = {name: n for n, name in enumerate(trace.buffers)}
+    rank = {name: n for n, name in enumerate(sorted(trace.buffers))}  # buffers in name order
     best: dict[tuple[int, int], tuple[tuple[int, int], set[str]]] = {}
 
     def note(pair, buf, lo, kind):
@@ -105,7 +105,7 @@ def test_fast_paths_agree_with_every_pair_of_accesses(scan_limit, chunk_bits, tr
     with fast_paths(scan_limit, chunk_bits):
         report = check(trace, max_races=None)
     expected = reference(trace)
-    rank = {name: n for n, name in enumerate(trace.buffers)}
+    rank = {name: n for n, name in enumerate(sorted(trace.buffers))}  # buffers in name order
     assert report.pairs() == set(expected), trace.dumps()
     for race in report.races:
         where, kinds = expected[(race.first, race.second)]

@@ -462,7 +462,7 @@ def test_each_pair_appears_once_with_its_lowest_overlap():
     assert len(report.races) == 1
     r = report.races[0]
     assert (r.first, r.second, r.kind) == (0, 1, "RAW")
-    # the lowest overlap in buffer declaration order; ranges one op lists back to back or
+    # the lowest overlap in buffer name order; ranges one op lists back to back or
     # overlapping count as one run of bytes
     assert r.overlap == Range("gpu", 0, 60)
 
@@ -472,7 +472,7 @@ def test_the_overlap_is_the_lowest_even_across_buffers_and_kinds():
     b.kernel("compute", "w", writes=[("gpu_b", 0, 8), ("gpu", 64, 8)])
     b.kernel("offload", "rw", reads=[("gpu", 0, 128)], writes=[("gpu_b", 0, 8)])
     (r,) = run(b).races
-    assert (r.kind, r.overlap) == ("RAW", Range("gpu", 64, 8))    # gpu is declared before gpu_b
+    assert (r.kind, r.overlap) == ("RAW", Range("gpu", 64, 8))    # 'gpu' sorts before 'gpu_b'
 
 
 def test_every_unordered_pair_is_listed_not_just_the_latest():

@@ -27,6 +27,7 @@ from kvverify.check import (
     Transfer,
     WaitEvent,
     WaitStream,
+    check,
     model,
 )
 
@@ -409,7 +410,9 @@ def test_a_misspelt_buffer_key_is_named_too():
         Trace.from_json(doc)
 
 
-def test_threads_after_streamed_ops_are_validated_and_apply_to_ops_that_name_none():
+def test_threads_after_the_ops_are_read_before_the_ops_that_name_them():
+    """Object members are unordered (RFC 8259): a ``threads`` member after ``ops`` declares the
+    threads the ops name, as it does before them."""
     head = '{"version": 1, "buffers": {"cpu": {"space": "host_pinned", "bytes": 8}}, "streams": [], "ops": '
     ops = '[{"op": "host_write", "ranges": [["cpu", 0, 8]]}, {"op": "host_read", "ranges": [["cpu", 0, 8]]}]'
     trace = Trace.from_json(head + ops + ', "threads": ["main", "other"]}')
@@ -418,6 +421,10 @@ def test_threads_after_streamed_ops_are_validated_and_apply_to_ops_that_name_non
         Trace.from_json(head + ops + ', "threads": ["main", "main"]}')
     assert e.value.field == "threads[1]"
     named = ops.replace('"op": "host_read"', '"op": "host_read", "thread": "other"')
-    with pytest.raises(TraceError, match="before the ops") as e:
-        Trace.from_json(head + named + ', "threads": ["main", "other"]}')
+    trace = Trace.from_json(head + named + ', "threads": ["main", "other"]}')
+    assert trace.ops[1].thread == "other"
+    assert check(head + named + ', "threads": ["main", "other"]}').verdict == "RACY"  # two threads, no hand-off
+    assert check(head + ops + ', "threads": ["main", "other"]}').verdict == "SAFE"
+    with pytest.raises(TraceError, match="unknown thread 'third'") as e:
+        Trace.from_json(head + named.replace('"other"', '"third"') + ', "threads": ["main", "other"]}')
     assert (e.value.op_index, e.value.field) == (1, "thread")

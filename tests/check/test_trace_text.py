@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from trace_helpers import STORE_EXAMPLE
+from trace_strategies import small_traces
 
 from kvverify.check import Trace, TraceError, TraceText, check
 from kvverify.check.jsontext import JSONTextError, ObjectReader, decode, loads
@@ -134,3 +137,29 @@ def test_cut_and_show_bound_what_they_echo():
         deep = [deep]
     assert len(show(deep)) < 100 and show({"a": 1, "b": [1, 2]}) == '{"a": 1, "b": [1, 2]}'
     assert show(True) == "true" and show(None) == "null" and show(1.5) == "1.5"
+
+
+def _shuffled(value, rng):
+    """``value`` with the members of every object in another order (arrays keep theirs)."""
+    if isinstance(value, dict):
+        keys = list(value)
+        rng.shuffle(keys)
+        return {k: _shuffled(value[k], rng) for k in keys}
+    if isinstance(value, list):
+        return [_shuffled(v, rng) for v in value]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(trace=small_traces(), seed=st.integers(0, 2**32 - 1))
+def test_the_members_of_a_trace_may_come_in_any_order(trace, seed):
+    """RFC 8259: an object's members are unordered. The text of a trace whose top-level members and
+    op fields are shuffled (``threads`` after ``ops`` too) gives the same trace and the same races."""
+    import random
+
+    doc = trace.to_json()
+    text = json.dumps(_shuffled(doc, random.Random(seed)))
+    assert Trace.from_json(text) == Trace.from_json(doc)
+    expected, got = check(doc), check(text)
+    assert got.verdict == expected.verdict
+    assert [(r.first, r.second, r.kind) for r in got.races] == [(r.first, r.second, r.kind) for r in expected.races]
