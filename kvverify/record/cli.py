@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an op with the schema of kvverify::swap_blocks_batch under another name (a serving "
                              "engine's own); repeat for several. Ops named *::swap_blocks_batch are found anyway")
     parser.add_argument("--keep-all", action="store_true",
-                        help="write every kernel access, also to buffers no copy and no host access touches")
+                        help="write every kernel access, also to buffers only kernels on one stream touch (they cannot race)")
     parser.add_argument("--no-op-log", action="store_true",
                         help="log each op as it runs, by a dispatch mode (slower: docs/record.md), not after the program")
     parser.add_argument("--max-races", type=int, default=20, metavar="N",

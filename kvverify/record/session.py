@@ -503,7 +503,8 @@ def recording(*, swap_ops: Iterable[str] = (), keep_all: bool = False, platform=
 
     ``swap_ops``: qualified names (``"ns::name"``) of batched-swap ops with the schema of
     ``kvverify::swap_blocks_batch`` under another name (a serving engine's own).
-    ``keep_all``: write kernels' accesses to every buffer (default: only buffers a copy touches,
+    ``keep_all``: write kernels' accesses to every buffer (default: not to buffers only kernels of one
+    stream touch, which cannot race; written are buffers a copy touches, those kernels of two streams touch,
     or both the host and the device). ``platform``: the device layer (default: the CUDA device
     through torch; tests pass a stand-in). ``skip``: folders whose frames are library code when
     locating ops (default: torch and kvverify's recorder and op wrappers). ``native``: capture

@@ -136,26 +136,41 @@ def test_stream_query_true_orders_the_streams_work_and_false_records_nothing():
     assert check(build(rec)[0]).safe
 
 
-def test_compute_only_buffers_are_summarized_and_keep_all_writes_them():
+def test_only_buffers_that_kernels_of_one_stream_alone_touch_are_summarized():
+    """What a trace may leave out: bytes every access reaches through one stream with no host
+    access. Kernels on two streams race like copies (a Triton copy kernel beside compute's
+    zero-fill), so a buffer two streams' kernels touch is written."""
     rec = recorder()
     kv = rec.memory.fresh(0x10000, 4096, "device", "kv")
     act = rec.memory.fresh(0x20000, 4096, "device", "activations")
+    work = rec.memory.fresh(0x30000, 4096, "device", "workspace")
     cpu = rec.memory.fresh(0x90000, 4096, "host_pinned", "cpu")
     staging = rec.memory.fresh(0xA0000, 64, "host_pageable", "host only")
-    rec.kernel(COMPUTE, "mlp", [(act.index, 0, 4096)], [(act.index, 0, 4096)], None)
+    rec.kernel(COMPUTE, "mlp", [(act.index, 0, 4096)], [(act.index, 0, 4096), (work.index, 0, 64)], None)
     rec.kernel(OFFLOAD, "race on activations", [], [(act.index, 0, 64)], None)
-    rec.kernel(COMPUTE, "attn", [(act.index, 0, 4096), (kv.index, 0, 4096)], [], None)
+    rec.kernel(COMPUTE, "attn", [(act.index, 0, 4096), (kv.index, 0, 4096), (work.index, 0, 64)], [], None)
     rec.copy(OFFLOAD, "store", (kv.index, 0, 4096), (cpu.index, 0, 4096), None)
     rec.host_access("host_write", [(staging.index, 0, 64)], None, None)
     doc, summary = build(rec)
-    assert set(doc["buffers"]) == {"gpu0 @0x10000", "pinned2 @0x90000"}
-    assert [op["op"] for op in doc["ops"]] == ["kernel", "copy"]
-    assert doc["ops"][0]["reads"] == [[doc["ops"][1]["src"][0], 0, 4096]]
-    assert summary.kernels_summarized == 2 and summary.accesses_summarized == 5
-    assert check(doc).safe
+    assert set(doc["buffers"]) == {"gpu0 @0x10000", "gpu1 @0x20000", "pinned3 @0x90000"}
+    assert [op["op"] for op in doc["ops"]] == ["kernel", "kernel", "kernel", "copy"]
+    assert summary.kernels_summarized == 0 and summary.accesses_summarized == 3  # workspace twice, staging once
+    races = check(doc).races
+    assert [(r.first, r.second, r.kind) for r in races] == [(0, 1, "WAW"), (1, 2, "RAW")]
     full, _ = build(rec, keep_all=True)
-    assert len(full["ops"]) == 5
-    assert not check(full).safe  # the two kernels on activations, on two streams
+    assert len(full["ops"]) == 5 and len(check(full).races) == 2  # what was left out cannot race
+
+
+def test_a_buffer_kernels_of_one_stream_and_the_host_touch_is_written():
+    rec = recorder()
+    act = rec.memory.fresh(0x20000, 4096, "device", "activations")
+    work = rec.memory.fresh(0x30000, 4096, "device", "workspace")
+    rec.kernel(COMPUTE, "mlp", [], [(act.index, 0, 4096), (work.index, 0, 64)], None)
+    rec.released([(act.index, 0, 4096)], "free", None)
+    doc, summary = build(rec)
+    assert set(doc["buffers"]) == {"gpu0 @0x20000"}
+    assert summary.accesses_summarized == 1
+    assert [r.kind for r in check(doc).races] == ["FREE"]
 
 
 def test_unused_event_records_are_dropped_and_polling_is_written_once_per_event():

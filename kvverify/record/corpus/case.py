@@ -58,10 +58,7 @@ class Case:
     - ``kind``: the race's kind in the checker's words (``KINDS``); ``pair``: the functions of
       ``module`` whose lines issue the first and the second racing op;
     - ``witness``: what the native run counts;
-    - ``not_run``: why the broken form is never executed ("" when both forms run);
-    - ``keep_all``: record with ``keep_all=True``: the race is between two kernels on a buffer no
-      copy and no host access touches, which a default recording summarizes (docs/record.md,
-      "Keeping traces small").
+    - ``not_run``: why the broken form is never executed ("" when both forms run).
 
     Raises ValueError for a field outside its vocabulary.
     """
@@ -78,7 +75,6 @@ class Case:
     module: str
     unseen: str = ""
     not_run: str = ""
-    keep_all: bool = False
 
     def __post_init__(self) -> None:
         problems = []

@@ -82,7 +82,7 @@ def blindness(case: Case, form: str, complete: bool, notes: Sequence[str]) -> st
 
 
 def recorded(case: Case, form: str, confirm: bool = False) -> Recorded:
-    """``case.run(form)`` under ``kvverify.record.recording()`` (``keep_all`` where the case asks),
+    """``case.run(form)`` under ``kvverify.record.recording()``,
     its trace checked: the verdict, the expected race if found, completeness, and for a native case
     why the verdict cannot stand. ``confirm``: where it races, the device witness of each pair of
     lines (``kvverify.record.confirm.witness``, its runs in this process)."""
@@ -90,7 +90,7 @@ def recorded(case: Case, form: str, confirm: bool = False) -> Recorded:
     from kvverify.record.session import recording
 
     try:
-        with recording(keep_all=case.keep_all) as rec:
+        with recording() as rec:
             if confirm:
                 rec.follow_calls(witness.Forcer(rec.recorder))
             case.run(form)

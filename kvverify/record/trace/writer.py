@@ -8,16 +8,18 @@ is then what the program and the allocators did, written as ops (``kvverify.reco
 stream order on the block's stream, the allocators' events, synchronization; where nothing does, the
 checker reports the race, as it should (a freed block reused under a copy still reading it).
 
-Only what can matter is written. Two accesses can race only if something other than kernels
-in program order touches the bytes, so a buffer is kept when a copy or a batched swap touches it,
-or when both the host and the device do; kernels' accesses to any other buffer (intermediate
-activations, a compute-only workspace) are summarized: counted, not written. The happens-before
-order between the ops written does not change: kernels add no ordering edges, only accesses.
+Only what can matter is written, and nothing that can (the design's "what a trace may leave
+out"): two accesses to a buffer that every access reaches through one stream and no host access
+touches are in stream order, so such a buffer (an intermediate activation, a compute-only
+workspace) is summarized: its kernels' accesses counted, not written. A buffer is kept when a copy
+or a batched swap touches it, when both the host and the device do, or when kernels on two streams
+or more do: a kernel is a writer like any other (a Triton copy kernel on a side stream beside
+compute's zero-fill; two streams that share a weight). The happens-before order between the ops
+written does not change: kernels add no ordering edges, only accesses.
 Records of events nothing waits on, synchronizes with or queries order nothing and are left out;
 repeated "not yet" answers of a polling loop are written once.
 
-``keep_all=True`` writes every access (races between kernels on compute-only buffers then show
-too: what PyTorch's CUDA Stream Sanitizer looks for).
+``keep_all=True`` writes every access, the summarized ones too (they cannot race).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class Summary:
                f"({self.buffers_written} buffers of {self.allocations_seen} allocations seen)"]
         if self.kernels_summarized or self.accesses_summarized:
             out.append(f"summarized {self.kernels_summarized} kernels and {self.accesses_summarized} accesses to "
-                       "buffers no copy and no host access touches (--keep-all writes them)")
+                       "buffers only kernels on one stream touch (--keep-all writes them)")
         if self.records_dropped or self.queries_collapsed:
             out.append(f"left out {self.records_dropped} records of events nothing waits on, synchronizes with or "
                        f"queries, and {self.queries_collapsed} repeated 'not yet' answers of polls")
@@ -149,7 +151,7 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
     shifts = np.array([f[1] for f in final], dtype=np.int64)
     copied: set[int] = set()
     on_host: set[int] = set()
-    on_device: set[int] = set()
+    kernel_streams: dict[int, str | None] = {}  # buffer -> the one stream its kernels use (None: several)
     used_events: set[str] = set()
     for op in recorder.ops:
         kind = op["op"]
@@ -159,11 +161,17 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
             continue
         if kind in ("wait_event", "sync_event", "query_event"):
             used_events.add(op["event"])
-        target = {"kernel": on_device, "copy": copied, "host_read": on_host, "host_write": on_host,
-                  "free": on_host}.get(kind)
+        if kind == "kernel":
+            stream = op["stream"]
+            for span in _spans(op):
+                buffer = final[span[0]][0].index
+                if kernel_streams.setdefault(buffer, stream) != stream:
+                    kernel_streams[buffer] = None
+            continue
+        target = {"copy": copied, "host_read": on_host, "host_write": on_host, "free": on_host}.get(kind)
         if target is not None:
             target.update(final[span[0]][0].index for span in _spans(op))
-    keep = copied | (on_host & on_device)
+    keep = copied | (on_host & kernel_streams.keys()) | {b for b, s in kernel_streams.items() if s is None}
     names: dict[int, str] = {}
     taken: set[str] = set()
 
