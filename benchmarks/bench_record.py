@@ -220,9 +220,12 @@ def host_overhead(repeats: int = 5, steps: int = 200) -> dict:
         return NativeLog()
 
     class ArenaAsDevice(CudaPlatform):
+        host_watch = None  # its device work runs at its call: nothing is ever pending, nothing to watch
+
         def __init__(self, log):
             super().__init__()
             self.log = log
+            self.watch_off = None
 
         def where(self, t):
             return "device" if lo <= t.data_ptr() < hi else "host"

@@ -31,6 +31,7 @@
 #define KVVERIFY_HAS_CUPTI 0
 #endif
 
+#include "host_watch.h"
 #include "native_log.h"
 
 namespace kvverify::native {
@@ -112,9 +113,16 @@ const std::vector<size_t>* parameter_sizes(CUfunction f) {
 
 constexpr int64_t kMaxWords = 4096;
 
+// The per-thread default stream is handle 0 in a call of the per-thread API (the _ptsz entry
+// points, which code built with per-thread default streams calls): written as CU_STREAM_PER_THREAD,
+// so that the recorder keeps one such stream per host thread.
+int64_t stream_word(CUstream stream, bool per_thread_api) {
+  return stream == nullptr && per_thread_api ? 2 : word(stream);
+}
+
 // The 8-byte-aligned words of a launch's parameters: any of them may be a pointer.
-std::vector<int64_t> launch(CUstream stream, CUfunction f, void** params, void** extra) {
-  std::vector<int64_t> fields{word(stream), word(f), 0};
+std::vector<int64_t> launch(int64_t stream, CUfunction f, void** params, void** extra) {
+  std::vector<int64_t> fields{stream, word(f), 0};
   const auto* sizes = parameter_sizes(f);
   int64_t n = 0;
   auto add = [&](const char* bytes, size_t size) {
@@ -149,8 +157,9 @@ std::vector<int64_t> launch(CUstream stream, CUfunction f, void** params, void**
 
 // A batched copy's fields (both forms of cuMemcpyBatchAsync's parameters).
 template <typename Params>
-std::vector<int64_t> batch(const Params& a) {
-  std::vector<int64_t> fields{word(a.hStream), static_cast<int64_t>(a.count), static_cast<int64_t>(a.numAttrs)};
+std::vector<int64_t> batch(const Params& a, bool per_thread_api) {
+  std::vector<int64_t> fields{stream_word(a.hStream, per_thread_api), static_cast<int64_t>(a.count),
+                              static_cast<int64_t>(a.numAttrs)};
   for (size_t i = 0; i < a.count; ++i) {
     fields.insert(fields.end(), {static_cast<int64_t>(a.dsts[i]), static_cast<int64_t>(a.srcs[i]),
                                  static_cast<int64_t>(a.sizes[i])});
@@ -161,36 +170,213 @@ std::vector<int64_t> batch(const Params& a) {
   return fields;
 }
 
+bool per_thread_api(CUpti_CallbackId cbid) {
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz:
+#if CUDA_VERSION >= 13000
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz:
+#endif
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecord_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// What the host watch (host_watch.h) needs of a driver call, from every thread and also inside
+// work the recorder sees another way (a copy inside torch's copy_ touches host memory all the
+// same): the host memory device work reads and writes, and the order and completion of streams.
+// Launches inside an op of torch's dispatcher are not looked at: torch's kernels touch no host
+// memory, and each launch would pay for its argument words.
+void watch_call(CUpti_CallbackId cbid, const void* p, CUresult result) {
+  const bool ok = result == CUDA_SUCCESS;
+  const bool pt = per_thread_api(cbid);
+  auto key = [pt](CUstream s) { return watch::stream_key(static_cast<uint64_t>(word(s)), pt); };
+  using watch::Access;
+#define PARAMS(T) (*static_cast<const T*>(p))
+  switch (cbid) {
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyAsync_params);
+        const Access both[] = {{a.src, a.ByteCount, false}, {a.dst, a.ByteCount, true}};
+        watch::device_op(key(a.hStream), both, 2);
+        watch::table_copied(a.dst, reinterpret_cast<const void*>(a.src), a.ByteCount);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyHtoDAsync_v2_params);
+        const Access src{reinterpret_cast<uint64_t>(a.srcHost), a.ByteCount, false};
+        watch::device_op(key(a.hStream), &src, 1);
+        watch::table_copied(a.dstDevice, a.srcHost, a.ByteCount);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyDtoHAsync_v2_params);
+        const Access dst{reinterpret_cast<uint64_t>(a.dstHost), a.ByteCount, true};
+        watch::device_op(key(a.hStream), &dst, 1);
+      }
+      break;
+#if CUDA_VERSION >= 13000
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyBatchAsync_v2_params);
+        std::vector<Access> all;
+        all.reserve(2 * a.count);
+        for (size_t i = 0; i < a.count; ++i) {
+          all.push_back({a.srcs[i], a.sizes[i], false});
+          all.push_back({a.dsts[i], a.sizes[i], true});
+        }
+        watch::device_op(key(a.hStream), all.data(), all.size());
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2:
+#endif
+    case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize:
+      if (ok) watch::device_completed();
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemcpyBatchAsync_params);
+        std::vector<Access> all;
+        all.reserve(2 * a.count);
+        for (size_t i = 0; i < a.count; ++i) {
+          all.push_back({a.srcs[i], a.sizes[i], false});
+          all.push_back({a.dsts[i], a.sizes[i], true});
+        }
+        watch::device_op(key(a.hStream), all.data(), all.size());
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemsetD8Async_params);
+        const Access dst{a.dstDevice, a.N, true};
+        watch::device_op(key(a.hStream), &dst, 1);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async:
+    case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz:
+      if (ok) {
+        const auto& a = PARAMS(cuMemsetD32Async_params);
+        const Access dst{a.dstDevice, 4 * a.N, true};
+        watch::device_op(key(a.hStream), &dst, 1);
+      }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecord:
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecord_ptsz:
+      if (ok) watch::event_recorded(static_cast<uint64_t>(word(PARAMS(cuEventRecord_params).hEvent)),
+                                    key(PARAMS(cuEventRecord_params).hStream));
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags:
+    case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags_ptsz:
+      if (ok) watch::event_recorded(static_cast<uint64_t>(word(PARAMS(cuEventRecordWithFlags_params).hEvent)),
+                                    key(PARAMS(cuEventRecordWithFlags_params).hStream));
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz:
+      if (ok) watch::stream_waited(key(PARAMS(cuStreamWaitEvent_params).hStream),
+                                   static_cast<uint64_t>(word(PARAMS(cuStreamWaitEvent_params).hEvent)));
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize:
+      if (ok) watch::event_completed(static_cast<uint64_t>(word(PARAMS(cuEventSynchronize_params).hEvent)));
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuEventQuery:
+      if (ok) watch::event_completed(static_cast<uint64_t>(word(PARAMS(cuEventQuery_params).hEvent)));
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz:
+      if (ok) watch::stream_completed(key(PARAMS(cuStreamSynchronize_params).hStream));
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery_ptsz:
+      if (ok) watch::stream_completed(key(PARAMS(cuStreamQuery_params).hStream));
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
+      if (ok) watch::capture(key(PARAMS(cuStreamBeginCapture_params).hStream), true);
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture:
+    case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz:
+      watch::capture(key(PARAMS(cuStreamEndCapture_params).hStream), false);
+      break;
+    default:
+      break;
+  }
+#undef PARAMS
+}
+
 void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
   const auto* call = static_cast<const CUpti_CallbackData*>(data);
-  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || call->callbackSite != CUPTI_API_EXIT || !enabled() ||
-      suppressed() > 0) {
+  if (domain != CUPTI_CB_DOMAIN_DRIVER_API || !enabled()) {
+    return;
+  }
+  const void* p = call->functionParams;
+#define PARAMS(T) (*static_cast<const T*>(p))
+  if (call->callbackSite == CUPTI_API_ENTER) {  // a release of host memory: unwatched before it is unmapped
+    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost) watch::host_released(word(PARAMS(cuMemFreeHost_params).p));
+    if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister) {
+      watch::host_released(word(PARAMS(cuMemHostUnregister_params).p));
+    }
     return;
   }
   const CUresult result = *static_cast<const CUresult*>(call->functionReturnValue);
-  const void* p = call->functionParams;
+  watch_call(cbid, p, result);
+  if (suppressed() > 0) {
+    return;
+  }
   const bool ok = result == CUDA_SUCCESS;
-#define PARAMS(T) (*static_cast<const T*>(p))
+  const bool pt = per_thread_api(cbid);
   switch (cbid) {
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel:
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernel_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuLaunchKernel_params);
-        append(kLaunch, launch(a.hStream, a.f, a.kernelParams, a.extra), true);
+        auto fields = launch(stream_word(a.hStream, pt), a.f, a.kernelParams, a.extra);
+        if (fields[2] > 0) watch::launch(watch::stream_key(word(a.hStream), pt), fields.data() + 3, fields[2]);
+        append(kLaunch, fields, true);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuLaunchKernelEx_params);
-        append(kLaunch, launch(a.config->hStream, a.f, a.kernelParams, a.extra), true);
+        auto fields = launch(stream_word(a.config->hStream, pt), a.f, a.kernelParams, a.extra);
+        if (fields[2] > 0) watch::launch(watch::stream_key(word(a.config->hStream), pt), fields.data() + 3, fields[2]);
+        append(kLaunch, fields, true);
       }
+      break;
+    case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost:  // (watched at its entry; the recorder writes host frees it knows)
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemcpyAsync_params);
-        append(kCopy, {word(a.hStream), static_cast<int64_t>(a.dst), static_cast<int64_t>(a.src),
+        append(kCopy, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dst), static_cast<int64_t>(a.src),
                        static_cast<int64_t>(a.ByteCount), 0}, true);
       }
       break;
@@ -198,7 +384,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemcpyHtoDAsync_v2_params);
-        append(kCopy, {word(a.hStream), static_cast<int64_t>(a.dstDevice), word(a.srcHost),
+        append(kCopy, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), word(a.srcHost),
                        static_cast<int64_t>(a.ByteCount), 0}, true);
       }
       break;
@@ -206,7 +392,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemcpyDtoHAsync_v2_params);
-        append(kCopy, {word(a.hStream), word(a.dstHost), static_cast<int64_t>(a.srcDevice),
+        append(kCopy, {stream_word(a.hStream, pt), word(a.dstHost), static_cast<int64_t>(a.srcDevice),
                        static_cast<int64_t>(a.ByteCount), 0}, true);
       }
       break;
@@ -214,7 +400,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemcpyDtoDAsync_v2_params);
-        append(kCopy, {word(a.hStream), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.srcDevice),
+        append(kCopy, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.srcDevice),
                        static_cast<int64_t>(a.ByteCount), 0}, true);
       }
       break;
@@ -228,7 +414,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
 #if CUDA_VERSION >= 13000
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz:
-      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_v2_params)), true);
+      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_v2_params), pt), true);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2:
       if (ok) append(kDeviceSync, {}, true);
@@ -236,36 +422,36 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
 #endif
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync:  // CUDA 12.8's form (with failIdx)
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz:
-      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_params)), true);
+      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_params), pt), true);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async:
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemsetD8Async_params);
-        append(kMemset, {word(a.hStream), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.N)}, true);
+        append(kMemset, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.N)}, true);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async:
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemsetD32Async_params);
-        append(kMemset, {word(a.hStream), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(4 * a.N)}, true);
+        append(kMemset, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(4 * a.N)}, true);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecord:
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecord_ptsz:
-      if (ok) append(kEventRecord, {word(PARAMS(cuEventRecord_params).hEvent), word(PARAMS(cuEventRecord_params).hStream)}, true);
+      if (ok) append(kEventRecord, {word(PARAMS(cuEventRecord_params).hEvent), stream_word(PARAMS(cuEventRecord_params).hStream, pt)}, true);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags:
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuEventRecordWithFlags_params);
-        append(kEventRecord, {word(a.hEvent), word(a.hStream)}, true);
+        append(kEventRecord, {word(a.hEvent), stream_word(a.hStream, pt)}, true);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz:
-      if (ok) append(kEventWait, {word(PARAMS(cuStreamWaitEvent_params).hStream), word(PARAMS(cuStreamWaitEvent_params).hEvent)}, true);
+      if (ok) append(kEventWait, {stream_word(PARAMS(cuStreamWaitEvent_params).hStream, pt), word(PARAMS(cuStreamWaitEvent_params).hEvent)}, true);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize:
       if (ok) append(kEventSync, {word(PARAMS(cuEventSynchronize_params).hEvent)}, true);
@@ -277,12 +463,12 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz:
-      if (ok) append(kStreamSync, {word(PARAMS(cuStreamSynchronize_params).hStream)}, true);
+      if (ok) append(kStreamSync, {stream_word(PARAMS(cuStreamSynchronize_params).hStream, pt)}, true);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery_ptsz:
       if (ok || result == CUDA_ERROR_NOT_READY) {
-        append(kStreamQuery, {word(PARAMS(cuStreamQuery_params).hStream), ok ? 1 : 0}, true);
+        append(kStreamQuery, {stream_word(PARAMS(cuStreamQuery_params).hStream, pt), ok ? 1 : 0}, true);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize:
@@ -308,20 +494,20 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
     case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
-      if (ok) append(kGraphLaunch, {word(PARAMS(cuGraphLaunch_params).hGraph), word(PARAMS(cuGraphLaunch_params).hStream)}, true);
+      if (ok) append(kGraphLaunch, {word(PARAMS(cuGraphLaunch_params).hGraph), stream_word(PARAMS(cuGraphLaunch_params).hStream, pt)}, true);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
       // every form starts with the stream
-      if (ok) append(kCaptureBegin, {word(PARAMS(cuStreamBeginCapture_params).hStream)}, true);
+      if (ok) append(kCaptureBegin, {stream_word(PARAMS(cuStreamBeginCapture_params).hStream, pt)}, true);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuStreamEndCapture_params);
-        append(kCaptureEnd, {word(a.hStream), word(*a.phGraph)}, true);
+        append(kCaptureEnd, {stream_word(a.hStream, pt), word(*a.phGraph)}, true);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags:
@@ -384,6 +570,7 @@ constexpr CUpti_CallbackId kCalls[] = {
     CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams,
     CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz, CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2,
     CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy, CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy,
+    CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost,  // (the host watch's)
     // named only
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoH_v2,
     CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoD_v2, CUPTI_DRIVER_TRACE_CBID_cuMemcpy2DAsync_v2,

@@ -14,6 +14,8 @@
 
 #include "native_log.h"
 
+#include "host_watch.h"
+
 #include <Python.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
@@ -39,7 +41,7 @@ constexpr const char* kKinds =
     "event_query=23 stream_sync=24 stream_query=25 device_sync=26 event_create=27 event_destroy=28 unmap=30 "
     "map=31 host_register=32 host_unregister=33 graph_launch=40 capture_begin=41 capture_end=42 graph_instantiate=43 "
     "graph_destroy=44 graph_exec_destroy=45 "
-    "unmodelled=50 op_begin=60 op=61 op_failed=62 mark=63";
+    "unmodelled=50 op_begin=60 op=61 op_failed=62 mark=63 host_touch=70";
 constexpr int kMaxFrames = 24;
 
 std::mutex mutex;
@@ -149,6 +151,7 @@ void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts) {
     count.fetch_add(1, std::memory_order_relaxed);
     ++own_count;
   }
+  own_count += watch::drain(thread, kHostTouch, words);  // the thread's touches came before this record
   ++own_count;
   words.push_back(*parts.begin()->first);  // the kind
   words.push_back(static_cast<int64_t>(n) - 1);
@@ -160,9 +163,26 @@ void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts) {
   count.fetch_add(1, std::memory_order_relaxed);
 }
 
+// Move the host watch's touch records of `thread` (of every thread where it is 0) to the end of
+// that thread's records: each came after everything the thread logged before it (push() moves
+// them before anything the thread logs later). The mutex held.
+void drain_touches(uint64_t thread) {
+  uint64_t threads[64];
+  const size_t n = thread != 0 ? (threads[0] = thread, 1) : watch::touch_threads(threads, 64);
+  for (size_t i = 0; i < n; ++i) {
+    std::vector<int64_t> words;
+    if (watch::drain(threads[i], kHostTouch, words) != 0) {
+      auto& mine = pending[threads[i]];
+      mine.insert(mine.end(), words.begin(), words.end());
+    }
+  }
+}
+
 }  // namespace
 
 bool enabled() { return on.load(std::memory_order_relaxed); }
+
+std::atomic<int64_t>& record_count() { return count; }
 
 int64_t own_pending_records() { return own_count; }
 
@@ -236,6 +256,7 @@ __attribute__((visibility("default"))) int64_t kvverify_native_take(uint64_t thr
                                                                      int64_t capacity) {
   std::lock_guard<std::mutex> guard(mutex);
   int64_t written = 0;
+  drain_touches(thread);
   if (thread != 0) {
     auto found = pending.find(thread);
     if (found != pending.end()) {

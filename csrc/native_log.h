@@ -7,6 +7,7 @@
 // listed once, in kKinds (native_log.cpp), which Python reads at load.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -43,10 +44,15 @@ enum Kind : int64_t {
   kOp = 61,            // (op_log.cpp) it ended: its facts
   kOpFailed = 62,      // (op_log.cpp) it raised: id
   kMark = 63,          // (op_log.cpp) a report the recorder holds in Python: its index
+  kHostTouch = 70,     // (host_watch.cpp) address, write, first byte, end, frames as text (frames.h)
 };
 
 // Whether the log takes records now (a recording runs).
 bool enabled();
+
+// The count of records not taken yet, which Python reads without a call (the host watch's signal
+// handler adds its touch records to it; they are moved into their thread's records when taken).
+std::atomic<int64_t>& record_count();
 
 // Append one record of the calling thread: `fields` after its frames (captured here when the
 // thread holds the GIL and `frames` is true).

@@ -35,6 +35,8 @@ from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 _active: Recording | None = None
 CAPTURE_OFF = "native capture off"
 LATE_WORK = f"{NOT_RECORDED} (driver calls made after the last op the thread logged, as the recording stopped), thread"
+UNWATCHED = (f"{NOT_RECORDED} (host bytes device work read or wrote while the host watch did not hold them: host "
+             "accesses to them outside torch's dispatcher, while that work was pending, are not seen)")
 BLIND_SPOTS = ("kernels launched outside torch's dispatcher (Triton, pybind11, JIT kernels), torch's device work "
                "outside ops, CUDA graph launches, and the device work of threads the recording does not follow")
 _lock = threading.Lock()
@@ -132,6 +134,8 @@ class Recording:
         self._depth: int | None = None  # the mode's place on the stack of dispatch modes when it paused
         self._built: tuple[dict, Summary] | None = None
         self._verdict = None
+        self._covered: list[tuple[int, int]] = []  # host bytes the host watch held (across pauses)
+        self._watch_losses: dict[str, int] = {}
         self.running = False
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -178,6 +182,7 @@ class Recording:
                 raise
             self._outer = outer
             self._built = self._verdict = None
+            self._covered, self._watch_losses = [], {}
             self.running = True
             _set_active(self)
         return self
@@ -205,7 +210,8 @@ class Recording:
                 if self._replayer is not None:
                     self._replayer.log = platform.op_log()  # (the platform's native log is made by install)
                 self._driver = DriverOps(self.recorder, self._mode, platform.handle_key,
-                                         self._locator.locate_frames, platform.function_name)
+                                         self._locator.locate_frames, platform.function_name,
+                                         self._locator.locate_text)
                 self._threads = ThreadCapture(self.recorder, self._enter_thread, self._go_live)
                 self._bindings = Bindings(self._driver, self._follows, self._missed, platform.suppressed)
             self._mode.active = True
@@ -283,6 +289,9 @@ class Recording:
             step(self._replayer.stop)
         if self._mode_entered or logged:
             step(self._collect_leftover)
+        watch = self._platform_in_use.host_watch
+        if watch is not None:  # (what it covered, before it stops and forgets)
+            step(lambda: self._keep_coverage(watch))
         if self._bindings is not None:
             step(self._bindings.uninstall)
         if self._threads is not None:
@@ -298,6 +307,17 @@ class Recording:
         step(self._platform_in_use.uninstall)
         if errors:
             raise errors[0]
+
+    def _keep_coverage(self, watch) -> None:
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(self._covered + watch.covered()):
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        self._covered = merged
+        for what, n in watch.losses().items():
+            self._watch_losses[what] = self._watch_losses.get(what, 0) + n
 
     def _pause(self) -> None:
         """A recording nested in this one starts: record nothing until it stops. What runs
@@ -403,8 +423,10 @@ class Recording:
         logging = self._logging
         if logging:
             self._replayer.quiet(1)  # its own ops (a read-back) are not the program's
+        watch = self._platform_in_use.host_watch
         try:
-            yield
+            with watch.internal() if watch is not None else contextlib.nullcontext():  # (nor its touches)
+                yield
         finally:
             if logging:
                 self._replayer.quiet(-1)
@@ -436,7 +458,16 @@ class Recording:
         with a dispatch mode of its own (modes are per thread); returns what its end calls."""
         mode = self._mode.fork()
         mode.__enter__()
-        return lambda: mode.__exit__(None, None, None)
+        watch = self._platform_in_use.host_watch
+        if watch is not None:  # (another thread may touch host memory now: touches are single-stepped)
+            watch.threads(threading.active_count())
+
+        def end() -> None:
+            mode.__exit__(None, None, None)
+            if watch is not None and watch.running:
+                watch.threads(threading.active_count() - 1)  # (this thread still counts as active here)
+
+        return end
 
     # -- results -----------------------------------------------------------------------------
 
@@ -456,12 +487,31 @@ class Recording:
                 summary.notes.append(f"{NOT_RECORDED} (ops of two threads on one stream or event with no host "
                                      f"ordering between them, whose order the driver may have seen the other way "
                                      f"round; the first: {example}): {unordered}")
+            summary.notes += self._unwatched_notes()
             if self.recorder.memory.overruns:
                 # their placeholder shares no bytes with the allocation they run into: a race there is not decided
                 summary.notes.append(f"{NOT_RECORDED} (ranges that run past the allocation they start in, listed "
                                      f"above; races on their bytes are not decided): {self.recorder.memory.overruns}")
             self._built = (doc, summary)
         return self._built
+
+    def _unwatched_notes(self) -> list[str]:
+        """NOT RECORDED lines for host bytes device work touched that the host watch did not hold
+        while the work was pending (host accesses to them outside the dispatcher are not seen),
+        and for what the watch lost; nothing on a platform whose device work completes at its call."""
+        from kvverify.record.capture.watch import unwatched
+
+        platform = self._platform_in_use
+        if platform.watch_off is None and platform.host_watch is None:
+            return []
+        covered = self._covered if platform.watch_off is None else None
+        count, first = unwatched(self.recorder.ops, self.recorder.memory, covered)
+        notes = []
+        if count:
+            why = f"host watch off: {platform.watch_off}" if platform.watch_off is not None else "not watched"
+            notes.append(f"{UNWATCHED} ({why}; the first: {first}): {count}")
+        notes += [f"{NOT_RECORDED} (host watch: {what}): {n}" for what, n in self._watch_losses.items()]
+        return notes
 
     def trace(self) -> dict:
         """The trace (format version 1, ``docs/trace-format.md``) as a JSON-ready dict."""

@@ -91,7 +91,11 @@ class FakeEvent:
 
 
 class FakeCuda(Platform):
-    """The stand-in platform; pass it as ``recording(platform=...)``."""
+    """The stand-in platform; pass it as ``recording(platform=...)``. Its device work runs at its
+    call: no host byte is ever pending, so it needs no host watch (``host_watch`` None, ``watch_off``
+    None: nothing is said unwatched)."""
+
+    watch_off = None
 
     def __init__(self) -> None:
         self.device_storages: set[int] = set()

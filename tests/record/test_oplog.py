@@ -39,7 +39,10 @@ STREAM = 0x5000
 
 class ArenaAsDevice(Platform):
     """CPU tensors in ``arena`` are device memory, those whose storage is in ``pinned`` pinned host
-    memory; one stream; the extension's native log (and op log) in earnest."""
+    memory; one stream; the extension's native log (and op log) in earnest. Its device work runs at
+    its call: no host byte is pending, so no host watch is needed."""
+
+    watch_off = None
 
     def __init__(self, arena: torch.Tensor, pinned: list[torch.Tensor]) -> None:
         self.lo, self.hi = arena.data_ptr(), arena.data_ptr() + arena.numel()

@@ -138,6 +138,12 @@ class Platform:
         (the recorder sees them another way)."""
         return contextlib.nullcontext()
 
+    host_watch = None
+    """The running host watch (``kvverify.record.capture.watch.HostWatch``), or None."""
+    watch_off: str | None = "this platform has no host watch"
+    """Why there is no host watch (None: there is one), where host accesses outside the dispatcher to
+    bytes device work may still touch are then not seen."""
+
     def witness_tools(self, internal: Callable):
         """The device side of a witness run (``kvverify.record.confirm.witness.DeviceTools``); the recorder's
         own work goes inside ``internal()``."""

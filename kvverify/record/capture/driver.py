@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from kvverify.record.capture.native import text_frames
 from kvverify.record.capture.threads import NOT_RECORDED
 from kvverify.record.trace.recorder import CopyArrays, NativeRecord, Recorder
 from kvverify.terms import DEVICE_SPACE, HOST_SPACE, SrcAccessOrder
@@ -36,6 +37,8 @@ UNREADABLE = f"{NOT_RECORDED} (kernels launched outside the dispatcher whose arg
 GRAPHS = f"{NOT_RECORDED} (launches of CUDA graphs captured before the recording: their work is not known):"
 UNMODELLED = f"{NOT_RECORDED} (driver calls the trace cannot say yet):"
 GRAPH = -1  # the key of a graph launch's site (kernel sites are keyed by their function)
+HOST_TOUCH = "host access seen by the host watch"
+"""The name of a host access the host watch saw (a numpy view, ``.tolist()``, ctypes, native code)."""
 
 
 class DriverOps:
@@ -43,17 +46,20 @@ class DriverOps:
 
     ``mode``: the recording's ``RecordingMode`` (pointer resolution, pointer tables);
     ``stream_key``: ``(handle) -> Recorder stream key``; ``locate_frames``: ``(frames) -> at`` of a
-    record's ``(code, line)`` frames; ``function_name``: ``(function) -> kernel name``.
+    record's ``(code, line)`` frames; ``function_name``: ``(function) -> kernel name``;
+    ``locate_text``: ``(frames) -> at`` of ``(file, line, function)`` frames read as text.
     """
 
     def __init__(self, recorder: Recorder, mode, stream_key: Callable[[int], object],
                  locate_frames: Callable[[tuple], str | None] = lambda frames: None,
-                 function_name: Callable[[int], str] = lambda function: "?") -> None:
+                 function_name: Callable[[int], str] = lambda function: "?",
+                 locate_text: Callable[[list], str | None] = lambda frames: None) -> None:
         self.rec = recorder
         self.mode = mode
         self.stream_key = stream_key
         self.locate_frames = locate_frames
         self.function_name = function_name
+        self.locate_text = locate_text
         self._sites: dict[tuple[int, int], str | None] = {}  # (thread, function) -> where it is about to launch
         self._declared: dict[int, tuple] = {}  # thread -> (reads, writes, name) of kvverify.record.kernel
 
@@ -212,6 +218,13 @@ class DriverOps:
         if released is not None:
             self.rec.released([(released.index, 0, released.size)], name, at)
 
+    def touched_by_host(self, address: int, write: bool, lo: int, hi: int, at: str | None) -> None:
+        """The host watch saw this thread's first touch of pending host bytes (a page fault at
+        ``address``, a write or a read): a host access of ``[lo, hi)``, the bytes of the device
+        work pending there on that page (``kvverify.record.capture.watch``)."""
+        span = self.mode.host_span(lo, hi - lo, at)
+        self.rec.host_access("host_write" if write else "host_read", [span], HOST_TOUCH, at)
+
     # -- native capture's records ---------------------------------------------------------------------
 
     def record(self, record: NativeRecord) -> None:
@@ -270,6 +283,8 @@ class DriverOps:
             rec.graph_destroyed(graph=f[0])
         elif kind == "graph_exec_destroy":
             rec.graph_destroyed(graph_exec=f[0])
+        elif kind == "host_touch":
+            self.touched_by_host(f[0], bool(f[1]), f[2], f[3], self.locate_text(text_frames(f[4:])))
         elif kind == "graph_launch":
             at = at or self._sites.pop((threading.get_ident(), GRAPH), None)
             if not rec.graph_launched(f[0], key(f[1]), at):

@@ -106,6 +106,18 @@ class Locator:
                 return f"{self._show(name)}:{line} in {code.co_name}"
         return None
 
+    def locate_text(self, frames) -> str | None:
+        """As ``locate_frames``, of ``(file, line, function)`` frames read as text
+        (``kvverify.record.capture.native.text_frames``)."""
+        cache = self._is_library
+        for name, line, function in frames:
+            library = cache.get(name)
+            if library is None:
+                library = cache[name] = self._library(name)
+            if not library:
+                return f"{self._show(name)}:{line} in {function}"
+        return None
+
     def locate(self, depth: int = 1) -> str | None:
         """The ``at`` string of the innermost user frame above the caller's ``depth``-th frame."""
         frame = sys._getframe(depth)

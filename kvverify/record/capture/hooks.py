@@ -84,6 +84,7 @@ class CudaPlatform(Platform):
         self._undo: list[Callable[[], None]] = []
         self.log: NativeLog | None = None  # made by install()
         self.capture_off: str | None = "not installed"
+        self.watch_off: str | None = "not installed"
 
     def where(self, t) -> str | None:
         if type(t) is not self._tensor and isinstance(t, self._fake):  # FakeTensorMode's: no memory behind it
@@ -155,6 +156,11 @@ class CudaPlatform(Platform):
         self._wrap_host_register(recorder, guard)
         self.capture_off = self.log.start_capture(cupti_library()) if native else "not asked for"
         self._undo.append(self.log.stop_capture)
+        # the host watch needs native capture: it learns of device work on host memory from the driver calls
+        self.watch_off = "native capture is off"
+        if self.capture_off is None:
+            self.watch_off = self.log.watch.start()
+            self._undo.append(self.log.watch.stop)
 
     def _probe(self) -> None:
         """Check that an allocation reaches the native log (it does not where torch uses another
@@ -433,6 +439,11 @@ class CudaPlatform(Platform):
 
     def native_leftover(self) -> Counter:
         return self.log.leftover()
+
+    @property
+    def host_watch(self):
+        """The running ``kvverify.record.capture.watch.HostWatch``, or None (``watch_off`` says why)."""
+        return self.log.watch if self.log is not None and self.watch_off is None else None
 
     def op_log(self):
         return self.log.op_log() if self.log is not None else None

@@ -85,6 +85,9 @@ class NativeLog:
         self._words = (ctypes.c_int64 * self.WORDS)()
         self._quiet = _Quiet(lib.kvverify_native_suppress)
         self.capturing = False
+        from kvverify.record.capture.watch import HostWatch
+
+        self.watch = HostWatch(lib)
 
     def enable(self, on: bool) -> None:
         """Log from now on (dropping any record left), or stop logging."""
@@ -164,6 +167,22 @@ class _Quiet:
 
     def __exit__(self, *exc) -> None:
         self._suppress(-1)
+
+
+def text_frames(words: list[int]) -> list[tuple[str, int, str]]:
+    """The ``(file, line, function)`` frames a record holds as text, innermost first
+    (``csrc/frames.h``: ``[n, then per frame: line, file bytes, name bytes, the bytes packed 8 to a
+    word]``): frames read where the recorder could not hold the GIL (a host watch fault)."""
+    out = []
+    n, k = (words[0], 1) if words else (0, 0)
+    for _ in range(n):
+        line, nfile, nname = words[k], words[k + 1], words[k + 2]
+        k += 3
+        wf, wn = (nfile + 7) // 8, (nname + 7) // 8
+        packed = b"".join(int(w).to_bytes(8, "little", signed=True) for w in words[k:k + wf + wn])
+        out.append((packed[:nfile].decode(errors="replace"), line, packed[8 * wf:8 * wf + nname].decode(errors="replace")))
+        k += wf + wn
+    return out
 
 
 def parse(words: list[int], kinds: dict[int, str]) -> list[NativeRecord]:
