@@ -37,7 +37,7 @@ namespace kvverify::frames {
 namespace {
 
 constexpr int kMaxFile = 240;  // bytes of a file name kept (its end: the part that names it)
-constexpr int kMaxName = 64;
+constexpr int kMaxName = 160;
 
 // The UTF-8 bytes of a str without allocating: compact ASCII strings hold them inline, other
 // compact strings where their UTF-8 form was made already; else nothing.

@@ -176,6 +176,7 @@ struct ThreadSlot {
   int nsteps;
   uint64_t steps[kMaxSteps];  // pages opened for the instruction being single-stepped
   bool unblocked_trap;         // SIGTRAP was blocked where the instruction runs: block it again
+  int chained;                 // handlers beneath the watch's this fault was handed to so far
 };
 
 State* g = nullptr;  // the tables (mmap'd at start)
@@ -191,6 +192,9 @@ ThreadSlot thread_slots[kThreadSlots];
 pthread_key_t slot_key;
 std::once_flag slot_key_once;
 struct sigaction old_segv, old_trap;
+constexpr int kBeneath = 4;
+struct sigaction beneath[kBeneath];  // what old_segv was before kvverify_watch_on_top
+int nbeneath = 0;
 bool handlers_installed = false;
 struct CodeRange {
   uintptr_t lo, hi;
@@ -244,6 +248,7 @@ ThreadSlot* claim_slot(uint64_t t) {
     s.internal = 0;
     s.nsteps = 0;
     s.unblocked_trap = false;
+    s.chained = 0;
     if (s.owner.compare_exchange_strong(owner, t + 1, std::memory_order_acq_rel)) return &s;
   }
   return nullptr;
@@ -555,7 +560,7 @@ bool in_driver(uintptr_t pc) {
   return false;
 }
 
-void chain(const struct sigaction& old, int sig, siginfo_t* info, void* context) {
+void call_handler(const struct sigaction& old, int sig, siginfo_t* info, void* context) {
   if (old.sa_flags & SA_SIGINFO) {
     if (old.sa_sigaction != nullptr) {
       old.sa_sigaction(sig, info, context);
@@ -567,6 +572,21 @@ void chain(const struct sigaction& old, int sig, siginfo_t* info, void* context)
   }
   // the default action: let the instruction fault again with nothing in the way
   signal(sig, SIG_DFL);
+}
+
+// Hand a SIGSEGV that is not the watch's to the handler beneath it. A handler that gives up by
+// putting back what it found (the watch's) and raising the signal again (Python's faulthandler
+// does, after its traceback) comes back here while it runs: it is then handed further down, to what
+// that handler had beneath it, and past the last one to the default action.
+void chain_segv(int sig, siginfo_t* info, void* context) {
+  ThreadSlot* slot = claim_slot(self());
+  const int depth = slot != nullptr ? slot->chained : 0;
+  struct sigaction fallback {};
+  fallback.sa_handler = SIG_DFL;
+  const struct sigaction& next = depth == 0 ? old_segv : depth <= nbeneath ? beneath[nbeneath - depth] : fallback;
+  if (slot != nullptr) ++slot->chained;
+  call_handler(next, sig, info, context);
+  if (slot != nullptr) --slot->chained;
 }
 
 // Write one touch record for the calling thread (outside the lock: the frames are read here).
@@ -614,7 +634,7 @@ void on_segv(int sig, siginfo_t* info, void* context) {
   if (!watching.load(std::memory_order_acquire) || info->si_code != SEGV_ACCERR) {
     in_handlers.fetch_sub(1, std::memory_order_acq_rel);
     errno = saved_errno;
-    chain(old_segv, sig, info, context);
+    chain_segv(sig, info, context);
     return;
   }
 #if defined(__x86_64__)
@@ -637,7 +657,7 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     unlock();
     in_handlers.fetch_sub(1, std::memory_order_acq_rel);
     errno = saved_errno;
-    chain(old_segv, sig, info, context);
+    chain_segv(sig, info, context);
     return;
   }
   if (required(*e) & (write ? PROT_WRITE : PROT_READ)) {
@@ -701,7 +721,7 @@ void on_trap(int sig, siginfo_t* info, void* context) {
   ThreadSlot* slot = find_slot(self());
   if (slot == nullptr || slot->nsteps == 0) {
     errno = saved_errno;
-    chain(old_trap, sig, info, context);
+    call_handler(old_trap, sig, info, context);
     return;
   }
   in_handlers.fetch_add(1, std::memory_order_acq_rel);
@@ -992,6 +1012,7 @@ const char* start() {
     return failure.c_str();
   }
   handlers_installed = true;
+  nbeneath = 0;
   watching.store(true, std::memory_order_release);
   return nullptr;
 #endif
@@ -1097,6 +1118,32 @@ __attribute__((visibility("default"))) void kvverify_watch_close(uint64_t addres
   Guard guard;
   const uint64_t first = address / kPage;
   apply(first, (address + bytes + kPage - 1) / kPage - first);
+}
+
+// Another handler of SIGSEGV was installed over the watch's (Python's faulthandler.enable, as pytest
+// calls it): put the watch's back on top, handing what it does not handle to that one.
+__attribute__((visibility("default"))) void kvverify_watch_on_top() {
+  if (!handlers_installed) return;
+  struct sigaction now {};
+  sigaction(SIGSEGV, nullptr, &now);
+  if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_segv) return;
+  if (nbeneath == kBeneath) return;
+  beneath[nbeneath++] = old_segv;
+  old_segv = now;
+  struct sigaction ours {};
+  ours.sa_sigaction = on_segv;
+  ours.sa_flags = SA_SIGINFO | SA_NODEFER | SA_RESTART;
+  sigemptyset(&ours.sa_mask);
+  sigaction(SIGSEGV, &ours, nullptr);
+}
+
+// The handler put beneath by kvverify_watch_on_top is about to be taken away by its owner
+// (faulthandler.disable, which puts back what it found: the watch's): hand it its place for that,
+// and the watch chains to what was beneath it again.
+__attribute__((visibility("default"))) void kvverify_watch_before_off() {
+  if (!handlers_installed || nbeneath == 0) return;
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  old_segv = beneath[--nbeneath];
 }
 
 // The watched intervals so far, merged: up to `capacity` (lo, hi) pairs into `out`; returns how

@@ -25,13 +25,15 @@ CALL_SITES = 1 << 16  # ``at`` strings a Locator keeps; past that it starts afre
 def library_dirs() -> tuple[str, ...]:
     """The folders (and files) whose frames are never the user's: torch, the recorder's modules
     (not its demo), kvverify's op wrappers (``kvverify/device``: a swap issued through
-    ``kvverify.swap_blocks_batch`` is located at the user's call) and Triton's runtime where it is
-    loaded. The standard library
+    ``kvverify.swap_blocks_batch`` is located at the user's call), Triton's runtime and numpy where
+    they are loaded. The standard library
     (``runpy``, ``contextlib``, ``threading``) is library code too, but not the installed packages
     under it (``site-packages``)."""
     dirs = ([str(p) for p in sorted(_RECORD_DIR.glob("*.py")) if p.name not in USER_CODE]
             + [str(_RECORD_DIR / part) for part in _RECORDER_PARTS] + [str(_DEVICE_DIR)])
-    for package in ("torch", "triton"):  # triton: its launcher's frames, between a kernel's caller and the launch
+    # triton: its launcher's frames, between a kernel's caller and the launch; numpy: its Python
+    # wrappers, between the line that reads an array and the read (a touch the host watch sees)
+    for package in ("torch", "triton", "numpy"):
         module = sys.modules.get(package)
         if module is not None and getattr(module, "__file__", None):
             dirs.append(str(Path(module.__file__).resolve().parent))

@@ -59,21 +59,48 @@ class HostWatch:
         lib.kvverify_watch_losses.argtypes = [ctypes.POINTER(u64)]
         self._lib = lib
         self._local = threading.local()
+        self._undo: list = []
         self.running = False
 
     def start(self) -> str | None:
-        """Start watching; returns None, or why it cannot (not x86-64 Linux, running already)."""
+        """Start watching; returns None, or why it cannot (not x86-64 Linux, running already).
+
+        Python's ``faulthandler.enable`` (pytest calls it at its start) installs its own handler of
+        segmentation faults: while the watch runs, the watch's is put back on top after it, and
+        hands it every fault that is not the watch's (a real crash still dumps its traceback)."""
         why = self._lib.kvverify_watch_start()
         self.running = why is None
         if self.running:
             self.threads(threading.active_count())
+            self._keep_on_top()
         return None if why is None else why.decode()
 
     def stop(self) -> None:
         """Stop (idempotent): every page gets its protection back."""
         if self.running:
             self.running = False
+            while self._undo:
+                self._undo.pop()()
             self._lib.kvverify_watch_stop()
+
+    def _keep_on_top(self) -> None:
+        import faulthandler
+
+        enable, disable = faulthandler.enable, faulthandler.disable
+        on_top, before_off = self._lib.kvverify_watch_on_top, self._lib.kvverify_watch_before_off
+
+        def enabled(*args, **kwargs):
+            result = enable(*args, **kwargs)
+            on_top()
+            return result
+
+        def disabled(*args, **kwargs):
+            before_off()
+            return disable(*args, **kwargs)
+
+        enabled.__wrapped__, disabled.__wrapped__ = enable, disable
+        faulthandler.enable, faulthandler.disable = enabled, disabled
+        self._undo.append(lambda: (setattr(faulthandler, "enable", enable), setattr(faulthandler, "disable", disable)))
 
     def threads(self, n: int) -> None:
         """``n`` threads may touch host memory now: with one, a page is opened for good once its
