@@ -190,12 +190,12 @@ def without_what_the_writer_leaves_out(doc: dict) -> dict:
 
     - host accesses and frees of a host buffer no copy touches (memory of no interest to the
       device: the host-against-host races of two threads there are not written);
-    - with two threads, a ``record`` of an event nothing waits on, synchronizes with or queries, and
-      a kernel whose every range lies in a buffer only kernels of one stream touch (with no copy,
-      host access or free): the writer drops them as ordering nothing, but a thread's stream op
-      orders that thread's earlier ops before the later work of every thread on the stream (rule 2
-      across threads), so a recording reports races the trace does not have (a disagreement, kept
-      as ``DROPPED_STREAM_OPS``).
+    - with two threads, a ``record`` of an event nothing waits on, synchronizes with or queries once
+      recorded, and a kernel whose every range lies in a buffer only kernels of one stream touch
+      (with no copy, host access or free): the writer drops them as ordering nothing, but a
+      thread's stream op orders that thread's earlier ops before the later work of every thread on
+      the stream (rule 2 across threads), so a recording reports races the trace does not have (a
+      disagreement, kept as ``DROPPED_STREAM_OPS``).
     """
     ops = doc["ops"]
     device = {name for name, b in doc["buffers"].items() if b["space"] == "device"}
@@ -205,7 +205,14 @@ def without_what_the_writer_leaves_out(doc: dict) -> dict:
             op["ranges"] = [r for r in op["ranges"] if r[0] in copied or r[0] in device]
     ops = [op for op in ops if op.get("ranges", True)]
     if doc.get("threads"):
-        used = {op["event"] for op in ops if op["op"] in ("wait_event", "sync_event", "query_event")}
+        # an event is named at its first record: a use before it names another
+        recorded: set[str] = set()
+        used: set[str] = set()
+        for op in ops:
+            if op["op"] == "record":
+                recorded.add(op["event"])
+            elif op["op"] in ("wait_event", "sync_event", "query_event") and op["event"] in recorded:
+                used.add(op["event"])
         kernel_streams: dict[str, set] = {}
         for op in ops:
             if op["op"] == "kernel":
@@ -580,24 +587,28 @@ def disagreement(trace: dict, api, folder: Path) -> str | None:
 
 # -- disagreements ---------------------------------------------------------------------------------
 
-DROPPED = ("the trace writer leaves out a record of an event nothing waits on, synchronizes with or queries, and a "
-           "kernel whose every range is in a buffer only kernels of one stream touch, as ordering nothing; but a "
-           "thread's stream op orders its earlier ops before every thread's later work on that stream (trace format "
-           "rule 2 across threads), so the recording races where the trace does not (a report too many)")
+DROPPED = ("the trace writer leaves out a record of an event nothing waits on, synchronizes with or queries once "
+           "recorded, and a kernel whose every range is in a buffer only kernels of one stream touch, as ordering "
+           "nothing; but a thread's stream op orders its earlier ops before every thread's later work on that stream "
+           "(trace format rule 2 across threads), so the recording races where the trace does not (a report too many)")
 _B = {"dev0": {"space": "device", "bytes": 16}, "dev1": {"space": "device", "bytes": 16},
       "pin": {"space": "host_pinned", "bytes": 16}}
 
 
-def _handed_over(middle: list[dict]) -> dict:
-    """The main thread reads pinned bytes, then issues ``middle`` to stream s1; the worker copies
-    into those bytes on s1: stream order puts the copy after ``middle``, and so after the read."""
+def _handed_over(middle: list[dict], first: tuple[dict, ...] = ()) -> dict:
+    """The main thread does ``first``, reads pinned bytes, then issues ``middle`` to stream s1; the
+    worker copies into those bytes on s1: stream order puts the copy after ``middle``, and so after
+    the read."""
     return {"version": 1, "buffers": _B, "streams": ["s0", "s1"], "threads": ["main", "worker"],
-            "ops": [{"op": "host_read", "ranges": [["pin", 0, 4]]}, *middle,
+            "ops": [*first, {"op": "host_read", "ranges": [["pin", 0, 4]]}, *middle,
                     {"op": "copy", "stream": "s1", "src": ["dev0", 0, 4], "dst": ["pin", 0, 4], "thread": "worker"}]}
 
 
 DROPPED_STREAM_OPS = {
     "record": _handed_over([{"op": "record", "event": "e0", "stream": "s1"}]),
+    # a query before the first record names no event of the recording's
+    "record-queried-before": _handed_over([{"op": "record", "event": "e0", "stream": "s1"}],
+                                          first=({"op": "query_event", "event": "e0", "result": True},)),
     "summarized-kernel": _handed_over([{"op": "kernel", "stream": "s1", "reads": [], "writes": [["dev1", 0, 4]]}]),
     # as hypothesis found it: the main thread's record of e0 on s1 (op 4) orders its host reads before
     # the worker's batch into the same pinned bytes (op 5)
