@@ -2,7 +2,9 @@
 call can issue becomes a program with one line per op (``trace_programs``), the program runs under
 ``kvverify.record.recording()``, and the recording races on exactly the pairs of lines that
 ``kvverify.check`` finds racing in the trace itself; with two threads, taking turns as the trace
-interleaves them. The GPU twin, ``test_programs_from_traces_gpu.py``, runs the programs on CUDA."""
+interleaves them. Where they disagree (``DROPPED_STREAM_OPS``: with two threads, stream ops the trace
+writer leaves out as ordering nothing), the trace is an expected failure and the strategy leaves the
+shape out. The GPU twin, ``test_programs_from_traces_gpu.py``, runs the programs on CUDA."""
 
 from __future__ import annotations
 
