@@ -163,7 +163,9 @@ class FakeCuda(Platform):
             self.guard(getattr(self.recorder, what))(*args)
 
     def _tensor(self, shape, dtype) -> torch.Tensor:
-        array = np.zeros(shape, dtype=torch.empty((), dtype=dtype).numpy().dtype)
+        # a probe without storage: one with, made while recording, would be recorded as host memory
+        # where the array may then land
+        array = np.zeros(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype)
         self._keep.append(array)
         return torch.from_numpy(array)
 
