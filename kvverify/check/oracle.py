@@ -160,10 +160,10 @@ class _GraphBuilder:
             r = self.node(f"record {i}")
             self.item(op.stream, call, r, r)
             self.capture[op.event] = r
-        elif isinstance(op, WaitEvent):
+        elif isinstance(op, WaitEvent) and op.event in self.capture:   # never recorded: a no-op, no item
             w = self.node(f"wait {i}")
             self.item(op.stream, call, w, w)
-            self.edge(self.capture.get(op.event), w)   # never recorded: nothing to wait for
+            self.edge(self.capture[op.event], w)
         elif isinstance(op, WaitStream):
             r = self.node(f"record {i} (wait_stream)")
             self.item(op.on, call, r, r)

@@ -428,12 +428,14 @@ class Ordering:
 
     def _wait_event(self, i: int, op: WaitEvent) -> list[Side]:
         # cudaStreamWaitEvent: later work on the stream starts after the event's latest capture
-        # (rule 2); an event never recorded orders nothing (rule 3).
+        # (rule 2); on an event never recorded it "acts as if the record has already completed, and
+        # so is a functional no-op" (CUDA Runtime API, cudaStreamWaitEvent): no item of the stream,
+        # ordering nothing (rule 3), not even its thread's earlier ops before later work there.
         t = self.timeline_of[op.stream]
-        if self.here != HOST:   # a wait is an item of the stream too (rule 2)
-            self._stream[t] = self._item(t, i)
         cap = self._events.get(op.event)
         if cap is not None:
+            if self.here != HOST:   # a wait is an item of the stream too (rule 2)
+                self._stream[t] = self._item(t, i)
             self._stream[t] = join(self._stream[t], cap[0])
         self.waits[t].append(i)
         return self._keep(i, op, _new(OpOrder, (t, self._stream[t], cap[1] if cap else None)))

@@ -162,9 +162,10 @@ def test_a_record_or_wait_is_a_stream_item_of_the_thread_that_issued_it():
     # main's host write comes before its wait on 'load': the loader's copy queued behind the wait
     # on 'load' runs after it (the oracle holds the rules to this too)
     b = threaded()
-    b.host_write([CPU])                                      # 0
-    b.wait_event("load", "never")                            # 1: main, an item of 'load'
-    b.copy("load", CPU, GPU, thread="loader")                # 2
+    b.record("e", "compute")                                 # 0
+    b.host_write([CPU])                                      # 1
+    b.wait_event("load", "e")                                # 2: main, an item of 'load'
+    b.copy("load", CPU, GPU, thread="loader")                # 3
     assert races(b) == {}
     c = threaded()
     c.host_write([CPU])
@@ -356,3 +357,17 @@ def test_an_invalid_1_2_trace_is_exit_2_naming_op_and_field(tmp_path, capsys):
     out = json.loads(captured.out)
     assert (out["verdict"], out["op"], out["field"]) == ("INVALID", 3, "evnt")
     assert "op 3 (record), field 'evnt': unknown field for a record op (did you mean 'event'?)" in captured.err
+
+
+def test_rule3_a_wait_on_an_event_never_recorded_is_no_item_of_its_stream():
+    """cudaStreamWaitEvent on an event never recorded "is a functional no-op" (CUDA Runtime API):
+    it does not order its thread's earlier ops before another thread's later work on the stream,
+    as a record there would."""
+    doc = {"version": 1, "buffers": {"d": {"space": "device", "bytes": 8}, "p": {"space": "host_pinned", "bytes": 8}},
+           "streams": ["s1"], "threads": ["a", "b"],
+           "ops": [{"op": "host_read", "ranges": [["p", 0, 8]]},
+                   {"op": "wait_event", "stream": "s1", "event": "never"},
+                   {"op": "copy", "stream": "s1", "src": ["d", 0, 8], "dst": ["p", 0, 8], "thread": "b"}]}
+    assert [(r.first, r.second, r.kind) for r in check(doc).races] == [(0, 2, "WAR")]
+    doc["ops"][1] = {"op": "record", "event": "e", "stream": "s1"}
+    assert check(doc).safe

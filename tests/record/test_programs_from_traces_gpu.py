@@ -7,14 +7,14 @@ real hooks, the allocators and native capture, the recording races on exactly th
 that ``kvverify.check`` finds racing in the trace itself.
 
 A disagreement hypothesis finds here is kept on the property test as an ``@example`` (the trace as
-a dict literal; ``.xfail(...)`` with its reason while the recorder disagrees), so that every GPU run
-runs it again. Those found on the stand-in are ``DROPPED_STREAM_OPS``, run here too."""
+a dict literal), so that every GPU run runs it again. Those found on the stand-in are ``HANDED_ON``,
+run here too."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from trace_programs import DROPPED, DROPPED_STREAM_OPS, TorchCuda, disagreement, realizable_traces
+from trace_programs import HANDED_ON, TorchCuda, disagreement, realizable_traces
 
 pytestmark = pytest.mark.gpu
 
@@ -26,8 +26,7 @@ def test_a_program_made_from_a_trace_races_recorded_on_the_lines_the_trace_races
     assert found is None, found
 
 
-@pytest.mark.xfail(strict=True, reason=DROPPED)
-@pytest.mark.parametrize("name", list(DROPPED_STREAM_OPS))
-def test_a_stream_op_the_writer_leaves_out_still_orders_another_threads_later_work(name, tmp_path):
-    found = disagreement(DROPPED_STREAM_OPS[name], TorchCuda(), tmp_path)
+@pytest.mark.parametrize("name", list(HANDED_ON))
+def test_a_stream_op_that_orders_nothing_itself_still_orders_another_threads_later_work(name, tmp_path):
+    found = disagreement(HANDED_ON[name], TorchCuda(), tmp_path)
     assert found is None, found

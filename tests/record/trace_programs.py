@@ -184,45 +184,17 @@ def _ranges(op: dict) -> list:
 
 
 def without_what_the_writer_leaves_out(doc: dict) -> dict:
-    """``doc`` (changed in place) without the accesses and ops the recorder's trace writer leaves
-    out of a recording of its program (``kvverify.record.trace.writer``), where that changes the
-    checker's verdict:
-
-    - host accesses and frees of a host buffer no copy touches (memory of no interest to the
-      device: the host-against-host races of two threads there are not written);
-    - with two threads, a ``record`` of an event nothing waits on, synchronizes with or queries once
-      recorded, and a kernel whose every range lies in a buffer only kernels of one stream touch
-      (with no copy, host access or free): the writer drops them as ordering nothing, but a
-      thread's stream op orders that thread's earlier ops before the later work of every thread on
-      the stream (rule 2 across threads), so a recording reports races the trace does not have (a
-      disagreement, kept as ``DROPPED_STREAM_OPS``).
-    """
+    """``doc`` (changed in place) without the host accesses and frees of a host buffer no copy
+    touches: memory no device work touches, where two threads' accesses race only as a CPU data
+    race, which the recorder leaves to CPU race detectors (its trace writer does not write them:
+    ``kvverify.record.trace.writer``, docs/record.md "Keeping traces small")."""
     ops = doc["ops"]
     device = {name for name, b in doc["buffers"].items() if b["space"] == "device"}
     copied = {r[0] for op in ops if op["op"] in ("copy", "copy_batch") for r in _ranges(op)}
     for op in ops:
         if op["op"] in ("host_read", "host_write", "free"):
             op["ranges"] = [r for r in op["ranges"] if r[0] in copied or r[0] in device]
-    ops = [op for op in ops if op.get("ranges", True)]
-    if doc.get("threads"):
-        # an event is named at its first record: a use before it names another
-        recorded: set[str] = set()
-        used: set[str] = set()
-        for op in ops:
-            if op["op"] == "record":
-                recorded.add(op["event"])
-            elif op["op"] in ("wait_event", "sync_event", "query_event") and op["event"] in recorded:
-                used.add(op["event"])
-        kernel_streams: dict[str, set] = {}
-        for op in ops:
-            if op["op"] == "kernel":
-                for r in _ranges(op):
-                    kernel_streams.setdefault(r[0], set()).add(op["stream"])
-        touched = {r[0] for op in ops if op["op"] in ("host_read", "host_write", "free") for r in op["ranges"]}
-        kept = copied | touched | {b for b, streams in kernel_streams.items() if len(streams) > 1}
-        ops = [op for op in ops if not (op["op"] == "record" and op["event"] not in used)
-               and not (op["op"] == "kernel" and not {r[0] for r in _ranges(op)} & kept)]
-    doc["ops"] = ops
+    doc["ops"] = [op for op in ops if op.get("ranges", True)]
     return doc
 
 
@@ -587,10 +559,6 @@ def disagreement(trace: dict, api, folder: Path) -> str | None:
 
 # -- disagreements ---------------------------------------------------------------------------------
 
-DROPPED = ("the trace writer leaves out a record of an event nothing waits on, synchronizes with or queries once "
-           "recorded, and a kernel whose every range is in a buffer only kernels of one stream touch, as ordering "
-           "nothing; but a thread's stream op orders its earlier ops before every thread's later work on that stream "
-           "(trace format rule 2 across threads), so the recording races where the trace does not (a report too many)")
 _B = {"dev0": {"space": "device", "bytes": 16}, "dev1": {"space": "device", "bytes": 16},
       "pin": {"space": "host_pinned", "bytes": 16}}
 
@@ -604,7 +572,7 @@ def _handed_over(middle: list[dict], first: tuple[dict, ...] = ()) -> dict:
                     {"op": "copy", "stream": "s1", "src": ["dev0", 0, 4], "dst": ["pin", 0, 4], "thread": "worker"}]}
 
 
-DROPPED_STREAM_OPS = {
+HANDED_ON = {
     "record": _handed_over([{"op": "record", "event": "e0", "stream": "s1"}]),
     # a query before the first record names no event of the recording's
     "record-queried-before": _handed_over([{"op": "record", "event": "e0", "stream": "s1"}],
@@ -637,4 +605,7 @@ DROPPED_STREAM_OPS = {
                       {"op": "release", "sync": "h2", "thread": "main"},
                       {"op": "acquire", "sync": "h2", "thread": "worker"}]},
 }
-"""Traces whose recording disagrees with the checker: the recording has a race more (``DROPPED``)."""
+"""Traces a recording once disagreed on: with two threads, a stream op that orders nothing itself (a
+record nothing uses, a kernel of summarized accesses only) was left out of the recording, while it
+orders its thread's earlier ops before the other thread's later work on that stream (rule 2 holds
+across threads): the recording raced where the trace does not."""

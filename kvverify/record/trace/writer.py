@@ -16,8 +16,11 @@ or a batched swap touches it, when both the host and the device do, or when kern
 or more do: a kernel is a writer like any other (a Triton copy kernel on a side stream beside
 compute's zero-fill; two streams that share a weight). The happens-before order between the ops
 written does not change: kernels add no ordering edges, only accesses.
-Records of events nothing waits on, synchronizes with or queries order nothing and are left out;
-repeated "not yet" answers of a polling loop are written once.
+Records of events nothing waits on, synchronizes with or queries order nothing and are left out,
+unless another thread's later work on the same stream follows them (a stream's order holds whichever
+thread issues to it: then the record orders its thread's earlier ops before that work, and so does a
+kernel whose every access was summarized, which is then written with none); repeated "not yet"
+answers of a polling loop are written once.
 
 ``keep_all=True`` writes every access, the summarized ones too (they cannot race).
 """
@@ -197,13 +200,14 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
     ops: list[dict] = []
     polled: set[str] = set()  # events answered "not yet" since the last op other than a query
     crossing = _crossing(recorder.ops)
+    handed_on = _handed_on(recorder.ops)
     for k, op in enumerate(recorder.ops):
         kind = op["op"]
         if kind in ("release", "acquire") and k not in crossing:
             continue
         if kind == "kernel":
             reads, writes = kept(op["reads"]), kept(op["writes"])
-            if not reads and not writes:
+            if not reads and not writes and k not in handed_on:
                 summary.kernels_summarized += 1
                 continue
             out = {"op": kind, "stream": op["stream"], "reads": reads, "writes": writes}
@@ -222,7 +226,7 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
             out = {"op": kind, "stream": op["stream"], "order": op["order"],
                    "copies": [{"src": [name(i), o, n], "dst": [name(j), p, n]}
                               for (i, o, n), (j, p, _) in zip(src, dst)]}
-        elif kind == "record" and op["event"] not in used_events:
+        elif kind == "record" and op["event"] not in used_events and k not in handed_on:
             summary.records_dropped += 1
             continue
         else:
@@ -270,6 +274,30 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
         doc["threads"] = [t for k, t in enumerate(recorder.names) if t in others or k == 0]
     doc["ops"] = ops
     return doc, summary
+
+
+STREAM_ITEMS = frozenset(("kernel", "copy", "copy_batch", "record", "wait_event", "wait_stream"))
+"""The ops that are items of their stream: each runs after the earlier items of its stream."""
+
+
+def _handed_on(log: list[dict]) -> set[int]:
+    """Positions of the stream items that a later item of the same stream issued by another thread
+    follows. Such an item orders the earlier ops of its thread before that later work (trace
+    format rule 2: one stream's order holds whichever thread issued its items), whatever it does
+    itself: the writer keeps it (a record nothing uses, a kernel of summarized accesses only,
+    then with none)."""
+    later: dict[str, set] = {}  # stream -> the threads of its items after the one at hand
+    out: set[int] = set()
+    for k in range(len(log) - 1, -1, -1):
+        op = log[k]
+        if op["op"] not in STREAM_ITEMS:
+            continue
+        stream, thread = op["stream"], op.get("thread")
+        threads = later.setdefault(stream, set())
+        if threads - {thread}:
+            out.add(k)
+        threads.add(thread)
+    return out
 
 
 def _crossing(log: list[dict]) -> set[int]:
