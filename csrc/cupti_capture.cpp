@@ -658,6 +658,22 @@ __attribute__((visibility("default"))) const char* kvverify_native_start(const c
 // Stop the capture (idempotent); the log keeps what it holds.
 __attribute__((visibility("default"))) void kvverify_native_stop() { kvverify::native::stop(); }
 
+// Whether stream `handle` is a blocking stream (created without CU_STREAM_NON_BLOCKING: the legacy
+// default stream synchronizes with it, CUDA "Stream synchronization behavior") and its device.
+// Returns 0, or -1 where the driver cannot say (no driver; a handle it does not know).
+__attribute__((visibility("default"))) int kvverify_native_stream_info(int64_t handle, int* blocking, int* device) {
+  using kvverify::native::driver_entry;
+  static auto get_flags = driver_entry<PFN_cuStreamGetFlags_v5050>("cuStreamGetFlags", 5050);
+  static auto get_device = driver_entry<PFN_cuStreamGetDevice_v12080>("cuStreamGetDevice", 12080);
+  unsigned int flags = 0;
+  CUdevice d = 0;
+  auto stream = reinterpret_cast<CUstream>(static_cast<uintptr_t>(handle));
+  if (get_flags == nullptr || get_flags(stream, &flags) != CUDA_SUCCESS) return -1;
+  *blocking = (flags & CU_STREAM_NON_BLOCKING) ? 0 : 1;
+  *device = get_device != nullptr && get_device(stream, &d) == CUDA_SUCCESS ? static_cast<int>(d) : -1;
+  return 0;
+}
+
 // The name of the kernel `function` of a launch record ("?" where the driver gave none).
 __attribute__((visibility("default"))) const char* kvverify_native_function_name(int64_t function) {
   std::lock_guard<std::mutex> guard(kvverify::native::mutex);

@@ -252,6 +252,9 @@ class _NativeLog:
     def start_capture(self, library):
         return "a test without a GPU"
 
+    def stream_info(self, handle):
+        return None
+
     def stop_capture(self) -> None:
         pass
 

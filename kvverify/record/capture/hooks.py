@@ -150,6 +150,7 @@ class CudaPlatform(Platform):
         self.log.enable(True)
         self._undo.append(lambda: self.log.enable(False))
         recorder.pending, recorder.take = self.log.pending, self.log.take
+        recorder.stream_info = self.log.stream_info  # (the legacy default stream's implicit synchronization)
         self._observe_events(recorder, guard)
         self._observe_streams(recorder, guard)
         self._observe_device_sync(recorder, guard)

@@ -74,6 +74,8 @@ class NativeLog:
         lib.kvverify_native_function_name.restype = ctypes.c_char_p
         lib.kvverify_native_function_name.argtypes = [ctypes.c_int64]
         lib.kvverify_native_suppress.argtypes = [ctypes.c_int]
+        lib.kvverify_native_stream_info.argtypes = [ctypes.c_int64, ctypes.POINTER(ctypes.c_int),
+                                                    ctypes.POINTER(ctypes.c_int)]
         if lib.kvverify_native_attach_allocator() != 0:
             raise RecordingError("torch's CUDA allocator refused kvverify's trace tracker (a pluggable allocator?): "
                                  "record with torch's own caching allocator")
@@ -106,6 +108,15 @@ class NativeLog:
         if self.capturing:
             self._lib.kvverify_native_stop()
             self.capturing = False
+
+    def stream_info(self, handle: int) -> tuple[bool, int] | None:
+        """``(blocking, device)`` of stream ``handle`` (blocking: created without
+        ``CU_STREAM_NON_BLOCKING``; device -1 where the driver does not say), or None where the
+        driver does not know it."""
+        blocking, device = ctypes.c_int(), ctypes.c_int()
+        if self._lib.kvverify_native_stream_info(handle, ctypes.byref(blocking), ctypes.byref(device)) != 0:
+            return None
+        return bool(blocking.value), device.value
 
     def function_name(self, function: int) -> str:
         """The name of a launch record's kernel."""

@@ -57,10 +57,14 @@ def busy() -> bool:
     return INSIDE.depth > 0
 
 
-LEGACY_STREAM, PER_THREAD_STREAM = 0, 2
-"""``cudaStreamLegacy`` (torch's default stream, handle 0) and ``cudaStreamPerThread``: one per device."""
-DEFAULT_STREAMS = frozenset((LEGACY_STREAM, 1, PER_THREAD_STREAM))
-"""The special handles: each names one stream per device (``Recorder.stream_key``)."""
+LEGACY_STREAM, CU_STREAM_LEGACY, PER_THREAD_STREAM = 0, 1, 2
+"""The legacy default stream (torch's default stream: handle 0, and ``CU_STREAM_LEGACY``), one per
+device, and ``cudaStreamPerThread`` (``CU_STREAM_PER_THREAD``), one per device and host thread."""
+DEFAULT_STREAMS = frozenset((LEGACY_STREAM, CU_STREAM_LEGACY, PER_THREAD_STREAM))
+"""The special handles (``Recorder.stream_key``)."""
+STREAM_ITEMS = frozenset(("kernel", "copy", "copy_batch", "record", "wait_event"))
+"""The ops the recorder logs that are items of their stream."""
+IMPLICIT = "implicit synchronization with the legacy default stream"
 HERE = object()
 """``at`` of a report made where it happens: the recorder locates the user's frame itself."""
 
@@ -176,29 +180,77 @@ class Recorder:
         self.pending: Callable[[], bool] = lambda: False
         self.take: Callable[[int], list[NativeRecord]] = lambda thread: []
         self.native: Callable[[NativeRecord], None] | None = None
+        # (blocking, device) of a stream handle, where the platform can tell (None: it cannot; the
+        # stream is then taken for a non-blocking one: no implicit synchronization, a report too many)
+        self.stream_info: Callable[[int], tuple[bool, int] | None] = lambda handle: None
+        self._kinds: dict[str, tuple[bool, int]] = {}  # stream name -> (blocking, device; -1: unknown)
+        self._legacy: dict[int | None, str] = {}  # device -> the name of its legacy default stream
+        self._items: dict[str, int] = {}  # stream name -> the program's items logged on it
+        self._synced: dict[tuple[str, str], int] = {}  # (stream, other) -> other's items it waited for
 
     # -- names -------------------------------------------------------------------------------
 
     @staticmethod
     def stream_key(handle: int, device: int | None) -> object:
-        """The key of stream ``handle`` on ``device``: the special handles (``DEFAULT_STREAMS``:
-        legacy and per-thread default streams) exist once per device, the others once per process
-        (``device`` may be None for them)."""
-        return (handle, device) if handle in DEFAULT_STREAMS else handle
+        """The key of stream ``handle`` on ``device``, as issued from the calling thread: the legacy
+        default stream (0, ``CU_STREAM_LEGACY``) exists once per device, ``cudaStreamPerThread``
+        once per device and host thread (CUDA "Default stream": each host thread has its own), the
+        others once per process (``device`` may be None for them)."""
+        if handle == PER_THREAD_STREAM:
+            return (handle, device, threading.get_ident())
+        return (LEGACY_STREAM, device) if handle in DEFAULT_STREAMS else handle
 
     def stream(self, key: object, at: str | None) -> str:
         """The trace name of a stream, given at its first use."""
         name = self._streams.get(key)
         if name is None:
             if isinstance(key, tuple):
-                handle, device = key
-                base = "default" if handle != PER_THREAD_STREAM else "per-thread default"
+                device = key[1]
+                if key[0] == PER_THREAD_STREAM:
+                    base = f"per-thread default of {self.threads.get(key[2]) or f'thread {key[2]:#x}'}"
+                    self._kinds[base if device == 0 else f"{base} (cuda:{device})"] = (True, device)
+                else:
+                    base = "default"
                 name = base if device == 0 else f"{base} (cuda:{device})"
             else:
                 self._stream_serial += 1
                 name = f"stream{self._stream_serial} ({self._short_at(at)})"
+                info = self.stream_info(key)
+                if info is not None:
+                    self._kinds[name] = info
+            if isinstance(key, tuple) and key[0] == LEGACY_STREAM:
+                self._legacy[key[1]] = name
             self._streams[key] = name
         return name
+
+    def _implicit(self, op: dict) -> None:
+        """Before ``op`` (an item of its stream) is logged: the synchronization CUDA adds between the
+        legacy default stream and the blocking streams of its device ("Stream synchronization
+        behavior": work on the legacy stream waits for the earlier work of every blocking stream,
+        and work on a blocking stream for the earlier work of the legacy stream), written as a
+        record and a wait where the other side has new work since the last one."""
+        name = op["stream"]
+        legacy_of = {device: legacy for device, legacy in self._legacy.items()}
+        device = next((d for d, legacy in legacy_of.items() if legacy == name), None)
+        if device is not None:
+            others = [b for b, (blocking, d) in self._kinds.items() if blocking and d in (device, -1)]
+        else:
+            kind = self._kinds.get(name)
+            if kind is None or not kind[0]:
+                return
+            others = [legacy for d, legacy in legacy_of.items() if d == kind[1] or kind[1] == -1]
+        for other in others:
+            issued = self._items.get(other, 0)
+            if issued > self._synced.get((name, other), 0):
+                self._synced[(name, other)] = issued
+                self._event_serial += 1
+                event = f"implicit{self._event_serial} ({self._short_at(op.get('at'))})"
+                for implied in ({"op": "record", "event": event, "stream": other},
+                                {"op": "wait_event", "stream": name, "event": event}):
+                    implied.update(name=IMPLICIT, at=op.get("at"))
+                    if "thread" in op:
+                        implied["thread"] = op["thread"]
+                    self.ops.append(implied)
 
     def _event(self, handle: int, at: str | None) -> str:
         name = self._events.get(handle)
@@ -279,6 +331,10 @@ class Recorder:
         ident = threading.get_ident()
         if ident != self.first:
             op["thread"] = self.threads[ident]
+        if op["op"] in STREAM_ITEMS and self._legacy and self._kinds:
+            self._implicit(op)
+        if op["op"] in STREAM_ITEMS:
+            self._items[op["stream"]] = self._items.get(op["stream"], 0) + 1
         self.ops.append(op)
 
     def _held(self) -> list[dict]:
