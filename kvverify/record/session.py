@@ -213,7 +213,8 @@ class Recording:
                                          self._locator.locate_frames, platform.function_name,
                                          self._locator.locate_text)
                 self._threads = ThreadCapture(self.recorder, self._enter_thread, self._go_live)
-                self._bindings = Bindings(self._driver, self._follows, self._missed, platform.suppressed)
+                self._bindings = Bindings(self._driver, self._follows, self._missed, platform.suppressed,
+                                          platform.host_watch)
             self._mode.active = True
             self._capture_ops(None if fresh else self._depth)
             self.capture_off = getattr(platform, "capture_off", None)

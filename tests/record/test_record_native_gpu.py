@@ -68,6 +68,57 @@ def test_a_triton_load_on_a_side_stream_races_with_a_read_unless_the_reader_wait
     assert rec.complete(), rec.summary().notes
 
 
+def triton_table_load():
+    """A Triton kernel copying block ``i`` of pinned memory to device block ``i`` through two tables
+    of block addresses in device memory: an engine's small-load path (launched outside torch's
+    dispatcher)."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    @triton.jit
+    def load_kernel(src_table, dst_table, BLOCK: tl.constexpr):
+        i = tl.program_id(0)
+        src = tl.load(src_table + i).to(tl.pointer_type(tl.float32))
+        dst = tl.load(dst_table + i).to(tl.pointer_type(tl.float32))
+        offsets = tl.arange(0, BLOCK)
+        tl.store(dst + offsets, tl.load(src + offsets))
+
+    def launch(src_table, dst_table, block):
+        load_kernel[(src_table.numel(),)](src_table, dst_table, BLOCK=block)
+
+    return launch
+
+
+@pytest.mark.parametrize("wait", [False, True], ids=["no-wait", "wait_stream"])
+def test_a_triton_load_through_pointer_tables_races_with_compute_zero_filling_the_blocks(wait):
+    """The load kernel on a side stream writes device blocks named only in a device table (filled
+    by a host copy in the recording), while compute zero-fills the same blocks: a kernel against a
+    kernel on two streams (RACY, WAW) unless the load stream waits for compute (SAFE)."""
+    launch = triton_table_load()
+    blocks, block = 8, 1024
+    pinned = torch.randn(blocks, block, pin_memory=True)
+    gpu = torch.empty(2 * blocks, block, device="cuda")
+    load = torch.cuda.Stream()
+    launch(torch.tensor([pinned[i].data_ptr() for i in range(blocks)], device="cuda"),
+           torch.tensor([gpu[i].data_ptr() for i in range(blocks)], device="cuda"), block)  # compiled before
+    torch.cuda.synchronize()
+    with recording() as rec:
+        src_table = torch.tensor([pinned[i].data_ptr() for i in range(blocks)]).to("cuda")
+        dst_table = torch.tensor([gpu[2 * i].data_ptr() for i in range(blocks)]).to("cuda")
+        load.wait_stream(torch.cuda.current_stream())  # the tables are in place for the load stream
+        torch.cuda._sleep(20_000_000)
+        gpu.zero_()  # compute: fresh blocks zero-filled
+        with torch.cuda.stream(load):
+            if wait:
+                load.wait_stream(torch.cuda.current_stream())
+            launch(src_table, dst_table, block)  # <- the load
+        torch.cuda.synchronize()
+    kernels = [op for op in rec.recorder.ops if op["op"] == "kernel" and "load_kernel" in op["name"]]
+    assert len(kernels) == 1, rec.recorder.ops
+    assert races(rec) == ([] if wait else [("WAW", "kernel", "kernel")]), rec.report()
+    assert rec.complete(), rec.summary().notes
+
+
 def _cudart():
     """The CUDA runtime library torch loaded, through ctypes (a C caller torch's dispatcher never sees)."""
     with open("/proc/self/maps") as maps:

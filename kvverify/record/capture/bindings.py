@@ -14,7 +14,10 @@ it (``kvverify.record.capture.threads``), else as missed work:
   ``cuEventRecord[WithFlags]``, ``cuStreamWaitEvent``, ``cuEventSynchronize``, ``cuEventQuery``
   (with its answer), ``cuStreamSynchronize``, ``cuCtxSynchronize``, ``cuMemMap``, ``cuMemUnmap``:
   as ``kvverify.record.capture.driver`` writes them, located at the Python line that called them;
-- ``os.preadv`` / ``os.readv``: a ``host_write`` of the bytes the call read into its buffers.
+- ``os.preadv`` / ``os.readv``: a ``host_write`` of the bytes the call read into its buffers;
+  ``os.write`` / ``pwrite`` / ``writev`` / ``pwritev``: a ``host_read`` of the bytes they wrote
+  from pinned or registered memory. The host watch (``kvverify.record.capture.watch``) opens their
+  buffers for the call: the kernel would answer EFAULT on a page it protects.
 
 What a program bound before the recording (``from cuda.bindings.driver import cuMemcpyAsync``)
 calls directly, the runtime API, and kernels launched through cuda-python are not seen here:
@@ -32,6 +35,17 @@ from collections.abc import Callable
 
 from kvverify.record.capture.driver import DriverOps
 from kvverify.record.trace.recorder import busy
+from kvverify.terms import HOST_SPACE
+
+OS_CALLS = ("preadv", "readv", "writev", "pwritev", "write", "pwrite")
+HOST_WATCHED = (HOST_SPACE["pinned"], HOST_SPACE["registered"])
+
+
+def _readonly_address(view: memoryview) -> int:
+    """The address of a read-only buffer's bytes (``bytes``, a read-only numpy array)."""
+    import numpy as np
+
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
 
 DRIVER_CALLS = ("cuMemcpyBatchAsync", "cuMemcpyAsync", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuMemcpyDtoDAsync",
                 "cuEventCreate", "cuEventDestroy", "cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent",
@@ -80,12 +94,13 @@ class Bindings:
     capture then leaves it to these wrappers, which locate it in Python)."""
 
     def __init__(self, driver: DriverOps, follows: Callable[[], bool], missed: Callable[[str], None],
-                 quiet: Callable = contextlib.nullcontext) -> None:
+                 quiet: Callable = contextlib.nullcontext, watch=None) -> None:
         self.driver = driver
         self.rec = driver.rec
         self.follows = follows
         self.missed = missed
         self.quiet = quiet
+        self.watch = watch  # the host watch (kvverify.record.capture.watch.HostWatch), or None
         self.forcer = None  # kvverify.record.confirm.witness.Forcer, as the dispatch hook's
         self._undo: list[Callable[[], None]] = []
 
@@ -104,6 +119,10 @@ class Bindings:
             original = getattr(os, name, None)
             if original is not None:
                 self._replace(os, name, self._wrap(name, original, self._read_into))
+        for name in ("writev", "pwritev", "write", "pwrite"):
+            original = getattr(os, name, None)
+            if original is not None:
+                self._replace(os, name, self._wrap(name, original, self._written_from))
 
     def uninstall(self) -> None:
         while self._undo:
@@ -125,7 +144,7 @@ class Bindings:
             if forcer is not None and not busy() and bindings.follows():
                 target = forcer.before(label, stream)
             try:
-                with bindings.quiet():
+                with bindings.quiet(), bindings.windows(name, args):
                     result = original(*args, **kwargs)
             except BaseException:
                 if target is not None:
@@ -229,6 +248,52 @@ class Bindings:
             self.driver.unmapped(_int(args[0]), int(args[1]), f"cuda-python {name}", at)
 
     # -- the operating system ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def windows(self, name: str, args: tuple):
+        """The buffers of a system call opened in the host watch for the call (the kernel answers
+        EFAULT on a page the watch protects instead of faulting); the wrapper records the access."""
+        buffers = self._buffers(name, args) if self.watch is not None and name in OS_CALLS else []
+        with contextlib.ExitStack() as stack:
+            for address, nbytes in buffers:
+                stack.enter_context(self.watch.opened(address, nbytes))
+            yield
+
+    @staticmethod
+    def _buffers(name: str, args: tuple) -> list[tuple[int, int]]:
+        """``(address, bytes)`` of the buffers of ``os.<name>(*args)`` (an object without the buffer
+        protocol: none; the call raises its own error)."""
+        found = args[1:2] if name in ("write", "pwrite") else (list(args[1]) if len(args) > 1 else [])
+        out = []
+        for buffer in found:
+            try:
+                view = memoryview(buffer).cast("B")
+            except (TypeError, ValueError):
+                continue
+            if view.nbytes:
+                out.append((ctypes.addressof(ctypes.c_char.from_buffer(view)) if not view.readonly
+                            else _readonly_address(view), view.nbytes))
+        return out
+
+    def _written_from(self, name, args, kwargs, result, at) -> None:
+        """``os.write`` / ``pwrite`` / ``writev`` / ``pwritev`` read ``result`` bytes of their buffers:
+        a ``host_read`` of those in pinned or registered memory (what device work may touch; other
+        memory is of no interest to the device)."""
+        left, spans = int(result), []
+        memory = self.rec.memory
+        for address, nbytes in self._buffers(name, args):
+            if left <= 0:
+                break
+            n = min(left, nbytes)
+            left -= n
+            holder = memory.find(address)
+            if holder is None:
+                self.driver.mode.learn(__import__("numpy").array([address], dtype="int64"))
+                holder = memory.find(address)
+            if holder is not None and holder.space in HOST_WATCHED:
+                spans.append(self.driver.mode.host_span(address, n, at))
+        if spans:
+            self.rec.host_access("host_read", spans, f"os.{name}", at)
 
     def _read_into(self, name, args, kwargs, result, at) -> None:
         """``os.preadv(fd, buffers, offset)`` / ``os.readv(fd, buffers)`` returned ``result`` bytes,
