@@ -11,8 +11,7 @@ FORMS = ("broken", "fixed")
 CAPTURES = ("recorded", "native")
 KINDS = ("RAW", "WAR", "WAW", "FREE")
 
-# The classes of races that shipped in public KV-offload code (/work/shared/DESIGN.md, "A fourth kind
-# of evidence"): class -> what goes wrong.
+# The classes of the corpus's races (docs/corpus.md, "The cases"): class -> what goes wrong.
 HAZARDS = {
     "store-order": "a store that does not wait for compute, or reads its GPU source with ANY",
     "load-order": "a load not ordered after compute's zero-fill of fresh blocks",
