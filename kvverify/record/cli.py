@@ -19,17 +19,17 @@ OWNS_STDOUT = True  # the recorded program runs in this process and writes to th
 EPILOG = """\
 exit status:
   0  the program succeeded and its recorded device work is SAFE
-  1  the program succeeded and its recorded work races (each race is listed with
-     both ops and the lines that issued them, the bytes, the kind, why, and a fix)
-  N  the program's own exit status, when it failed (the trace is written and checked anyway)
-  2  nothing was recorded (no CUDA device, another allocator than torch's, a command this
-     cannot run in-process, a program that did not start: its script or module not found
-     or not compiled, no verdict: stderr says which); or no race, but NOT RECORDED lines
-     (the JSON has complete: false); or the trace was not written. --confirm changes none.
+  1  it succeeded and its recorded work races (each race with both ops, the
+     lines that issued them, the bytes, the kind, why, and a fix)
+  N  the program's own exit status, when it failed (the trace written, checked)
+  2  nothing was recorded (no CUDA device, another allocator than torch's, a
+     command this cannot run in-process, a program that did not start: stderr
+     says which); or no race, but NOT RECORDED lines (the JSON has complete:
+     false); or the trace was not written. --confirm changes none.
 
-The program runs in this process (runpy, or pytest.main). Threads it starts are recorded;
-threads running before, and tests that record themselves (this recording pauses), are NOT
-RECORDED, and the rest is never called SAFE (docs/record.md).
+The program runs in this process (runpy, or pytest.main). Threads it starts
+are recorded; threads running before, and tests that record themselves, are
+NOT RECORDED, and the rest is never called SAFE (docs/record.md).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
@@ -43,10 +43,10 @@ Examples:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
-        "Run a PyTorch program under the recorder and find its races: what it asks the CUDA device to\n"
-        "do (streams, events and their query results, synchronization, kernels, host/device copies,\n"
-        "batched swaps with their source access order and every raw pointer resolved to its\n"
-        "allocation, host accesses to pinned memory) becomes a trace, which kvverify check decides.")
+        "Run a PyTorch program under the recorder and find its races: what it asks the\n"
+        "CUDA device to do (streams, events, synchronization, kernels, copies, batched\n"
+        "swaps with their source access order, host accesses to pinned memory) becomes\n"
+        "a trace, which kvverify check decides.")
     parser.epilog = EPILOG
     parser.add_argument("-o", "--output", default="kvverify-trace.json", metavar="TRACE.json",
                         help="where to write the trace (default: %(default)s)")
@@ -275,7 +275,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
     else:
         print(f"kvverify record: trace written to {args.output}", file=sys.stderr)
     if args.no_check:
-        print("\n".join(rec.summary().lines()))
+        _show("\n".join(rec.summary().lines()))
         if args.confirm:
             print("kvverify record: --confirm needs the check (--no-check was given): no witness runs",
                   file=sys.stderr)
@@ -283,9 +283,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
     from kvverify.check import check
 
     verdict = check(rec.trace(), max_races=args.max_races)
-    print(verdict.render(source=command).rstrip("\n"))
-    print()
-    print("\n".join(rec.summary().lines()))
+    _show(verdict.render(source=command).rstrip("\n") + "\n\n" + "\n".join(rec.summary().lines()))
     witnesses = None  # (null in the JSON report: no witness runs were made)
     if args.confirm and verdict.races:
         if status != 0:
@@ -311,6 +309,14 @@ def run(args: argparse.Namespace, platform=None) -> int:
     if verdict.safe and not written:
         return 2
     return 0 if verdict.safe else 1
+
+
+def _show(text: str) -> None:
+    """Print a screen of the report (the verdict, the summary, the witnesses) as every screen is
+    laid out (``kvverify.screen``)."""
+    from kvverify import screen
+
+    print(screen.fit(text, sys.stdout))
 
 
 def _write_report(path: str, report: dict) -> None:
@@ -433,10 +439,8 @@ def _confirm(command: list[str], swap_ops, rec, verdict, platform) -> list:
         print(f"kvverify record: --confirm: {line}", file=sys.stderr, flush=True)
 
     outcomes = confirm_races(command, swap_ops, rec, verdict, platform, progress)
-    print()
-    print(f"witnesses ({len(outcomes)} pair{'s' if len(outcomes) != 1 else ''} of lines):")
-    for outcome in outcomes:
-        print(f"  {outcome.line()}")
+    _show("\n".join([f"\nwitnesses ({len(outcomes)} pair{'s' if len(outcomes) != 1 else ''} of lines):",
+                      *(f"  {outcome.line()}" for outcome in outcomes)]))
     return outcomes
 
 

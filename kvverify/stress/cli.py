@@ -40,21 +40,21 @@ if TYPE_CHECKING:
 from kvverify.units import HelpFormatter, choice_list_arg, positive_int_arg, size_arg
 
 DESCRIPTION = """\
-Options left out take the campaign's values: a bare kvverify stress runs the smoke campaign
-(stress/smoke.toml: Llama-3.1-8B pages, every scenario, order, host memory kind and executor,
-at least 1 GiB checked per cell; about 90 s on one H200). It prints a verdict matrix, the cells
-that need a reader's eye, and a headline. Without a CUDA device: the contract verdicts only."""
+Options left out take the campaign's values: a bare kvverify stress runs the
+smoke campaign (stress/smoke.toml; about 90 s on one H200) and prints a verdict
+matrix, the cells that need a reader's eye, and a headline. Without a CUDA
+device: the contract verdicts only."""
 
 EPILOG = """\
-Exit status: 0 when every cell agrees with its contract (or nothing ran: no device); 1 when a
-cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE (on any GPU), could not run, or
---max-seconds left cells unrun; 2 when the run cannot start or a report file cannot be
-written (the reason on stderr); 3 when nothing failed but host or device memory grew (a
-leak). Several GPUs: --gpus, or torchrun --nproc-per-node N -m kvverify stress. More in
-docs/stress.md.
+Exit status: 0 when every cell agrees with its contract (or nothing ran: no
+device); 1 when a cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE (on any
+GPU), could not run, or --max-seconds left it unrun; 2 when the run cannot
+start or a report cannot be written (the reason on stderr); 3 when nothing
+failed but host or device memory grew (a leak). Several GPUs: --gpus N, or
+torchrun --nproc-per-node N -m kvverify stress (docs/stress.md).
 
 Example:
-  kvverify stress --scenarios H1,H3 --orders STREAM,ANY --json report.json --plot matrix.png"""
+  kvverify stress --scenarios H1 --orders STREAM,ANY --json r.json --plot m.png"""
 
 
 def _names(text: str) -> tuple[str, ...]:

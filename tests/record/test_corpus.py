@@ -8,6 +8,7 @@ import ast
 import importlib
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -115,15 +116,16 @@ def test_importing_and_listing_the_corpus_imports_no_heavy_library():
     probe = ("import json, sys\nfrom kvverify.cli import main\nstatus = main(['corpus', '--list'])\n"
              f"print(json.dumps([status, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]), "
              "file=sys.stderr)\n")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env=dict(os.environ, COLUMNS="80"))
     status, heavy = json.loads(r.stderr.strip().splitlines()[-1])
     assert status == 0 and heavy == [], r.stderr
-    header, *lines = r.stdout.splitlines()
-    assert header.split()[:4] == ["case", "source", "capture", "forms"]
-    assert [line.split()[0] for line in lines] == TABLE
-    first = lines[0].split()
-    assert first[1:4] == ["vllm-project/vllm#31341", "recorded", "broken,fixed"] and lines[0].endswith("RAW write_kv / store")
-    assert lines[TABLE.index("vllm-45268")].split()[2:4] == ["recorded", "broken,fixed"]
+    header, blank, *lines = r.stdout.splitlines()
+    assert header == "case: expected race (kind, the two functions whose lines issue it)" and blank == ""
+    assert [line.split(":")[0] for line in lines[0::2]] == TABLE and len(lines) == 2 * len(TABLE)
+    assert lines[:2] == ["vllm-31341: RAW write_kv / store",
+                         "  source: vllm-project/vllm#31341; capture: recorded; forms: broken,fixed"]
+    assert lines[2 * TABLE.index("vllm-45268") + 1].endswith("; capture: recorded; forms: broken,fixed")
 
 
 def test_a_case_outside_the_vocabulary_is_refused_by_name():
