@@ -12,8 +12,9 @@ Loaded by pytest through the ``pytest11`` entry point once kvverify is installed
 ``--kvverify-swap-op NS::NAME`` names a serving engine's own batched-swap op;
 ``--kvverify-trace-dir DIR`` writes each recorded test's trace there; ``--kvverify-confirm``
 runs a racing test again in child processes for a device witness of each race (``kvverify
-record --confirm``), listed with the failure. Where no CUDA device is
-visible a recorded test fails with the one line that says so; the ``kvverify_platform`` fixture
+record --confirm``), listed with the failure. Where no CUDA device is visible, a test that asks
+for its recording (the marker, the fixture) is skipped with the reason, and ``--kvverify-record``
+runs the other tests unrecorded and says so once, at the end; the ``kvverify_platform`` fixture
 (None: the CUDA device) can be overridden to record on a stand-in.
 
 Importing this module imports neither torch nor numpy.
@@ -31,6 +32,8 @@ from kvverify.record.cli import WITNESS_ENV
 _RECORDING = pytest.StashKey()
 _WITNESS = pytest.StashKey()  # the session's witness spec (WITNESS_ENV), or None
 _OBSERVATION = pytest.StashKey()  # a test's witness run's observation
+_NO_DEVICE = pytest.StashKey()  # why the session cannot record the CUDA device (None: it can), asked once
+_UNRECORDED = pytest.StashKey()  # how many tests --kvverify-record ran unrecorded for want of a device
 
 
 def pytest_addoption(parser) -> None:
@@ -57,6 +60,16 @@ def pytest_configure(config) -> None:
     config.stash[_WITNESS] = os.environ.pop(WITNESS_ENV, None)
 
 
+def _no_device(config) -> str | None:
+    """Why tests cannot be recorded on the CUDA device in this session (no torch, a build without
+    CUDA, no device visible), or None; asked once."""
+    if _NO_DEVICE not in config.stash:
+        from kvverify.device.extension import cuda_refusal
+
+        config.stash[_NO_DEVICE] = cuda_refusal()
+    return config.stash[_NO_DEVICE]
+
+
 @pytest.fixture
 def kvverify_platform():
     """The device layer recordings use: None means the CUDA device through torch. Override this
@@ -75,6 +88,8 @@ def kvverify_record(request, kvverify_platform):
     if spec:  # a witness run of this test (--kvverify-confirm's child): it starts where its recording did
         yield from _witness_run(spec, request, kvverify_platform)
         return
+    if kvverify_platform is None and _no_device(request.config) is not None:
+        pytest.skip(f"kvverify record: nothing to record: {_no_device(request.config)}")
     rec = recording(swap_ops=request.config.getoption("kvverify_swap_op"), platform=kvverify_platform,
                     op_log=not request.config.getoption("kvverify_no_op_log"))
     refused = None
@@ -119,8 +134,22 @@ def _witness_run(spec: str, request, platform):
 
 @pytest.fixture(autouse=True)
 def _kvverify_record_when_asked(request):
-    if request.config.getoption("kvverify_record") or request.node.get_closest_marker("kvverify_record"):
+    if request.node.get_closest_marker("kvverify_record") or "kvverify_record" in request.fixturenames:
+        request.getfixturevalue("kvverify_record")  # (skipped where there is no device to record)
+    elif request.config.getoption("kvverify_record"):
+        if request.getfixturevalue("kvverify_platform") is None and _no_device(request.config) is not None:
+            # a test that did not ask for its recording runs as it would without the option
+            request.config.stash[_UNRECORDED] = request.config.stash.get(_UNRECORDED, 0) + 1
+            return
         request.getfixturevalue("kvverify_record")
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The one line that says --kvverify-record recorded nothing, and why."""
+    count = config.stash.get(_UNRECORDED, 0)
+    if count:
+        terminalreporter.write_line(f"kvverify record: nothing to record: {config.stash[_NO_DEVICE]}: {count} "
+                                    f"test{'s' if count != 1 else ''} ran unrecorded (--kvverify-record)")
 
 
 def _trace_file(directory: str, nodeid: str) -> str:
