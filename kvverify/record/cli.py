@@ -110,6 +110,94 @@ def program(command: list[str]) -> tuple[str, str, list[str]]:
                      "python -m MODULE ..., or pytest ...")
 
 
+def after_dashes(args: argparse.Namespace) -> bool:
+    """Whether the command line put the program after ``--`` (``kvverify record [OPTIONS] --
+    COMMAND``), so that no option of the program's is taken for kvverify's, nor the reverse. A
+    Namespace without ``command_argv`` (built by a caller, not ``kvverify.cli.main``) counts as so."""
+    argv = getattr(args, "command_argv", None)
+    if argv is None:
+        return True
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return "--" in argv and argv[argv.index("--") + 1:] == command
+
+
+def check_start(kind: str, target: str) -> None:
+    """Raise NotStartedError, with the line ``run_program`` would give, where the program cannot
+    start: a script that is not a file or does not compile, a module python -m would not find (found
+    here without running any package's code) or that does not compile, code for -c that does not
+    compile, pytest not installed. Asked before the recording starts, so that a host without a
+    CUDA device says so only of a program that could run."""
+    import importlib.util
+
+    from kvverify.errors import NotStartedError
+
+    try:
+        if kind == "pytest":
+            if importlib.util.find_spec("pytest") is None:
+                raise ModuleNotFoundError("No module named 'pytest'")
+        elif kind == "code":
+            compile(target, "<string>", "exec")
+        elif kind == "script":
+            if not os.path.isfile(target):
+                raise NotStartedError(_no_script(target))
+            _compile_source(target, target)
+        else:
+            origin = _module_origin(target)
+            if origin is not None:
+                _compile_source(origin, origin)
+    except NotStartedError:
+        raise
+    except (ImportError, SyntaxError, ValueError) as exc:  # (ValueError: a null byte in source, before 3.12)
+        raise NotStartedError(_could_not_start(kind, target, exc)) from exc
+
+
+def _compile_source(path: str, filename: str) -> None:
+    """Compile the Python source at ``path`` as runpy would (a zip archive or bytecode, which runpy
+    also runs, is left to it)."""
+    import importlib.util
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        return
+    with open(path, "rb") as f:
+        source = f.read()
+    if not source.startswith(importlib.util.MAGIC_NUMBER):
+        compile(source, filename, "exec")
+
+
+def _module_origin(name: str) -> str | None:
+    """The source file python -m ``name`` runs (a package's ``__main__``), looked up as runpy looks it
+    up but without importing any package, from the working directory first; None where it is no
+    source file. Raises ImportError as runpy words it where the module or a package is missing."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(parts[0])  # (a top-level name: nothing is imported)
+        for depth in range(1, len(parts) + 1):
+            if spec is None:
+                missing = ".".join(parts[:depth])
+                raise ImportError(f"No module named {name}") if depth == len(parts) else \
+                    ModuleNotFoundError(f"No module named {missing!r}")
+            if depth < len(parts):
+                if spec.submodule_search_locations is None:
+                    raise ModuleNotFoundError(f"No module named {name!r}; {spec.name!r} is not a package")
+                spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth + 1]),
+                                                                list(spec.submodule_search_locations))
+        if spec.submodule_search_locations is not None:
+            main = importlib.machinery.PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations))
+            if main is None:
+                raise ImportError(f"No module named {name}.__main__; {name!r} is a package and cannot be directly "
+                                  "executed")
+            spec = main
+    finally:
+        sys.path.remove(os.getcwd())
+    origin = spec.origin
+    return origin if spec.has_location and origin and origin.endswith(".py") else None
+
+
 def run_program(kind: str, target: str, arguments: list[str]) -> int:
     """Run the program here, on this thread; return its exit status (an uncaught exception is
     printed and gives 1, as python does). Raises NotStartedError, one line naming what, where and
@@ -237,10 +325,19 @@ def run(args: argparse.Namespace, platform=None) -> int:
         kind, target, arguments = program(args.command)
     except ValueError as exc:
         return _fail(str(exc))
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = " ".join(argv)
+    if not after_dashes(args):
+        return _fail(f"put '--' before the program to record: kvverify record [OPTIONS] -- {command} (all after "
+                     "'--' is the program's command line, all before it kvverify's)")
     if args.max_races < 1:
         return _fail("--max-races must be at least 1")
     if args.witness:
         return _witness_run(args.witness, kind, target, arguments, args.swap_op, platform)
+    try:
+        check_start(kind, target)  # before the device: a host without one says it of a program that runs
+    except NotStartedError as exc:
+        return _no_verdict(args, command, str(exc))
     rec = recording(swap_ops=args.swap_op, keep_all=args.keep_all, platform=platform, op_log=not args.no_op_log)
     try:
         rec.start()
@@ -250,8 +347,6 @@ def run(args: argparse.Namespace, platform=None) -> int:
         from kvverify.record.confirm.witness import Forcer
 
         rec.follow_calls(Forcer(rec.recorder))
-    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
-    command = " ".join(argv)
     not_started = None
     try:
         status = run_program(kind, target, arguments)
@@ -259,13 +354,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
         not_started = str(exc)
     finally:
         rec.stop()
-    if not_started is not None:  # no trace, no verdict: a SAFE over what never ran would be a lie
-        if args.json:
-            from kvverify.terms import NOT_STARTED
-
-            _write_report(args.json, {"command": command, "verdict": NOT_STARTED, "error": not_started, "races": [],
-                                      "complete": False, "witnesses": None})
-        return _fail(not_started)
+    if not_started is not None:
+        return _no_verdict(args, command, not_started)
     written = True  # (a trace that could not be written is said so; it changes neither the program's status nor the verdict)
     try:
         rec.write(args.output)
@@ -309,6 +399,17 @@ def run(args: argparse.Namespace, platform=None) -> int:
     if verdict.safe and not written:
         return 2
     return 0 if verdict.safe else 1
+
+
+def _no_verdict(args: argparse.Namespace, command: str, not_started: str) -> int:
+    """A program that did not start: no trace, no verdict (a SAFE over what never ran would be a
+    lie); the line on stderr, and in the JSON report (``--json``) as NOT_STARTED. Returns 2."""
+    if args.json:
+        from kvverify.terms import NOT_STARTED
+
+        _write_report(args.json, {"command": command, "verdict": NOT_STARTED, "error": not_started, "races": [],
+                                  "complete": False, "witnesses": None})
+    return _fail(not_started)
 
 
 def _show(text: str) -> None:

@@ -253,6 +253,57 @@ def test_without_a_cuda_device_it_says_so_in_one_line_and_exits_2(program, capsy
     assert not (Path(program).parent / "kvverify-trace.json").exists()
 
 
+@pytest.mark.parametrize("command, line", [
+    (["python", "no_such_prog.py"], "python no_such_prog.py did not start: {cwd}/no_such_prog.py does not exist"),
+    (["python", "-m", "kvverify_no_such_module"], "python -m kvverify_no_such_module did not start: ImportError: "
+                                                 "No module named kvverify_no_such_module: "),
+    (["python", "-m", "kvverify_pkg.offlaod"], "python -m kvverify_pkg.offlaod did not start: ImportError: No module "
+                                               "named kvverify_pkg.offlaod: "),
+    (["python", "-m", "kvverify_pkg"], "python -m kvverify_pkg did not start: ImportError: No module named "
+                                       "kvverify_pkg.__main__; 'kvverify_pkg' is a package and cannot be directly "
+                                       "executed: "),
+    (["python", "broken.py"], "python broken.py did not start: SyntaxError: "),
+    (["python", "-m", "kvverify_pkg.broken"], "python -m kvverify_pkg.broken did not start: SyntaxError: "),
+    (["python", "-c", "1 +"], "python -c CODE did not start: SyntaxError: "),
+])
+def test_a_program_that_cannot_start_says_so_before_any_device_check(program, capsys, monkeypatch, command, line):
+    """Without a GPU, a missing script, a misspelt module or a syntax error once got "nothing to
+    record: no CUDA device": whether the program can start is asked first, as on a GPU host, and
+    without running any of its package's code (its ``__init__`` here would raise)."""
+    from kvverify import device
+    from kvverify.cli import main
+    from kvverify.device import extension
+
+    monkeypatch.setattr(extension, "cuda_refusal", lambda: pytest.fail("the device was asked for"))
+    monkeypatch.setattr(device, "gpu_refusal", lambda: pytest.fail("the device was asked for"))
+    Path("broken.py").write_text("blocks = (1,\n")
+    Path("kvverify_pkg").mkdir()
+    Path("kvverify_pkg/__init__.py").write_text("raise RuntimeError('a package is run before its module')\n")
+    Path("kvverify_pkg/offload.py").write_text("")
+    Path("kvverify_pkg/broken.py").write_text("def f(:\n")
+    assert main(["record", "--json", "report.json", "--", *command]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1, out.err
+    assert out.err.startswith("kvverify record: " + line.format(cwd=Path(program).parent)), out.err
+    assert "kvverify_pkg" not in sys.modules
+    assert json.loads(Path("report.json").read_text())["verdict"] == "NOT_STARTED"
+
+
+@pytest.mark.parametrize("argv", [["python", "x.py"], ["-o", "t.json", "python", "x.py", "--", "--layers", "2"]])
+def test_a_command_without_dashes_before_it_is_refused_saying_what_was_taken(program, capsys, argv):
+    """``kvverify record python x.py`` was accepted silently, where an option after the program's
+    name goes to the program and one before it to kvverify: the '--' is required, and the line
+    names the command it took."""
+    from kvverify.cli import main
+
+    assert main(["record", *argv]) == 2
+    err = capsys.readouterr().err
+    taken = " ".join(argv[argv.index("python"):])
+    assert err == (f"kvverify record: put '--' before the program to record: kvverify record [OPTIONS] -- {taken} "
+                   "(all after '--' is the program's command line, all before it kvverify's)\n")
+    assert not Path("t.json").exists() and not Path("kvverify-trace.json").exists()
+
+
 def test_without_torch_it_says_so_in_one_line_and_exits_2(program, tmp_path):
     # a None in sys.modules makes `import torch` raise ImportError, as on a host without torch
     code = ("import sys; sys.modules['torch'] = None; from kvverify.cli import main; "
