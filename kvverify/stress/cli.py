@@ -268,15 +268,21 @@ def run(args) -> int:
 
 
 def _launch(args) -> int:
-    """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run)."""
+    """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run).
+    Raises ``_StartError`` where this host has no CUDA device for them (nothing starts: the ranks
+    would run nothing), or fewer than asked."""
     n = args.gpus
-    if n == "all":
-        reason = device.gpu_refusal()
-        if reason is not None:
-            raise _StartError(f"--gpus all: {reason}")
-        import torch
+    reason = device.gpu_refusal()
+    if reason is not None:
+        raise _StartError(f"--gpus {n}: {reason}")
+    import torch
 
-        n = torch.cuda.device_count()
+    visible = torch.cuda.device_count()
+    if n == "all":
+        n = visible
+    elif n > visible:
+        raise _StartError(f"--gpus {n}: this host shows {visible} CUDA device{'s' if visible != 1 else ''}; ask for "
+                          f"at most {visible} (or all), or check CUDA_VISIBLE_DEVICES")
     argv = list(args.command_argv)
     i = next((k for k, a in enumerate(argv) if a == "--gpus" or a.startswith("--gpus=")), None)
     if i is not None:
