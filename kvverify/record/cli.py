@@ -40,6 +40,11 @@ Examples:
 """
 
 
+# What --no-op-log trades (the pytest plugin's --kvverify-no-op-log says the same).
+NO_OP_LOG_HELP = ("record ops by a dispatch mode as they run instead of the op log (C++, logged after the "
+                  "program): the same trace, slower (docs/record.md)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
@@ -57,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-all", action="store_true",
                         help="write every kernel access, also to buffers only kernels on one stream touch (they cannot race)")
     parser.add_argument("--no-op-log", action="store_true",
-                        help="log each op as it runs, by a dispatch mode (slower: docs/record.md), not after the program")
+                        help=NO_OP_LOG_HELP)
     parser.add_argument("--max-races", type=int, default=20, metavar="N",
                         help="list at most N races (default %(default)s); the verdict does not depend on it")
     parser.add_argument("--confirm", action="store_true",

@@ -27,7 +27,7 @@ import re
 
 import pytest
 
-from kvverify.record.cli import WITNESS_ENV
+from kvverify.record.cli import NO_OP_LOG_HELP, WITNESS_ENV
 
 _RECORDING = pytest.StashKey()
 _WITNESS = pytest.StashKey()  # the session's witness spec (WITNESS_ENV), or None
@@ -46,8 +46,7 @@ def pytest_addoption(parser) -> None:
     group.addoption("--kvverify-trace-dir", default=None, metavar="DIR",
                     help="write each recorded test's trace to DIR (one JSON file per test)")
     group.addoption("--kvverify-no-op-log", action="store_true", default=False,
-                    help="log each op as it runs, by a dispatch mode (slower: docs/record.md), not after the test "
-                         "(kvverify record --no-op-log)")
+                    help=NO_OP_LOG_HELP.replace("the program", "the test") + " (kvverify record --no-op-log)")
     group.addoption("--kvverify-confirm", action="store_true", default=False,
                     help="where a recorded test races, run it again in child processes for a device witness "
                          "of each racing pair of lines (kvverify record --confirm); the failure lists them")

@@ -375,3 +375,24 @@ def test_no_op_log_hands_the_ops_to_the_dispatch_mode_and_records_the_same_ops(t
     # test_oplog.py compares those without a spy)
     same = ("name", "reads", "writes")
     assert [[op[k] for k in same] for op in kernels[True]] == [[op[k] for k in same] for op in kernels[False]]
+
+
+def test_no_op_log_s_help_says_what_it_trades_in_the_command_and_the_pytest_plugin():
+    """``--no-op-log``'s help ("log each op as it runs...") read as the opposite of its name: it
+    says what the option gives up (the op log) and what it costs (speed), for the same trace."""
+    from kvverify.record import pytest_plugin
+
+    options = {}
+
+    class Group:
+        def addoption(self, name, **kwargs):
+            options[name] = kwargs["help"]
+
+    pytest_plugin.pytest_addoption(type("Parser", (), {"getgroup": lambda self, *a: Group()})())
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    command = next(a.help for a in parser._actions if "--no-op-log" in a.option_strings)
+    for text in (command, options["--kvverify-no-op-log"]):
+        assert "instead of the op log" in text and "the same trace, slower" in text, text
+        assert not text.startswith("log each op"), text
+    assert "after the test" in options["--kvverify-no-op-log"] and "after the program" in command
