@@ -29,7 +29,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "corpus": (
         "kvverify.record.corpus.cli",
-        "re-create the races that shipped in public KV-offload code, broken and fixed, and show what each tool sees",
+        "re-create known races (public reports of vLLM, SGLang, PyTorch, TorchRec; the demo's), broken and "
+        "fixed, and show what each tool sees",
     ),
     "stress": (
         "kvverify.stress.cli",

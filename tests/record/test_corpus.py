@@ -112,6 +112,35 @@ def test_every_case_is_recorded_and_runs_both_forms():
     assert {c.capture for c in CASES} == {"recorded"} and not any(c.unseen or c.not_run for c in CASES)
 
 
+def _section(text: str, start: str, end: str) -> str:
+    i = text.index(start)
+    return text[i:text.index(end, i + len(start))]
+
+
+def test_every_description_of_the_corpus_says_where_its_cases_come_from():
+    """The corpus was described as "the races that shipped in public KV-offload code", while two
+    cases are the demo's and two come from PyTorch and TorchRec: each description (README, docs,
+    both helps, the package's docstring) names every project a case comes from, and the demo."""
+    from kvverify.cli import SUBCOMMANDS
+    from kvverify.record.corpus import cli as corpus_cli
+
+    projects = {c.source.split("#")[0].split("/")[1].lower() for c in CASES if c.source != DEMO_SOURCE}
+    assert projects == {"vllm", "sglang", "pytorch", "torchrec"}  # (a new one: name it in each place below)
+    readme, corpus_doc, record_doc = ((ROOT / f).read_text() for f in ("README.md", "docs/corpus.md", "docs/record.md"))
+    descriptions = {
+        "README.md": _section(readme, "- `kvverify corpus`:", "\n- `"),
+        "docs/corpus.md": _section(corpus_doc, "# The race corpus", "Each case runs three ways"),
+        "docs/record.md": _section(record_doc, "## The race corpus", "\n## "),
+        "kvverify --help": SUBCOMMANDS["corpus"][1],
+        "kvverify corpus --help": corpus_cli.DESCRIPTION,
+        "kvverify.record.corpus": corpus.__doc__,
+    }
+    for where, text in descriptions.items():
+        words = " ".join(text.split()).lower()
+        assert all(p in words for p in projects) and "demo" in words, (where, text)
+        assert "shipped in public kv-offload code" not in words, (where, text)
+
+
 def test_importing_and_listing_the_corpus_imports_no_heavy_library():
     probe = ("import json, sys\nfrom kvverify.cli import main\nstatus = main(['corpus', '--list'])\n"
              f"print(json.dumps([status, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]), "

@@ -44,8 +44,8 @@ class Witness:
 
 @dataclass(frozen=True)
 class Case:
-    """One race that shipped in public KV-offload code, re-created in ``module`` in a broken and a
-    fixed form.
+    """One known race (of a public report, or of kvverify's demo), re-created in ``module`` in a
+    broken and a fixed form.
 
     - ``name``: ``vllm-31341``; ``source``: ``owner/repo#N`` (or ``kvverify.record.demo`` for the
       demo's own forms); ``url``: the public report (or the docs page of the demo);

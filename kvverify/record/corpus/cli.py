@@ -10,11 +10,12 @@ import argparse
 import sys
 
 DESCRIPTION = """\
-Re-create the races that shipped in public KV-offload code and show what each
-tool sees of them. A case is one public report (an engine's issue or pull
-request) re-created in kvverify's own code, in a broken form and in the form
-its fix made; its race has a kind (RAW, WAR, WAW, FREE) and a pair: the two
-functions of the case's module whose lines issue the racing ops.
+Re-create known stream-ordering races, broken and fixed, and show what each
+tool sees of them. A case is one race re-created in kvverify's own code, in a
+broken form and in the form its fix made: races of public reports (issues and
+pull requests of vLLM, SGLang, PyTorch and TorchRec) and of kvverify's own
+demo (docs/record.md). Its race has a kind (RAW, WAR, WAW, FREE) and a pair:
+the two functions of the case's module whose lines issue the racing ops.
 Capture "recorded": a default kvverify record decides the race; "native": no
 capture sees the racing work (no case is so marked today).
 
