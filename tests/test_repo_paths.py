@@ -14,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 # A relative path to a file: a folder, a slash, and a name with one of these endings; what a
-# doc links to or backquotes (`docs/x.md`, [text](../kvverify/schemas/x.json)).
+# doc links to or backquotes (`docs/record.md`, [text](../kvverify/schemas/paths-v1.json)).
 PATH = re.compile(r"(?<![\w/.$-])((?:\.\.?/)*[A-Za-z_][\w.-]*/[\w./-]*\.(?:md|py|json|sh|cpp|cu|cuh|h|toml|png))"
                   r"(?![\w/-])")
 OUTSIDE = re.compile(r"(?<![\w.-])/work/\S+|(?<![\w./-])shared/[\w./-]+")
