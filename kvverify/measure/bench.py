@@ -533,6 +533,8 @@ def run(args: argparse.Namespace) -> int:
     render_tables(document, out)
     if args.json:
         common.write_json(args.json, document)
+        if args.json != "-":
+            progress(f"report written to {args.json}")
     if args.calibrate:
         paths = calibration.build(document)
         render_calibration(paths, out)

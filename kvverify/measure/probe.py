@@ -359,4 +359,6 @@ def run(args: argparse.Namespace) -> int:
     render_table(document, out)
     if args.json:
         common.write_json(args.json, document)
+        if args.json != "-":
+            progress(f"report written to {args.json}")
     return 0

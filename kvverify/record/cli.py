@@ -413,7 +413,7 @@ def _no_verdict(args: argparse.Namespace, command: str, not_started: str) -> int
         from kvverify.terms import NOT_STARTED
 
         _write_report(args.json, {"command": command, "verdict": NOT_STARTED, "error": not_started, "races": [],
-                                  "complete": False, "witnesses": None})
+                                  "complete": False, "witnesses": None}, say_so=False)
     return _fail(not_started)
 
 
@@ -425,13 +425,17 @@ def _show(text: str) -> None:
     print(screen.fit(text, sys.stdout))
 
 
-def _write_report(path: str, report: dict) -> None:
-    """The JSON report (``--json``); a report that cannot be written is said so on stderr."""
+def _write_report(path: str, report: dict, say_so: bool = True) -> None:
+    """The JSON report (``--json``); where it went is said on stderr (``say_so``: a refusal keeps its
+    one line), as is a report that cannot be written."""
     try:
         with open(path, "w") as f:
             json.dump(report, f, indent=2)
     except OSError as exc:
         print(f"kvverify record: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+    else:
+        if say_so:
+            print(f"kvverify record: report written to {path}", file=sys.stderr)
 
 
 WITNESS_ENV = "KVVERIFY_WITNESS"  # MODE:FOLDER for the pytest plugin of a witness run of one test

@@ -392,7 +392,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     if note and ranks.leader:
         say(err, f"kvverify stress: {note}")
     if args.dump_traces and ranks.leader:
-        _dump_traces(planned, Path(args.dump_traces))
+        _written(err, f"{_dump_traces(planned, Path(args.dump_traces))} traces written to {args.dump_traces}")
     reason = "--no-gpu was given" if args.no_gpu else device.gpu_refusal()
     if reason is None:
         reason = distributed.bind_device(ranks)
@@ -462,10 +462,10 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
                   "planned trials")
     if args.json == "-":
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
-    outputs = [("--json", args.json if args.json != "-" else None, report.write_json),
-               ("--junit", args.junit, lambda path: render.write_junit(report, path)),
-               ("--plot", args.plot, lambda path: _plot(report, path))]
-    for option, path, write in outputs:
+    outputs = [("--json", "report", args.json if args.json != "-" else None, report.write_json),
+               ("--junit", "JUnit XML", args.junit, lambda path: render.write_junit(report, path)),
+               ("--plot", "matrix plot", args.plot, lambda path: _plot(report, path))]
+    for option, what, path, write in outputs:
         if not path:
             continue
         path = _output_path(path, layout.geometry.name, several)
@@ -475,10 +475,16 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
             say(err, f"kvverify stress: {option} {path}: cannot be written ({exc.strerror or exc}); the run's "
                       "verdicts are above")
             return EXIT_CANNOT_START
+        _written(err, f"{what} written to {path}")
     status = report.exit_status()
     if status == EXIT_MEMORY_GREW:
         say(err, "kvverify stress: memory grew over the run (exit status 3); see the GPU memory lines above")
     return status
+
+
+def _written(err, line: str) -> None:
+    """Say where a file went: one line on stderr, whole at any width (a path to copy)."""
+    err.print(f"kvverify stress: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _plot(report, path: str) -> None:
@@ -584,7 +590,9 @@ def _execute_with_progress(schedule, c, layout, params, console, err, deadline, 
         return running.execute(planned, c, layout, params, on_cell_done=done, deadline=deadline, memory=memory)
 
 
-def _dump_traces(planned, folder: Path) -> None:
+def _dump_traces(planned, folder: Path) -> int:
+    """Write each planned cell's trace (once per scenario, direction, order and host memory kind)
+    into ``folder``; return how many."""
     folder.mkdir(parents=True, exist_ok=True)
     seen = set()
     for pc in planned:
@@ -592,3 +600,4 @@ def _dump_traces(planned, folder: Path) -> None:
         if key not in seen:
             seen.add(key)
             (folder / ("_".join(key) + ".json")).write_text(json.dumps(pc.trace, indent=1) + "\n")
+    return len(seen)

@@ -315,6 +315,7 @@ def run(args) -> int:
         except OSError as exc:
             print(f"kvverify merge: --json {args.json}: cannot be written ({exc.strerror})", file=sys.stderr)
             return 2
+        print(f"kvverify merge: merged report written to {args.json}", file=sys.stderr)
     return merged["exit_status"]
 
 

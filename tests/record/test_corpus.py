@@ -490,6 +490,19 @@ def test_without_a_gpu_it_refuses_with_one_line_and_exit_2(monkeypatch, capsys):
     assert out.out == "" and out.err == "kvverify corpus: no CUDA device is visible (test)\n"
 
 
+def test_the_json_file_written_is_said_with_where_it_went(monkeypatch, capsys, tmp_path):
+    """``--json`` once wrote its file without a word: a line on stderr says where it went."""
+    from kvverify import device
+    from kvverify.record.corpus import runner
+
+    monkeypatch.setattr(device, "gpu_refusal", lambda: None)
+    monkeypatch.setattr(runner, "run_corpus", lambda *a, **k: CorpusRun(()))
+    out = tmp_path / "corpus.json"
+    assert main(["corpus", "vllm-31341", "--no-csan", "--json", str(out)]) == 0
+    assert capsys.readouterr().err == f"kvverify corpus: results written to {out}\n"
+    assert json.loads(out.read_text())["rows"] == []
+
+
 def test_on_this_host_without_a_gpu_it_refuses_too(capsys):
     from kvverify import device
 

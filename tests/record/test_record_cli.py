@@ -110,10 +110,13 @@ def test_a_trace_that_cannot_be_written_leaves_the_verdict_and_the_programs_stat
 
 
 def test_a_safe_program_exits_0_and_the_trace_goes_where_asked(program, capsys):
-    status = cli.run(args("python", str(program), "--fixed", output="out.json"), platform=shared())
+    status = cli.run(args("python", str(program), "--fixed", output="out.json", json="report.json"), platform=shared())
     assert status == 0
-    assert "SAFE" in capsys.readouterr().out
-    assert Path("out.json").exists()
+    out = capsys.readouterr()
+    assert "SAFE" in out.out
+    assert Path("out.json").exists() and Path("report.json").exists()
+    # where each file went
+    assert out.err == "kvverify record: trace written to out.json\nkvverify record: report written to report.json\n"
 
 
 def test_a_failing_program_gives_its_own_status_and_is_still_recorded(program, capsys):

@@ -116,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 f.write(report.to_json(result))
         except OSError as exc:
             return _fail(f"cannot write {args.json}: {exc.strerror or exc}")
+        print(f"kvverify corpus: results written to {args.json}", file=sys.stderr)
     for failure in result.failures:
         print(f"kvverify corpus: {failure}", file=sys.stderr)
     return 0 if result.ok else 1
