@@ -14,7 +14,7 @@ say() { printf 'ci/cpu.sh: %s\n' "$*"; }  # before each step that runs a while s
 say "installing torch 2.14.1 (a CUDA 13.0 build: 5.6 GB to download the first time), setuptools and ninja"
 python3 -m pip install -q "torch==2.14.1" "setuptools>=70.1" ninja
 if [ "${KVVERIFY_CPU_ONLY:-}" != 1 ]; then
-  say "building the extension kvverify._C (about 40-50 s on 2 cores) and installing kvverify[test,plot]"
+  say "building the extension kvverify._C (about a minute on 2 cores) and installing kvverify[test,plot]"
 else
   say "installing kvverify[test,plot] without the extension (KVVERIFY_CPU_ONLY=1)"
 fi
