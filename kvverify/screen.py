@@ -7,8 +7,8 @@ the rest. No line ends in spaces. A span in backquotes (a command or a path mean
 never broken, even where it makes its line longer than the width. A log that wants whole lines sets
 ``COLUMNS`` wide. Two things are not laid out for the width: a one-line message on stderr
 (``kvverify CMD: ...``, an error), which stays one line so that a search of a log finds it whole,
-and, in a log without ``COLUMNS``, a wide table (``stress --details``, probe, bench), which keeps
-one line per row.
+and a wide table (``stress --details``, probe's and bench's in a log without ``COLUMNS``, the
+corpus's markdown), which keeps one line per row.
 
 Standard library only: ``kvverify check`` prints through it. ``StripTrailingSpaces`` takes the
 spaces off the lines of rich's consoles.
