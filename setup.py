@@ -46,15 +46,47 @@ def _find_cuda_home():
             return
 
 
+def _isolated_build():
+    """Whether this runs in a build front end's isolated environment: pip's puts its folders
+    ("pip-build-env-...") on sys.path, pypa/build's is a virtual environment in a "build-env-..."
+    folder. Neither sets a marker of its own."""
+    parts = {part for entry in sys.path for part in entry.split(os.sep)} | set(sys.prefix.split(os.sep))
+    return any(part.startswith(("pip-build-env-", "build-env-")) for part in parts)
+
+
+def _why_no_torch(error):
+    """Why ``import torch`` failed (``error``), told apart: an isolated build hiding the torch this
+    Python has, no torch at all, or a torch that is there and breaks."""
+    import importlib.machinery
+    import importlib.util
+    import sysconfig
+
+    if _isolated_build():
+        sites = list(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
+        found = importlib.machinery.PathFinder.find_spec("torch", sites)
+        if found is not None:
+            return (f"pip builds in an isolated environment, which hides the torch installed in "
+                    f"{os.path.dirname(os.path.dirname(found.origin))}: add --no-build-isolation")
+        return ("pip builds in an isolated environment, which has no torch (nor has this Python, "
+                f"{sys.executable}): install a CUDA build of torch, then build with --no-build-isolation")
+    try:
+        found = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        return f"torch is not installed in this Python ({sys.executable}): install a CUDA build of torch first"
+    return (f"torch is installed ({os.path.dirname(found.origin or '') or found.name}) but cannot be imported: "
+            f"{type(error).__name__}: {error}")
+
+
 def _why_no_extension():
     """Return None when the extension can be built here, else the reason it cannot."""
     _find_cuda_home()
     try:
         import torch
         from torch.utils import cpp_extension
-    except ImportError:
-        return ("torch cannot be imported here (pip builds in an isolated environment without it "
-                "unless given --no-build-isolation)")
+    except ImportError as exc:
+        return _why_no_torch(exc)
     if torch.version.cuda is None:
         return f"torch {torch.__version__} is a CPU-only build"
     home = cpp_extension.CUDA_HOME

@@ -8,7 +8,7 @@
 #   ci/gpu.sh                    every step, in order (about 15 minutes on one H200)
 #   ci/gpu.sh build gpu-tests    only the named steps (a later call on the same host may skip
 #                                `build`: the editable install stays)
-#   GPU_TESTS="tests/test_stress_gpu.py" ci/gpu.sh gpu-tests    only these GPU test files
+#   GPU_TESTS="tests/stress/test_stress_gpu.py" ci/gpu.sh gpu-tests    only these GPU test files
 #
 # Steps: platform build gpu-tests stress-smoke stress-smoke-qwen nvtx-overhead probe bench
 #        swap-bandwidth kernel-bandwidth record kernel-path, and on request only (not in a bare

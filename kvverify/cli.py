@@ -14,6 +14,7 @@ import argparse
 import importlib
 import os
 import sys
+import textwrap
 
 # name -> (module, one-line summary). The summary is repeated here, not taken from the
 # module, so that `kvverify --help` does not import torch.
@@ -28,7 +29,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
     "corpus": (
         "kvverify.record.corpus.cli",
-        "re-create the races that shipped in public KV-offload code, broken and fixed, and show what each tool sees",
+        "re-create known races (public reports of vLLM, SGLang, PyTorch, TorchRec; the demo's), broken and "
+        "fixed, and show what each tool sees",
     ),
     "stress": (
         "kvverify.stress.cli",
@@ -48,19 +50,22 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     ),
 }
 
-DESCRIPTION = """\
-kvverify proves whether batched KV-cache swaps between GPU and host memory are safe
-under each source access order of cuMemcpyBatchAsync (STREAM, DURING_API_CALL, ANY):
-on paper (a happens-before checker over a trace), on the device (a stress harness),
-and in your own PyTorch program (a recorder that writes its device work as a trace).
+HELP_WIDTH = 78  # a help's own lines leave the two columns argparse leaves at the edge of 80
 
-Run kvverify COMMAND --help for each command's options and an example. Without a GPU,
-kvverify check and kvverify stress (contract verdicts) still work."""
+DESCRIPTION = """\
+kvverify proves whether batched KV-cache swaps between GPU and host memory are
+safe under each source access order of cuMemcpyBatchAsync (STREAM,
+DURING_API_CALL, ANY): on paper (a happens-before checker over a trace), on the
+device (a stress harness), and in your own PyTorch program (a recorder that
+writes its device work as a trace).
+
+Run kvverify COMMAND --help for each command's options and an example. Without
+a GPU, kvverify check and kvverify stress (contract verdicts) still work."""
 
 EPILOG = """\
 Examples:
-  kvverify stress                  the smoke campaign on the GPU (about 90 s on an H200)
-  kvverify check trace.json        the happens-before verdict on a trace of stream work"""
+  kvverify stress            the smoke campaign on the GPU (90 s on an H200)
+  kvverify check trace.json  the happens-before verdict on a trace of GPU work"""
 
 
 def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -80,7 +85,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     chosen = next((a for a in (argv or []) if a in SUBCOMMANDS), None)
     parsers = {}
     for name, (module, summary) in SUBCOMMANDS.items():
-        p = parsers[name] = sub.add_parser(name, help=summary, description=summary)
+        # a subcommand's help keeps its description's lines (raw text), each laid out for 80 columns
+        p = parsers[name] = sub.add_parser(name, help=summary, description=textwrap.fill(summary, HELP_WIDTH))
         p.set_defaults(_module=module, _command=name)  # not `command`: record's program arguments take that name
         if name == chosen:
             importlib.import_module(module).add_arguments(p)

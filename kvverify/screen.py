@@ -1,13 +1,17 @@
 """The one rule every screen of kvverify follows.
 
-On a terminal, lines wrap to its width; piped or redirected (a log, ``grep``, a file), each line
-stays whole, so that a search finds a message in one piece. No line ends in spaces. A span in
-backquotes (a command or a path meant for copying) is never broken, even where it makes its line
-longer than the terminal.
+A screen (a report, a help, a listing, a warning) is laid out for one width: ``COLUMNS`` when it is
+set, else the terminal's, else 80 columns (a pipe, a file, a log). argparse lays the help out for
+that width and rich's consoles (``kvverify stress``, ``kvverify merge``) theirs; ``fit`` gives it to
+the rest. No line ends in spaces. A span in backquotes (a command or a path meant for copying) is
+never broken, even where it makes its line longer than the width. A log that wants whole lines sets
+``COLUMNS`` wide. Two things are not laid out for the width: a one-line message on stderr
+(``kvverify CMD: ...``, an error), which stays one line so that a search of a log finds it whole,
+and a wide table (``stress --details``, probe's and bench's in a log without ``COLUMNS``, the
+corpus's markdown), which keeps one line per row.
 
-Standard library only: ``kvverify check`` prints through it. The rich consoles of ``kvverify
-stress`` and ``kvverify merge`` wrap by themselves (to ``COLUMNS`` when piped, as their tests and
-logs expect); ``StripTrailingSpaces`` takes the spaces off their lines.
+Standard library only: ``kvverify check`` prints through it. ``StripTrailingSpaces`` takes the
+spaces off the lines of rich's consoles.
 """
 
 from __future__ import annotations
@@ -27,16 +31,9 @@ _LABEL = re.compile(r"\s*(?:[\w-]+:\s+)?")
 _TAIL = re.compile(r"(?:[ \t]|\x1b\[[0-9;]*m)*\Z")
 
 
-def width(stream) -> int | None:
-    """The columns to wrap ``stream``'s lines to, or None where ``stream`` is not a terminal.
-
-    ``COLUMNS`` comes first, as in ``shutil.get_terminal_size``; then the terminal's own size.
-    """
-    try:
-        if stream is None or not stream.isatty():
-            return None
-    except (AttributeError, ValueError, OSError):  # closed, or not a file at all
-        return None
+def width(stream) -> int:
+    """The columns a screen on ``stream`` is laid out for: ``COLUMNS`` when set (as in
+    ``shutil.get_terminal_size``), else the terminal's where ``stream`` is one, else 80."""
     try:
         columns = int(os.environ.get("COLUMNS", ""))
     except ValueError:
@@ -44,21 +41,23 @@ def width(stream) -> int | None:
     if columns > 0:
         return columns
     try:
-        return os.get_terminal_size(stream.fileno()).columns or 80
-    except (AttributeError, ValueError, OSError):
-        return 80
+        if stream is not None and stream.isatty():
+            return os.get_terminal_size(stream.fileno()).columns or 80
+    except (AttributeError, ValueError, OSError):  # closed, not a file at all, or a size not read
+        pass
+    return 80
 
 
 def fit(text: str, stream) -> str:
-    """``text`` as ``stream`` should get it: wrapped to ``width(stream)`` on a terminal, whole lines
-    elsewhere, and no line ending in spaces."""
+    """``text`` as ``stream`` should get it: wrapped to ``width(stream)``, a backquoted span never
+    broken, and no line ending in spaces."""
     columns = width(stream)
     return "\n".join(_fit_line(line, columns) for line in text.split("\n"))
 
 
-def _fit_line(line: str, columns: int | None) -> str:
+def _fit_line(line: str, columns: int) -> str:
     line = line.rstrip(" \t")
-    if columns is None or len(line) <= columns:
+    if len(line) <= columns:
         return line
     indent = line[: len(line) - len(line.lstrip())]
     label = len(_LABEL.match(line).group(0)) - len(indent)

@@ -1,16 +1,20 @@
 """Statistics for the stress report and the bench: exact binomial bounds, paired ratios, spread.
 
-All of it is scipy underneath; this module fixes the conventions (one- or two-sided,
-which interval, what the minimum sample is) and checks the inputs. numpy and scipy are
-imported by the functions that use them: reports import this module on hosts and paths
-that never compute a bound.
+The bounds are exact binomial computations in the standard library (the binomial
+distribution's terms summed in log space, the bound found by bisection to the last bit),
+so that a host without a GPU installs no scipy for them; tests hold them to published
+values and to scipy's. This module fixes the conventions (one- or two-sided, which
+interval, what the minimum sample is) and checks the inputs. numpy is imported by the
+functions that use it: reports import this module on hosts and paths that never
+compute a bound.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from fractions import Fraction
 from typing import NamedTuple
 
 __all__ = [
@@ -40,6 +44,43 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence must lie strictly between 0 and 1, got {confidence}")
 
 
+def _lower_tail(k: int, n: int, log_p: float, log_q: float) -> float:
+    """``P(X <= k)`` for ``X ~ Binomial(n, p)``, given ``log p`` and ``log(1 - p)``: the terms
+    ``comb(n, i) p^i (1 - p)^(n - i)`` in log space, each from the one before (times
+    ``(n - i) / (i + 1) * p / (1 - p)``), summed with ``math.fsum`` after scaling by the largest."""
+    logs, log_term, odds = [n * log_q], n * log_q, log_p - log_q
+    for i in range(k):
+        log_term += math.log((n - i) / (i + 1)) + odds
+        logs.append(log_term)
+    top = max(logs)
+    return math.exp(top) * math.fsum(math.exp(x - top) for x in logs)
+
+
+def _binomial_cdf(k: int, n: int, p: float) -> float:
+    """``P(X <= k)`` for ``X ~ Binomial(n, p)`` with ``0 < p < 1``, summed over the shorter tail
+    (``P(X <= k) = 1 - P(n - X <= n - k - 1)``, ``n - X ~ Binomial(n, 1 - p)``)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    if k <= n - 1 - k:
+        return _lower_tail(k, n, math.log(p), math.log1p(-p))
+    return 1.0 - _lower_tail(n - 1 - k, n, math.log1p(-p), math.log(p))
+
+
+def _crossing(f: Callable[[float], float], level: float, lo: float, hi: float) -> float:
+    """The ``p`` in ``(lo, hi)`` where the decreasing ``f`` falls to ``level``, by bisection until
+    the bracket's ends are neighbouring floats."""
+    while True:
+        mid = (lo + hi) / 2
+        if mid <= lo or mid >= hi:
+            return mid
+        if f(mid) > level:
+            lo = mid
+        else:
+            hi = mid
+
+
 def clopper_pearson_upper(failures: int, trials: int, confidence: float = 0.95) -> float:
     """One-sided exact (Clopper–Pearson) upper bound on a per-trial failure rate.
 
@@ -52,11 +93,17 @@ def clopper_pearson_upper(failures: int, trials: int, confidence: float = 0.95) 
     Raises TypeError for non-integer counts; ValueError for ``trials < 1``, ``failures``
     outside ``[0, trials]`` or ``confidence`` outside ``(0, 1)``.
     """
-    from scipy import stats
-
     _check_counts(failures, trials, confidence)
-    result = stats.binomtest(int(failures), int(trials), alternative="less")
-    return float(result.proportion_ci(confidence_level=confidence, method="exact").high)
+    return _upper(int(failures), int(trials), 1 - confidence)
+
+
+def _upper(k: int, n: int, tail: float) -> float:
+    """The exact upper bound: the rate ``p`` at which ``P(X <= k) = tail`` (1 when ``k == n``)."""
+    if k == n:
+        return 1.0
+    if k == 0:
+        return -math.expm1(math.log(tail) / n)  # 1 - tail ** (1 / n), without the cancellation
+    return _crossing(lambda p: _binomial_cdf(k, n, p), tail, k / n, 1.0)
 
 
 def clopper_pearson_interval(
@@ -69,13 +116,11 @@ def clopper_pearson_interval(
 
     Raises as ``clopper_pearson_upper``.
     """
-    from scipy import stats
-
     _check_counts(failures, trials, confidence)
-    ci = stats.binomtest(int(failures), int(trials)).proportion_ci(
-        confidence_level=confidence, method="exact"
-    )
-    return float(ci.low), float(ci.high)
+    k, n, tail = int(failures), int(trials), (1 - confidence) / 2
+    # low: the rate at which P(X >= k) = tail, i.e. P(X <= k - 1) = 1 - tail (0 when k == 0)
+    low = 0.0 if k == 0 else _crossing(lambda p: _binomial_cdf(k - 1, n, p), 1 - tail, 0.0, k / n)
+    return low, _upper(k, n, tail)
 
 
 class RatioCI(NamedTuple):
@@ -112,8 +157,9 @@ def paired_ratio_ci(
     repetition share, and the median is robust to the odd slow repetition.
 
     The interval is the distribution-free one for a median from binomial order
-    statistics (Thompson 1936; ``scipy.stats.quantile_test``): ``[r_(k), r_(n+1-k)]``
-    with the largest ``k`` for which ``P(Binomial(n, 1/2) < k) < (1 - confidence) / 2``.
+    statistics (Thompson 1936; what ``scipy.stats.quantile_test`` gives): ``[r_(k), r_(n+1-k)]``
+    with the largest ``k`` for which ``P(Binomial(n, 1/2) < k) < (1 - confidence) / 2``,
+    computed exactly (``math.comb``, ``Fraction``).
     It assumes only independent, identically distributed pairs, no normality, and needs
     no random resampling, so it is reproducible; its coverage is at least ``confidence``.
     The median is invariant under the log, so the interval holds for log-ratios alike.
@@ -123,7 +169,6 @@ def paired_ratio_ci(
     non-finite or non-positive values, or fewer than ``min_pairs(confidence)`` pairs.
     """
     import numpy as np
-    from scipy import stats
 
     num = np.asarray(numerators, dtype=np.float64)
     den = np.asarray(denominators, dtype=np.float64)
@@ -138,12 +183,16 @@ def paired_ratio_ci(
     need = min_pairs(confidence)
     if num.size < need:
         raise ValueError(f"{num.size} pairs; a {confidence:.0%} interval for a median needs {need}")
-    ratios = num / den
-    ci = stats.quantile_test(ratios, q=float(np.median(ratios)), p=0.5).confidence_interval(
-        confidence_level=confidence
-    )
+    ratios = np.sort(num / den)
+    n, tail = int(ratios.size), Fraction((1 - confidence) / 2)
+    # k: the first j with P(Binomial(n, 1/2) <= j) >= tail, so P(Binomial(n, 1/2) < k) < tail;
+    # min_pairs makes k >= 1. The interval: the k-th smallest ratio to the k-th largest.
+    below, k = Fraction(1, 2**n), 0
+    while below < tail:
+        k += 1
+        below += Fraction(math.comb(n, k), 2**n)
     return RatioCI(
-        float(np.median(ratios)), float(ci.low), float(ci.high), int(ratios.size), confidence
+        float(np.median(ratios)), float(ratios[k - 1]), float(ratios[n - k]), n, confidence
     )
 
 
@@ -167,7 +216,6 @@ def spread(samples: Sequence[float]) -> Spread:
     seconds, rates in bytes per second). Raises ValueError otherwise.
     """
     import numpy as np
-    from scipy import stats
 
     x = np.asarray(samples, dtype=np.float64)
     if x.ndim != 1 or x.size < 2:
@@ -179,7 +227,7 @@ def spread(samples: Sequence[float]) -> Spread:
         raise ValueError("spread needs a positive median and mean")
     return Spread(
         relative_range=float((x.max() - x.min()) / median),
-        cv=float(stats.variation(x, ddof=1)),
+        cv=float(x.std(ddof=1) / x.mean()),
         median=median,
         n=int(x.size),
     )

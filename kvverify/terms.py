@@ -45,7 +45,7 @@ SPACES: tuple[str, ...] = (DEVICE_SPACE, *HOST_SPACE.values())
 
 
 class BlockState(enum.IntEnum):
-    """What a checked block holds (``shared/DESIGN.md``, "Block pattern"); the values are what the
+    """What a checked block holds (``docs/architecture.md``, "kvverify.device.pattern"); the values are what the
     verify kernel writes."""
 
     OK = 0  # every word from the expected generation
@@ -72,8 +72,8 @@ not found or could not be loaded (no trace, no verdict)."""
 
 
 class CellVerdict(str, enum.Enum):
-    """A cell's contract verdict joined with what was observed (``shared/DESIGN.md``, "Three kinds
-    of evidence"); ``kvverify.stress.report.cell_verdict`` is the rule."""
+    """A cell's contract verdict joined with what was observed (``docs/report-schema.md``, "Cell
+    verdicts"); ``kvverify.stress.report.cell_verdict`` is the rule."""
 
     CONFIRMED_RACE = "CONFIRMED_RACE"  # contract RACY, corruption observed
     NO_RACE_OBSERVED = "NO_RACE_OBSERVED"  # contract RACY, native run saw none

@@ -127,7 +127,7 @@ def choice_list_arg(allowed: tuple[str, ...], *, upper: bool):
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """``--help`` as the subcommands write it: descriptions and epilogs keep their own lines
-    (plain text, each under 100 columns), and the option column is wide enough that an option
+    (plain text, each laid out for 80 columns), and the option column is wide enough that an option
     as long as ``--blocks-per-transfer N`` keeps its help on the same line."""
 
     def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 27, width=None):

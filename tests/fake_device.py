@@ -7,7 +7,7 @@ host memory (``device="cpu"``), host memory is pageable (the only kind that need
 
 That is one legal schedule (the reference model's), so it shows whether programs, content
 ids, generations, snapshots, batch reordering and counting fit together, not whether the
-harness provokes races: that needs the real device (tests/test_stress_gpu.py).
+harness provokes races: that needs the real device (tests/stress/test_stress_gpu.py).
 """
 
 from __future__ import annotations

@@ -147,3 +147,22 @@ def test_cpu_sh_reruns_existing_width_tests_and_checks_what_tests_leave():
     assert len(files) >= 5 and all((ROOT / f).is_file() for f in files), files
     assert 'COLUMNS=$other python3 -m pytest -q -p no:cacheprovider "${WIDTH_TESTS[@]}"' in script
     assert 'export TMPDIR="$scratch/tmp" TORCH_EXTENSIONS_DIR="$scratch/torch_extensions"' in script
+
+
+def test_cpu_sh_says_each_long_step_before_it_and_keeps_hypothesis_out_of_the_checkout():
+    """ci/cpu.sh ran about 3 minutes silent before its first test (installing, building) and left
+    .hypothesis/ in the checkout: a line says what each install and each pytest run does before it
+    starts, and hypothesis keeps its files under the scratch folder (exported before the first
+    pytest), which the closing check holds."""
+    script = (ROOT / "ci" / "cpu.sh").read_text()
+    lines = [line.strip() for line in script.splitlines() if line.strip() and not line.strip().startswith("#")]
+    long = [i for i, line in enumerate(lines) if "pip install" in line or "-m pytest" in line]
+    assert len(long) >= 4, lines
+    for before, step in zip([-1, *long], long):
+        assert any(line.startswith("say ") for line in lines[before + 1:step]), lines[step]
+    first_pytest = next(i for i in long if "-m pytest" in lines[i])
+    assert lines.index('export HYPOTHESIS_STORAGE_DIRECTORY="$scratch/hypothesis"') < first_pytest
+    assert '[ -z "$checkout_had_hypothesis" ] && [ -e .hypothesis ]' in script
+    say = next(line for line in lines if line.startswith("say()"))
+    p = subprocess.run(["bash", "-c", f"{say}\nsay installing torch"], capture_output=True, text=True, check=True)
+    assert p.stdout == "ci/cpu.sh: installing torch\n"

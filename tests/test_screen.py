@@ -1,5 +1,6 @@
-"""``kvverify.screen``: the one rule of every screen: wrapped to a terminal's width, whole lines when
-piped, no trailing spaces, and a backquoted command never broken."""
+"""``kvverify.screen``: the one rule of every screen: laid out for ``COLUMNS``, else the terminal's
+width, else 80 columns (piped), no trailing spaces, and a backquoted command never broken; every
+help screen and the corpus's listing keep to it at 80 columns."""
 
 from __future__ import annotations
 
@@ -50,11 +51,18 @@ def test_continuation_lines_hang_under_the_label(monkeypatch):
     assert fix - why > 2 and all(line.startswith(" " * 10) and line[10] != " " for line in lines[why + 1:fix])
 
 
-def test_piped_every_line_stays_whole_without_trailing_spaces(monkeypatch):
+def test_piped_lines_fit_columns_else_80_without_trailing_spaces(monkeypatch):
+    """Piped (a log, a file), a screen is as wide as ``COLUMNS`` says, else 80 columns: the width
+    argparse and rich take there too."""
     monkeypatch.setenv("COLUMNS", "40")
-    assert screen.width(io.StringIO()) is None
-    assert screen.fit(REPORT, io.StringIO()) == "\n".join(line.rstrip() for line in REPORT.split("\n"))
-    assert screen.fit(WARNING, None) == WARNING
+    assert screen.width(io.StringIO()) == 40
+    fitted = screen.fit(REPORT, io.StringIO()).split("\n")
+    assert all(len(line) <= 40 or "`" in line for line in fitted) and words("\n".join(fitted)) == words(REPORT)
+    monkeypatch.delenv("COLUMNS")
+    assert screen.width(io.StringIO()) == screen.width(None) == 80
+    fitted = screen.fit(WARNING, None).split("\n")
+    assert len(fitted) > 1 and all(len(line) <= 80 for line in fitted), fitted
+    assert all(line == line.rstrip() for line in screen.fit(REPORT, None).split("\n"))
 
 
 def test_the_width_is_columns_first_then_the_terminal(monkeypatch):
@@ -89,3 +97,27 @@ def test_strip_trailing_spaces_is_the_file_it_wraps_otherwise():
     out = FakeTerminal()
     stream = screen.StripTrailingSpaces(out)
     assert stream.isatty() and stream.getvalue() == ""
+
+
+def _screens() -> list[list[str]]:
+    from kvverify.cli import SUBCOMMANDS
+
+    return [["--help"]] + [[name, "--help"] for name in SUBCOMMANDS] + [["corpus", "--list"]]
+
+
+@pytest.mark.parametrize("argv", _screens(), ids=" ".join)
+def test_every_help_screen_and_the_corpus_listing_fit_80_columns(monkeypatch, capsys, argv):
+    """``kvverify --help``, each command's ``--help`` and ``kvverify corpus --list``, laid out for
+    ``COLUMNS=80`` (whatever width this run has), print no line wider and none ending in spaces."""
+    from kvverify.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    try:
+        status = main(argv)
+    except SystemExit as exc:  # --help
+        status = exc.code
+    out = capsys.readouterr().out
+    lines = out.rstrip("\n").split("\n")
+    assert status == 0 and len(lines) > 5, out
+    assert [line for line in lines if len(line) > 80] == [], out
+    assert [line for line in lines if line != line.rstrip()] == [], out

@@ -30,12 +30,60 @@ def test_a_host_without_nvcc_fails_the_install_with_the_reason_and_the_ways_out(
     assert "pip install --no-build-isolation -e ." in p.stderr and "KVVERIFY_CPU_ONLY=1 pip install -e ." in p.stderr
 
 
-def test_without_torch_the_message_names_build_isolation(tmp_path):
+# A Python without torch: ``import torch`` finds nothing (a finder ahead of all others says so).
+NO_TORCH = """
+import sys
+
+class NoTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "torch":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoTorch())
+"""
+
+
+def _first_line(p: subprocess.CompletedProcess) -> str:
+    return p.stderr.strip().splitlines()[0]
+
+
+def test_a_torch_that_cannot_be_imported_is_named_with_its_error(tmp_path):
     fake = tmp_path / "torch"
     fake.mkdir()
-    (fake / "__init__.py").write_text("raise ImportError('no torch in this build environment')\n")
+    (fake / "__init__.py").write_text("raise ImportError('a broken torch')\n")
     p = setup_py(PYTHONPATH=str(tmp_path))
-    assert p.returncode != 0 and "torch cannot be imported here" in p.stderr and "--no-build-isolation" in p.stderr
+    assert p.returncode != 0
+    assert _first_line(p) == (f"kvverify: cannot build the CUDA extension kvverify._C: torch is installed ({fake}) "
+                              "but cannot be imported: ImportError: a broken torch.")
+
+
+def test_without_torch_and_without_build_isolation_the_message_says_torch_is_not_installed(tmp_path):
+    """``pip install --no-build-isolation`` into a Python without torch once blamed build isolation."""
+    (tmp_path / "sitecustomize.py").write_text(NO_TORCH)
+    p = setup_py(PYTHONPATH=str(tmp_path))
+    assert p.returncode != 0
+    assert _first_line(p) == (f"kvverify: cannot build the CUDA extension kvverify._C: torch is not installed in this "
+                              f"Python ({sys.executable}): install a CUDA build of torch first.")
+    assert "pip install --no-build-isolation -e ." in p.stderr  # the ways out follow
+
+
+def test_in_pips_isolated_environment_the_message_names_the_isolation_and_the_torch_it_hides(tmp_path):
+    """pip (no --no-build-isolation) runs setup.py with its own folders on sys.path, named
+    pip-build-env-..., and torch out of reach; this Python's own torch, if it has one, is named."""
+    import importlib.machinery
+    import sysconfig
+
+    site = tmp_path / "pip-build-env-abc" / "site"
+    site.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(NO_TORCH)
+    p = setup_py(PYTHONPATH=str(site))
+    assert p.returncode != 0
+    own = importlib.machinery.PathFinder.find_spec("torch", [sysconfig.get_paths()[k] for k in ("purelib", "platlib")])
+    reason = ("pip builds in an isolated environment, which hides the torch installed in "
+              f"{os.path.dirname(os.path.dirname(own.origin))}: add --no-build-isolation" if own is not None else
+              "pip builds in an isolated environment, which has no torch (nor has this Python, "
+              f"{sys.executable}): install a CUDA build of torch, then build with --no-build-isolation")
+    assert _first_line(p) == f"kvverify: cannot build the CUDA extension kvverify._C: {reason}."
 
 
 def test_cpu_only_installs_without_the_extension_and_says_so(tmp_path):

@@ -24,33 +24,32 @@ _READ_CHUNK = 1 << 24
 EPILOG = """\
 exit status:
   0  SAFE   no two accesses to the same bytes can happen in either order
-  1  RACY   at least one race; each is listed with both ops, the bytes, the kind
-            (RAW / WAR / WAW by issue order), why no rule orders them, and a fix
-  2  the trace is invalid (or unreadable, or larger than --max-input-size): one line
-     on stderr names the op index and the field, e.g.
-       kvverify check: invalid trace: op 2 (copy_batch), field 'order': unknown order "FAST" ...
-     (with --json, stdout also gets {"verdict": "INVALID", "error": ..., "op": 2, "field": "order"})
-  3  anything unexpected: a bug (please report it; --debug shows the traceback), or a
-     report that could not be written (a SAFE verdict nobody read is not SAFE)
+  1  RACY   each race is listed with both ops, the bytes, the kind (RAW /
+            WAR / WAW by issue order), why no rule orders them, and a fix
+  2  the trace is invalid (or unreadable, or over --max-input-size): one
+     line on stderr names the op and the field (with --json, stdout gets
+     {"verdict": "INVALID", "error": ..., "op": 2, "field": "order"})
+  3  anything unexpected: a bug (please report it; --debug shows the
+     traceback), or a report not written (a SAFE nobody read is not SAFE)
 
-Format: docs/trace-format.md (1.1: repeated or unknown keys are invalid). Rules and the CUDA
-behaviour each follows: docs/checker.md (rule 6 as amended: a copy INTO pageable memory has
-not completed when the call returns; the host must synchronize before it reads).
+Format: docs/trace-format.md; rules and the CUDA behaviour they follow:
+docs/checker.md (rule 6 as amended: a copy INTO pageable memory has not
+completed when the call returns; the host must synchronize before it reads).
 
 example:
   $ cat store.json
-  {"version": 1, "streams": ["compute", "offload"], "buffers": {
-    "gpu": {"space": "device", "bytes": 8192}, "cpu": {"space": "host_pinned", "bytes": 8192}},
-   "ops": [
-    {"op": "kernel", "stream": "compute", "name": "write_kv", "writes": [["gpu", 0, 4096]]},
-    {"op": "wait_stream", "stream": "offload", "on": "compute"},
-    {"op": "copy_batch", "stream": "offload", "order": "ANY",
-     "copies": [{"src": ["gpu", 0, 4096], "dst": ["cpu", 0, 4096]}]}]}
+  {"version": 1, "streams": ["compute", "offload"],
+   "buffers": {"gpu": {"space": "device", "bytes": 8192},
+               "cpu": {"space": "host_pinned", "bytes": 8192}},
+   "ops": [{"op": "kernel", "stream": "compute", "writes": [["gpu", 0, 4096]]},
+           {"op": "wait_stream", "stream": "offload", "on": "compute"},
+           {"op": "copy_batch", "stream": "offload", "order": "ANY",
+            "copies": [{"src": ["gpu", 0, 4096], "dst": ["cpu", 0, 4096]}]}]}
   $ kvverify check store.json
   RACY in store.json (3 ops, 2 streams): 1 race
   race 1: RAW on gpu[0:4096] (4096 bytes), rule 5
     ...
-    fix:    use STREAM order for op 2: a device source must be read in stream order, ...
+    fix:    use STREAM order for op 2: a device source must be read in ...
   $ kvverify check --json - < store.json | jq .verdict
   "RACY"
 """
@@ -59,9 +58,10 @@ example:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
-        "Decide from CUDA's ordering rules alone (program and stream order, events, host synchronization,\n"
-        "cuMemcpyBatchAsync's source access order, pageable memory, batch internals) whether two accesses\n"
-        "in a trace of stream work can touch the same bytes in either order. Nothing runs on a GPU.")
+        "Decide from CUDA's ordering rules alone (program and stream order, events,\n"
+        "host synchronization, cuMemcpyBatchAsync's source access order, pageable\n"
+        "memory, batch internals) whether two accesses in a trace of stream work can\n"
+        "touch the same bytes in either order. Nothing runs on a GPU.")
     parser.epilog = EPILOG
     parser.add_argument("trace", metavar="TRACE.json",
                         help="the trace to check; '-' reads it from standard input")

@@ -6,8 +6,8 @@ Every 8-byte word ``i`` of logical block ``b`` written in generation ``g`` holds
 
 so a word says which generation wrote it (high 32 bits) and proves, through its low 32 bits,
 that it belongs at word ``i`` of block ``b`` in generation ``g`` under ``seed``.
-``csrc/pattern.cuh`` mirrors ``h32`` for the CUDA kernels; ``tests/test_pattern_cuh.py``
-(host compile of the header, CPU) and ``tests/test_kernels_gpu.py`` (kernels vs this module)
+``csrc/pattern.cuh`` mirrors ``h32`` for the CUDA kernels; ``tests/device/test_pattern_cuh.py``
+(host compile of the header, CPU) and ``tests/device/test_kernels_gpu.py`` (kernels vs this module)
 hold the two equal. Change one, change both.
 
 ``h32`` (all arithmetic on uint32, wrapping mod 2**32)::

@@ -50,9 +50,9 @@ from kvverify.units import (
 )
 
 DESCRIPTION = """\
-Copies random pages host <-> device by each path (driver batch per order, per-copy loop, SM kernel)
-beside one contiguous copy (the ceiling), timed behind a stream hold and end to end, with the
-slowdown each path causes a concurrent matmul. Method and H200 figures: docs/bench.md."""
+Copies random pages host <-> device by each path (driver batch per order,
+per-copy loop, SM kernel) beside one contiguous copy, timed behind a stream
+hold and end to end, with each path's slowdown of a matmul (docs/bench.md)."""
 
 EPILOG = """\
 Examples:
@@ -91,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     quick = ",".join(format_size(p).replace(" ", "") for p in QUICK_PAGE_SIZES)
     g = parser.add_argument_group("what to measure")
     g.add_argument("--quick", action="store_true",
-                   help=f"pages {quick}, {QUICK_REPS} reps, at most {QUICK_MAX_SECONDS:g} s (explicit options win)")
+                   help=f"pages {quick}, {QUICK_REPS} reps, at most {QUICK_MAX_SECONDS:g} s; options given win")
     g.add_argument("--page-sizes", type=size_list_arg, metavar="LIST",
                    help="page sizes, e.g. 4KiB,64KiB,2MiB (default 4KiB to 2MiB, powers of 2)")
     g.add_argument("--model", metavar="PRESET", help="page sizes and pages per call of a model preset (llama-3.1-8b)")
@@ -109,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-loop", action="store_true", help="skip the per-copy cudaMemcpyAsync loop baseline")
     g.add_argument("--no-kernel", action="store_true", help="skip the SM-kernel copy path")
     g.add_argument("--compute", action=argparse.BooleanOptionalAction,
-                   help="the slowdown of a concurrent bf16 matmul per path (default on; --calibrate off)")
+                   help="each path's slowdown of a concurrent bf16 matmul (default on; --calibrate off)")
     g.add_argument("--matmul-size", type=positive_int_arg, default=4096, metavar="N",
                    help="N of the N x N bf16 matmul (default 4096)")
     g.add_argument("--host-memory", choices=HOST_MEMORY_KINDS, default="pinned", metavar="KIND",
@@ -533,6 +533,8 @@ def run(args: argparse.Namespace) -> int:
     render_tables(document, out)
     if args.json:
         common.write_json(args.json, document)
+        if args.json != "-":
+            progress(f"report written to {args.json}")
     if args.calibrate:
         paths = calibration.build(document)
         render_calibration(paths, out)

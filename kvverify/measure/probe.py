@@ -18,16 +18,18 @@ from kvverify.terms import COPY_KINDS, HOST_MEMORY_KINDS, ORDERS
 from kvverify.units import HelpFormatter, choice_list_arg, format_size, positive_float_arg, positive_int_arg, size_arg
 
 DESCRIPTION = """\
-Per cell (direction x order x host memory kind): one swap_blocks_batch call of --pages pages of
---page-bytes bytes, issued behind --hold-ms of pending stream work, --reps times (plus a warm-up).
-By majority over the trials it reports whether the call blocked the host until the pending work
-had finished, and whether the source was read during the call or later, in stream order
-(docs/bench.md explains each answer). With the defaults the 18 cells take a few seconds.
-Needs a CUDA device and the built extension; without them: exit status 2, one line on stderr."""
+Per cell (direction x order x host memory kind): one swap_blocks_batch call of
+--pages pages of --page-bytes bytes, issued behind --hold-ms of pending stream
+work, --reps times (plus a warm-up). By majority over the trials it reports
+whether the call blocked the host until the pending work had finished, and
+whether the source was read during the call or later, in stream order
+(docs/bench.md explains each answer). With the defaults the 18 cells take a
+few seconds. Needs a CUDA device and the built extension; without them: exit
+status 2, one line on stderr."""
 
 EPILOG = """\
 Example:
-  kvverify probe --directions d2h --host-memory pinned,pageable --json probe.json"""
+  kvverify probe --directions d2h --host-memory pinned,pageable --json p.json"""
 
 # Generations as whole 64-bit words; every word of the buffer holds one of them.
 OLD = 0x0101010101010101
@@ -357,4 +359,6 @@ def run(args: argparse.Namespace) -> int:
     render_table(document, out)
     if args.json:
         common.write_json(args.json, document)
+        if args.json != "-":
+            progress(f"report written to {args.json}")
     return 0

@@ -19,17 +19,17 @@ OWNS_STDOUT = True  # the recorded program runs in this process and writes to th
 EPILOG = """\
 exit status:
   0  the program succeeded and its recorded device work is SAFE
-  1  the program succeeded and its recorded work races (each race is listed with
-     both ops and the lines that issued them, the bytes, the kind, why, and a fix)
-  N  the program's own exit status, when it failed (the trace is written and checked anyway)
-  2  nothing was recorded (no CUDA device, another allocator than torch's, a command this
-     cannot run in-process, a program that did not start: its script or module not found
-     or not compiled, no verdict: stderr says which); or no race, but NOT RECORDED lines
-     (the JSON has complete: false); or the trace was not written. --confirm changes none.
+  1  it succeeded and its recorded work races (each race with both ops, the
+     lines that issued them, the bytes, the kind, why, and a fix)
+  N  the program's own exit status, when it failed (the trace written, checked)
+  2  nothing was recorded (no CUDA device, another allocator than torch's, a
+     command this cannot run in-process, a program that did not start: stderr
+     says which); or no race, but NOT RECORDED lines (the JSON has complete:
+     false); or the trace was not written. --confirm changes none.
 
-The program runs in this process (runpy, or pytest.main). Threads it starts are recorded;
-threads running before, and tests that record themselves (this recording pauses), are NOT
-RECORDED, and the rest is never called SAFE (docs/record.md).
+The program runs in this process (runpy, or pytest.main). Threads it starts
+are recorded; threads running before, and tests that record themselves, are
+NOT RECORDED, and the rest is never called SAFE (docs/record.md).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
@@ -40,13 +40,18 @@ Examples:
 """
 
 
+# What --no-op-log trades (the pytest plugin's --kvverify-no-op-log says the same).
+NO_OP_LOG_HELP = ("record ops by a dispatch mode as they run instead of the op log (C++, logged after the "
+                  "program): the same trace, slower (docs/record.md)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
-        "Run a PyTorch program under the recorder and find its races: what it asks the CUDA device to\n"
-        "do (streams, events and their query results, synchronization, kernels, host/device copies,\n"
-        "batched swaps with their source access order and every raw pointer resolved to its\n"
-        "allocation, host accesses to pinned memory) becomes a trace, which kvverify check decides.")
+        "Run a PyTorch program under the recorder and find its races: what it asks the\n"
+        "CUDA device to do (streams, events, synchronization, kernels, copies, batched\n"
+        "swaps with their source access order, host accesses to pinned memory) becomes\n"
+        "a trace, which kvverify check decides.")
     parser.epilog = EPILOG
     parser.add_argument("-o", "--output", default="kvverify-trace.json", metavar="TRACE.json",
                         help="where to write the trace (default: %(default)s)")
@@ -57,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-all", action="store_true",
                         help="write every kernel access, also to buffers only kernels on one stream touch (they cannot race)")
     parser.add_argument("--no-op-log", action="store_true",
-                        help="log each op as it runs, by a dispatch mode (slower: docs/record.md), not after the program")
+                        help=NO_OP_LOG_HELP)
     parser.add_argument("--max-races", type=int, default=20, metavar="N",
                         help="list at most N races (default %(default)s); the verdict does not depend on it")
     parser.add_argument("--confirm", action="store_true",
@@ -108,6 +113,94 @@ def program(command: list[str]) -> tuple[str, str, list[str]]:
         return "script", first, rest
     raise ValueError(f"'{first}' is not a Python program this can run in-process; give python SCRIPT.py ..., "
                      "python -m MODULE ..., or pytest ...")
+
+
+def after_dashes(args: argparse.Namespace) -> bool:
+    """Whether the command line put the program after ``--`` (``kvverify record [OPTIONS] --
+    COMMAND``), so that no option of the program's is taken for kvverify's, nor the reverse. A
+    Namespace without ``command_argv`` (built by a caller, not ``kvverify.cli.main``) counts as so."""
+    argv = getattr(args, "command_argv", None)
+    if argv is None:
+        return True
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    return "--" in argv and argv[argv.index("--") + 1:] == command
+
+
+def check_start(kind: str, target: str) -> None:
+    """Raise NotStartedError, with the line ``run_program`` would give, where the program cannot
+    start: a script that is not a file or does not compile, a module python -m would not find (found
+    here without running any package's code) or that does not compile, code for -c that does not
+    compile, pytest not installed. Asked before the recording starts, so that a host without a
+    CUDA device says so only of a program that could run."""
+    import importlib.util
+
+    from kvverify.errors import NotStartedError
+
+    try:
+        if kind == "pytest":
+            if importlib.util.find_spec("pytest") is None:
+                raise ModuleNotFoundError("No module named 'pytest'")
+        elif kind == "code":
+            compile(target, "<string>", "exec")
+        elif kind == "script":
+            if not os.path.isfile(target):
+                raise NotStartedError(_no_script(target))
+            _compile_source(target, target)
+        else:
+            origin = _module_origin(target)
+            if origin is not None:
+                _compile_source(origin, origin)
+    except NotStartedError:
+        raise
+    except (ImportError, SyntaxError, ValueError) as exc:  # (ValueError: a null byte in source, before 3.12)
+        raise NotStartedError(_could_not_start(kind, target, exc)) from exc
+
+
+def _compile_source(path: str, filename: str) -> None:
+    """Compile the Python source at ``path`` as runpy would (a zip archive or bytecode, which runpy
+    also runs, is left to it)."""
+    import importlib.util
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        return
+    with open(path, "rb") as f:
+        source = f.read()
+    if not source.startswith(importlib.util.MAGIC_NUMBER):
+        compile(source, filename, "exec")
+
+
+def _module_origin(name: str) -> str | None:
+    """The source file python -m ``name`` runs (a package's ``__main__``), looked up as runpy looks it
+    up but without importing any package, from the working directory first; None where it is no
+    source file. Raises ImportError as runpy words it where the module or a package is missing."""
+    import importlib.machinery
+    import importlib.util
+
+    parts = name.split(".")
+    sys.path.insert(0, os.getcwd())
+    try:
+        spec = importlib.util.find_spec(parts[0])  # (a top-level name: nothing is imported)
+        for depth in range(1, len(parts) + 1):
+            if spec is None:
+                missing = ".".join(parts[:depth])
+                raise ImportError(f"No module named {name}") if depth == len(parts) else \
+                    ModuleNotFoundError(f"No module named {missing!r}")
+            if depth < len(parts):
+                if spec.submodule_search_locations is None:
+                    raise ModuleNotFoundError(f"No module named {name!r}; {spec.name!r} is not a package")
+                spec = importlib.machinery.PathFinder.find_spec(".".join(parts[:depth + 1]),
+                                                                list(spec.submodule_search_locations))
+        if spec.submodule_search_locations is not None:
+            main = importlib.machinery.PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations))
+            if main is None:
+                raise ImportError(f"No module named {name}.__main__; {name!r} is a package and cannot be directly "
+                                  "executed")
+            spec = main
+    finally:
+        sys.path.remove(os.getcwd())
+    origin = spec.origin
+    return origin if spec.has_location and origin and origin.endswith(".py") else None
 
 
 def run_program(kind: str, target: str, arguments: list[str]) -> int:
@@ -237,10 +330,19 @@ def run(args: argparse.Namespace, platform=None) -> int:
         kind, target, arguments = program(args.command)
     except ValueError as exc:
         return _fail(str(exc))
+    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = " ".join(argv)
+    if not after_dashes(args):
+        return _fail(f"put '--' before the program to record: kvverify record [OPTIONS] -- {command} (all after "
+                     "'--' is the program's command line, all before it kvverify's)")
     if args.max_races < 1:
         return _fail("--max-races must be at least 1")
     if args.witness:
         return _witness_run(args.witness, kind, target, arguments, args.swap_op, platform)
+    try:
+        check_start(kind, target)  # before the device: a host without one says it of a program that runs
+    except NotStartedError as exc:
+        return _no_verdict(args, command, str(exc))
     rec = recording(swap_ops=args.swap_op, keep_all=args.keep_all, platform=platform, op_log=not args.no_op_log)
     try:
         rec.start()
@@ -250,8 +352,6 @@ def run(args: argparse.Namespace, platform=None) -> int:
         from kvverify.record.confirm.witness import Forcer
 
         rec.follow_calls(Forcer(rec.recorder))
-    argv = args.command[1:] if args.command[:1] == ["--"] else args.command
-    command = " ".join(argv)
     not_started = None
     try:
         status = run_program(kind, target, arguments)
@@ -259,13 +359,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
         not_started = str(exc)
     finally:
         rec.stop()
-    if not_started is not None:  # no trace, no verdict: a SAFE over what never ran would be a lie
-        if args.json:
-            from kvverify.terms import NOT_STARTED
-
-            _write_report(args.json, {"command": command, "verdict": NOT_STARTED, "error": not_started, "races": [],
-                                      "complete": False, "witnesses": None})
-        return _fail(not_started)
+    if not_started is not None:
+        return _no_verdict(args, command, not_started)
     written = True  # (a trace that could not be written is said so; it changes neither the program's status nor the verdict)
     try:
         rec.write(args.output)
@@ -275,7 +370,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
     else:
         print(f"kvverify record: trace written to {args.output}", file=sys.stderr)
     if args.no_check:
-        print("\n".join(rec.summary().lines()))
+        _show("\n".join(rec.summary().lines()))
         if args.confirm:
             print("kvverify record: --confirm needs the check (--no-check was given): no witness runs",
                   file=sys.stderr)
@@ -283,9 +378,7 @@ def run(args: argparse.Namespace, platform=None) -> int:
     from kvverify.check import check
 
     verdict = check(rec.trace(), max_races=args.max_races)
-    print(verdict.render(source=command).rstrip("\n"))
-    print()
-    print("\n".join(rec.summary().lines()))
+    _show(verdict.render(source=command).rstrip("\n") + "\n\n" + "\n".join(rec.summary().lines()))
     witnesses = None  # (null in the JSON report: no witness runs were made)
     if args.confirm and verdict.races:
         if status != 0:
@@ -313,13 +406,36 @@ def run(args: argparse.Namespace, platform=None) -> int:
     return 0 if verdict.safe else 1
 
 
-def _write_report(path: str, report: dict) -> None:
-    """The JSON report (``--json``); a report that cannot be written is said so on stderr."""
+def _no_verdict(args: argparse.Namespace, command: str, not_started: str) -> int:
+    """A program that did not start: no trace, no verdict (a SAFE over what never ran would be a
+    lie); the line on stderr, and in the JSON report (``--json``) as NOT_STARTED. Returns 2."""
+    if args.json:
+        from kvverify.terms import NOT_STARTED
+
+        _write_report(args.json, {"command": command, "verdict": NOT_STARTED, "error": not_started, "races": [],
+                                  "complete": False, "witnesses": None}, say_so=False)
+    return _fail(not_started)
+
+
+def _show(text: str) -> None:
+    """Print a screen of the report (the verdict, the summary, the witnesses) as every screen is
+    laid out (``kvverify.screen``)."""
+    from kvverify import screen
+
+    print(screen.fit(text, sys.stdout))
+
+
+def _write_report(path: str, report: dict, say_so: bool = True) -> None:
+    """The JSON report (``--json``); where it went is said on stderr (``say_so``: a refusal keeps its
+    one line), as is a report that cannot be written."""
     try:
         with open(path, "w") as f:
             json.dump(report, f, indent=2)
     except OSError as exc:
         print(f"kvverify record: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+    else:
+        if say_so:
+            print(f"kvverify record: report written to {path}", file=sys.stderr)
 
 
 WITNESS_ENV = "KVVERIFY_WITNESS"  # MODE:FOLDER for the pytest plugin of a witness run of one test
@@ -433,10 +549,8 @@ def _confirm(command: list[str], swap_ops, rec, verdict, platform) -> list:
         print(f"kvverify record: --confirm: {line}", file=sys.stderr, flush=True)
 
     outcomes = confirm_races(command, swap_ops, rec, verdict, platform, progress)
-    print()
-    print(f"witnesses ({len(outcomes)} pair{'s' if len(outcomes) != 1 else ''} of lines):")
-    for outcome in outcomes:
-        print(f"  {outcome.line()}")
+    _show("\n".join([f"\nwitnesses ({len(outcomes)} pair{'s' if len(outcomes) != 1 else ''} of lines):",
+                      *(f"  {outcome.line()}" for outcome in outcomes)]))
     return outcomes
 
 

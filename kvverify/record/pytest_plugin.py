@@ -12,8 +12,9 @@ Loaded by pytest through the ``pytest11`` entry point once kvverify is installed
 ``--kvverify-swap-op NS::NAME`` names a serving engine's own batched-swap op;
 ``--kvverify-trace-dir DIR`` writes each recorded test's trace there; ``--kvverify-confirm``
 runs a racing test again in child processes for a device witness of each race (``kvverify
-record --confirm``), listed with the failure. Where no CUDA device is
-visible a recorded test fails with the one line that says so; the ``kvverify_platform`` fixture
+record --confirm``), listed with the failure. Where no CUDA device is visible, a test that asks
+for its recording (the marker, the fixture) is skipped with the reason, and ``--kvverify-record``
+runs the other tests unrecorded and says so once, at the end; the ``kvverify_platform`` fixture
 (None: the CUDA device) can be overridden to record on a stand-in.
 
 Importing this module imports neither torch nor numpy.
@@ -26,11 +27,13 @@ import re
 
 import pytest
 
-from kvverify.record.cli import WITNESS_ENV
+from kvverify.record.cli import NO_OP_LOG_HELP, WITNESS_ENV
 
 _RECORDING = pytest.StashKey()
 _WITNESS = pytest.StashKey()  # the session's witness spec (WITNESS_ENV), or None
 _OBSERVATION = pytest.StashKey()  # a test's witness run's observation
+_NO_DEVICE = pytest.StashKey()  # why the session cannot record the CUDA device (None: it can), asked once
+_UNRECORDED = pytest.StashKey()  # how many tests --kvverify-record ran unrecorded for want of a device
 
 
 def pytest_addoption(parser) -> None:
@@ -43,8 +46,7 @@ def pytest_addoption(parser) -> None:
     group.addoption("--kvverify-trace-dir", default=None, metavar="DIR",
                     help="write each recorded test's trace to DIR (one JSON file per test)")
     group.addoption("--kvverify-no-op-log", action="store_true", default=False,
-                    help="log each op as it runs, by a dispatch mode (slower: docs/record.md), not after the test "
-                         "(kvverify record --no-op-log)")
+                    help=NO_OP_LOG_HELP.replace("the program", "the test") + " (kvverify record --no-op-log)")
     group.addoption("--kvverify-confirm", action="store_true", default=False,
                     help="where a recorded test races, run it again in child processes for a device witness "
                          "of each racing pair of lines (kvverify record --confirm); the failure lists them")
@@ -55,6 +57,16 @@ def pytest_configure(config) -> None:
     # a witness run of one test (--kvverify-confirm's child): taken out of the environment at once, so
     # that nothing the test starts (a pytest of its own, a subprocess) runs as a witness too
     config.stash[_WITNESS] = os.environ.pop(WITNESS_ENV, None)
+
+
+def _no_device(config) -> str | None:
+    """Why tests cannot be recorded on the CUDA device in this session (no torch, a build without
+    CUDA, no device visible), or None; asked once."""
+    if _NO_DEVICE not in config.stash:
+        from kvverify.device.extension import cuda_refusal
+
+        config.stash[_NO_DEVICE] = cuda_refusal()
+    return config.stash[_NO_DEVICE]
 
 
 @pytest.fixture
@@ -75,6 +87,8 @@ def kvverify_record(request, kvverify_platform):
     if spec:  # a witness run of this test (--kvverify-confirm's child): it starts where its recording did
         yield from _witness_run(spec, request, kvverify_platform)
         return
+    if kvverify_platform is None and _no_device(request.config) is not None:
+        pytest.skip(f"kvverify record: nothing to record: {_no_device(request.config)}")
     rec = recording(swap_ops=request.config.getoption("kvverify_swap_op"), platform=kvverify_platform,
                     op_log=not request.config.getoption("kvverify_no_op_log"))
     refused = None
@@ -119,8 +133,22 @@ def _witness_run(spec: str, request, platform):
 
 @pytest.fixture(autouse=True)
 def _kvverify_record_when_asked(request):
-    if request.config.getoption("kvverify_record") or request.node.get_closest_marker("kvverify_record"):
+    if request.node.get_closest_marker("kvverify_record") or "kvverify_record" in request.fixturenames:
+        request.getfixturevalue("kvverify_record")  # (skipped where there is no device to record)
+    elif request.config.getoption("kvverify_record"):
+        if request.getfixturevalue("kvverify_platform") is None and _no_device(request.config) is not None:
+            # a test that did not ask for its recording runs as it would without the option
+            request.config.stash[_UNRECORDED] = request.config.stash.get(_UNRECORDED, 0) + 1
+            return
         request.getfixturevalue("kvverify_record")
+
+
+def pytest_terminal_summary(terminalreporter, config) -> None:
+    """The one line that says --kvverify-record recorded nothing, and why."""
+    count = config.stash.get(_UNRECORDED, 0)
+    if count:
+        terminalreporter.write_line(f"kvverify record: nothing to record: {config.stash[_NO_DEVICE]}: {count} "
+                                    f"test{'s' if count != 1 else ''} ran unrecorded (--kvverify-record)")
 
 
 def _trace_file(directory: str, nodeid: str) -> str:

@@ -40,21 +40,21 @@ if TYPE_CHECKING:
 from kvverify.units import HelpFormatter, choice_list_arg, positive_int_arg, size_arg
 
 DESCRIPTION = """\
-Options left out take the campaign's values: a bare kvverify stress runs the smoke campaign
-(stress/smoke.toml: Llama-3.1-8B pages, every scenario, order, host memory kind and executor,
-at least 1 GiB checked per cell; about 90 s on one H200). It prints a verdict matrix, the cells
-that need a reader's eye, and a headline. Without a CUDA device: the contract verdicts only."""
+Options left out take the campaign's values: a bare kvverify stress runs the
+smoke campaign (stress/smoke.toml; about 90 s on one H200) and prints a verdict
+matrix, the cells that need a reader's eye, and a headline. Without a CUDA
+device: the contract verdicts only."""
 
 EPILOG = """\
-Exit status: 0 when every cell agrees with its contract (or nothing ran: no device); 1 when a
-cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE (on any GPU), could not run, or
---max-seconds left cells unrun; 2 when the run cannot start or a report file cannot be
-written (the reason on stderr); 3 when nothing failed but host or device memory grew (a
-leak). Several GPUs: --gpus, or torchrun --nproc-per-node N -m kvverify stress. More in
-docs/stress.md.
+Exit status: 0 when every cell agrees with its contract (or nothing ran: no
+device); 1 when a cell is UNEXPECTED_CORRUPTION or SENSITIVITY_FAILURE (on any
+GPU), could not run, or --max-seconds left it unrun; 2 when the run cannot
+start or a report cannot be written (the reason on stderr); 3 when nothing
+failed but host or device memory grew (a leak). Several GPUs: --gpus N, or
+torchrun --nproc-per-node N -m kvverify stress (docs/stress.md).
 
 Example:
-  kvverify stress --scenarios H1,H3 --orders STREAM,ANY --json report.json --plot matrix.png"""
+  kvverify stress --scenarios H1 --orders STREAM,ANY --json r.json --plot m.png"""
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -268,15 +268,21 @@ def run(args) -> int:
 
 
 def _launch(args) -> int:
-    """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run)."""
+    """``--gpus``: this command line, without it, on that many local ranks (torch.distributed.run).
+    Raises ``_StartError`` where this host has no CUDA device for them (nothing starts: the ranks
+    would run nothing), or fewer than asked."""
     n = args.gpus
-    if n == "all":
-        reason = device.gpu_refusal()
-        if reason is not None:
-            raise _StartError(f"--gpus all: {reason}")
-        import torch
+    reason = device.gpu_refusal()
+    if reason is not None:
+        raise _StartError(f"--gpus {n}: {reason}")
+    import torch
 
-        n = torch.cuda.device_count()
+    visible = torch.cuda.device_count()
+    if n == "all":
+        n = visible
+    elif n > visible:
+        raise _StartError(f"--gpus {n}: this host shows {visible} CUDA device{'s' if visible != 1 else ''}; ask for "
+                          f"at most {visible} (or all), or check CUDA_VISIBLE_DEVICES")
     argv = list(args.command_argv)
     i = next((k for k, a in enumerate(argv) if a == "--gpus" or a.startswith("--gpus=")), None)
     if i is not None:
@@ -386,7 +392,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     if note and ranks.leader:
         say(err, f"kvverify stress: {note}")
     if args.dump_traces and ranks.leader:
-        _dump_traces(planned, Path(args.dump_traces))
+        _written(err, f"{_dump_traces(planned, Path(args.dump_traces))} traces written to {args.dump_traces}")
     reason = "--no-gpu was given" if args.no_gpu else device.gpu_refusal()
     if reason is None:
         reason = distributed.bind_device(ranks)
@@ -456,10 +462,10 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
                   "planned trials")
     if args.json == "-":
         sys.stdout.write(json.dumps(report.to_json(), indent=2) + "\n")
-    outputs = [("--json", args.json if args.json != "-" else None, report.write_json),
-               ("--junit", args.junit, lambda path: render.write_junit(report, path)),
-               ("--plot", args.plot, lambda path: _plot(report, path))]
-    for option, path, write in outputs:
+    outputs = [("--json", "report", args.json if args.json != "-" else None, report.write_json),
+               ("--junit", "JUnit XML", args.junit, lambda path: render.write_junit(report, path)),
+               ("--plot", "matrix plot", args.plot, lambda path: _plot(report, path))]
+    for option, what, path, write in outputs:
         if not path:
             continue
         path = _output_path(path, layout.geometry.name, several)
@@ -469,10 +475,16 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
             say(err, f"kvverify stress: {option} {path}: cannot be written ({exc.strerror or exc}); the run's "
                       "verdicts are above")
             return EXIT_CANNOT_START
+        _written(err, f"{what} written to {path}")
     status = report.exit_status()
     if status == EXIT_MEMORY_GREW:
         say(err, "kvverify stress: memory grew over the run (exit status 3); see the GPU memory lines above")
     return status
+
+
+def _written(err, line: str) -> None:
+    """Say where a file went: one line on stderr, whole at any width (a path to copy)."""
+    err.print(f"kvverify stress: {line}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _plot(report, path: str) -> None:
@@ -578,7 +590,9 @@ def _execute_with_progress(schedule, c, layout, params, console, err, deadline, 
         return running.execute(planned, c, layout, params, on_cell_done=done, deadline=deadline, memory=memory)
 
 
-def _dump_traces(planned, folder: Path) -> None:
+def _dump_traces(planned, folder: Path) -> int:
+    """Write each planned cell's trace (once per scenario, direction, order and host memory kind)
+    into ``folder``; return how many."""
     folder.mkdir(parents=True, exist_ok=True)
     seen = set()
     for pc in planned:
@@ -586,3 +600,4 @@ def _dump_traces(planned, folder: Path) -> None:
         if key not in seen:
             seen.add(key)
             (folder / ("_".join(key) + ".json")).write_text(json.dumps(pc.trace, indent=1) + "\n")
+    return len(seen)

@@ -258,23 +258,24 @@ def load_schema() -> dict[str, Any]:
 
 
 DESCRIPTION = """\
-Merge stress and probe reports from several hosts into one table per platform (GPU, driver,
-CUDA): per platform, the orders its probe reports saw read their source early, and each cell's
-verdict over every GPU of that platform, side by side with the other platforms'. A cell whose
-contract verdict differs between reports (made by different kvverify versions) is flagged.
+Merge stress and probe reports from several hosts into one table per platform
+(GPU, driver, CUDA): per platform, the orders its probe reports saw read their
+source early, and each cell's verdict over every GPU of that platform, side by
+side with the other platforms'. A cell whose contract verdict differs between
+reports (made by different kvverify versions) is flagged.
 
-Inputs: stress reports (kvverify stress --json, schema 1 or 2) and probe reports (kvverify
-probe --json). The merged JSON follows kvverify/schemas/merged-report-v1.json
-(docs/report-schema.md)."""
+Inputs: stress reports (kvverify stress --json, schema 1 or 2) and probe
+reports (kvverify probe --json). The merged JSON follows
+kvverify/schemas/merged-report-v1.json (docs/report-schema.md)."""
 
 EPILOG = """\
-Exit status: 0; 1 when contract verdicts conflict or a cell fails on some platform
-(UNEXPECTED_CORRUPTION, SENSITIVITY_FAILURE); 2 when a report cannot be read or merged: a
-field of the wrong type, the same report twice, a report where nothing ran on a device (the
-file and the reason on stderr).
+Exit status: 0; 1 when contract verdicts conflict or a cell fails on some
+platform (UNEXPECTED_CORRUPTION, SENSITIVITY_FAILURE); 2 when a report cannot
+be read or merged: a field of the wrong type, the same report twice, a report
+where nothing ran on a device (the file and the reason on stderr).
 
 Example:
-  kvverify merge host-a/stress.json host-b/stress.json host-a/probe.json --json fleet.json"""
+  kvverify merge a/stress.json b/stress.json a/probe.json --json fleet.json"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -314,6 +315,7 @@ def run(args) -> int:
         except OSError as exc:
             print(f"kvverify merge: --json {args.json}: cannot be written ({exc.strerror})", file=sys.stderr)
             return 2
+        print(f"kvverify merge: merged report written to {args.json}", file=sys.stderr)
     return merged["exit_status"]
 
 

@@ -3,7 +3,7 @@
 A *cell* is (scenario, direction, source access order, host memory kind, executor). Its
 *contract verdict* (``SAFE`` / ``RACY``, from the happens-before checker) is joined with
 what the executor *observed* into one ``CellVerdict`` by ``cell_verdict``, the only
-place that rule lives (``shared/DESIGN.md``, "Three kinds of evidence").
+place that rule lives (``docs/report-schema.md``, "Cell verdicts", tabulates it).
 
 The terminal table and JUnit XML are in ``kvverify.stress.render``, which reads this module
 (never the reverse); the JSON document follows ``kvverify/schemas/stress-report-v2.json``
@@ -215,7 +215,7 @@ class Observation:
 
 
 def cell_verdict(contract: str, observation: Observation | None, executor: str) -> CellVerdict:
-    """Join a contract verdict with an observation, exactly as ``shared/DESIGN.md`` says.
+    """Join a contract verdict with an observation, as ``docs/report-schema.md`` tabulates it.
 
     ``contract``: ``"SAFE"`` or ``"RACY"``; ``observation``: None when the cell did not
     run; ``executor``: one of ``EXECUTORS`` (only a RACY cell without corruption depends on

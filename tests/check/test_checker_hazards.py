@@ -1,4 +1,4 @@
-"""Hazards H1–H7 of DESIGN.md: a broken and a fixed trace each, under every source access order
+"""Hazards H1–H7 (docs/stress.md, "Scenarios"): a broken and a fixed trace each, under every source access order
 that applies, asserting the verdict, the racing op pairs and their kinds."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""csrc/pattern.cuh (the device hash) equals kvverify/pattern.py (the reference), checked on the CPU.
+"""csrc/pattern.cuh (the device hash) equals kvverify/device/pattern.py (the reference), checked on the CPU.
 
 The header is plain C++ outside nvcc (its __host__ __device__ markers compile away), so a host
 C++ compiler builds a tiny driver that prints h32, block keys, pattern words and checksum terms
 for a set of inputs; numpy must produce the same numbers. Skipped where no C++ compiler exists.
-The GPU side of the same promise is tests/test_kernels_gpu.py.
+The GPU side of the same promise is tests/device/test_kernels_gpu.py.
 """
 
 from __future__ import annotations

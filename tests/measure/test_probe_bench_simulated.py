@@ -142,8 +142,9 @@ def test_probe_end_to_end_on_the_stand_in(simulated, tmp_path, capsys):
     assert simulated["spins"] and set(simulated["spins"]) == {5_000_000}
     assert {s[2] for s in simulated["swaps"]} == {4}
     assert all(b.freed for b in simulated["buffers"])
-    text = capsys.readouterr().out
+    text, err = capsys.readouterr()
     assert "kvverify probe" in text and "call 3/3" in text
+    assert err.endswith(f"[probe] report written to {out}\n")  # where the file went
 
 
 def test_bench_end_to_end_on_the_stand_in(simulated, tmp_path, capsys):
@@ -169,7 +170,9 @@ def test_bench_end_to_end_on_the_stand_in(simulated, tmp_path, capsys):
     assert ("STREAM", "kernel", 16) in swaps and ("STREAM", "kernel", 4) in swaps
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert all(b.freed for b in simulated["buffers"])
-    assert "ANY/STREAM" in capsys.readouterr().out
+    text, err = capsys.readouterr()
+    assert "ANY/STREAM" in text
+    assert err.endswith(f"[bench] report written to {out}\n[bench] plot written to {png}\n")  # where each went
 
 
 def test_bench_page_draws_move_the_right_bytes(simulated):

@@ -8,6 +8,7 @@ import ast
 import importlib
 import inspect
 import json
+import os
 import re
 import subprocess
 import sys
@@ -111,19 +112,49 @@ def test_every_case_is_recorded_and_runs_both_forms():
     assert {c.capture for c in CASES} == {"recorded"} and not any(c.unseen or c.not_run for c in CASES)
 
 
+def _section(text: str, start: str, end: str) -> str:
+    i = text.index(start)
+    return text[i:text.index(end, i + len(start))]
+
+
+def test_every_description_of_the_corpus_says_where_its_cases_come_from():
+    """The corpus was described as "the races that shipped in public KV-offload code", while two
+    cases are the demo's and two come from PyTorch and TorchRec: each description (README, docs,
+    both helps, the package's docstring) names every project a case comes from, and the demo."""
+    from kvverify.cli import SUBCOMMANDS
+    from kvverify.record.corpus import cli as corpus_cli
+
+    projects = {c.source.split("#")[0].split("/")[1].lower() for c in CASES if c.source != DEMO_SOURCE}
+    assert projects == {"vllm", "sglang", "pytorch", "torchrec"}  # (a new one: name it in each place below)
+    readme, corpus_doc, record_doc = ((ROOT / f).read_text() for f in ("README.md", "docs/corpus.md", "docs/record.md"))
+    descriptions = {
+        "README.md": _section(readme, "- `kvverify corpus`:", "\n- `"),
+        "docs/corpus.md": _section(corpus_doc, "# The race corpus", "Each case runs three ways"),
+        "docs/record.md": _section(record_doc, "## The race corpus", "\n## "),
+        "kvverify --help": SUBCOMMANDS["corpus"][1],
+        "kvverify corpus --help": corpus_cli.DESCRIPTION,
+        "kvverify.record.corpus": corpus.__doc__,
+    }
+    for where, text in descriptions.items():
+        words = " ".join(text.split()).lower()
+        assert all(p in words for p in projects) and "demo" in words, (where, text)
+        assert "shipped in public kv-offload code" not in words, (where, text)
+
+
 def test_importing_and_listing_the_corpus_imports_no_heavy_library():
     probe = ("import json, sys\nfrom kvverify.cli import main\nstatus = main(['corpus', '--list'])\n"
              f"print(json.dumps([status, sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))]), "
              "file=sys.stderr)\n")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60,
+                       env=dict(os.environ, COLUMNS="80"))
     status, heavy = json.loads(r.stderr.strip().splitlines()[-1])
     assert status == 0 and heavy == [], r.stderr
-    header, *lines = r.stdout.splitlines()
-    assert header.split()[:4] == ["case", "source", "capture", "forms"]
-    assert [line.split()[0] for line in lines] == TABLE
-    first = lines[0].split()
-    assert first[1:4] == ["vllm-project/vllm#31341", "recorded", "broken,fixed"] and lines[0].endswith("RAW write_kv / store")
-    assert lines[TABLE.index("vllm-45268")].split()[2:4] == ["recorded", "broken,fixed"]
+    header, blank, *lines = r.stdout.splitlines()
+    assert header == "case: expected race (kind, the two functions whose lines issue it)" and blank == ""
+    assert [line.split(":")[0] for line in lines[0::2]] == TABLE and len(lines) == 2 * len(TABLE)
+    assert lines[:2] == ["vllm-31341: RAW write_kv / store",
+                         "  source: vllm-project/vllm#31341; capture: recorded; forms: broken,fixed"]
+    assert lines[2 * TABLE.index("vllm-45268") + 1].endswith("; capture: recorded; forms: broken,fixed")
 
 
 def test_a_case_outside_the_vocabulary_is_refused_by_name():
@@ -457,6 +488,19 @@ def test_without_a_gpu_it_refuses_with_one_line_and_exit_2(monkeypatch, capsys):
     assert main(["corpus", "--no-csan"]) == 2
     out = capsys.readouterr()
     assert out.out == "" and out.err == "kvverify corpus: no CUDA device is visible (test)\n"
+
+
+def test_the_json_file_written_is_said_with_where_it_went(monkeypatch, capsys, tmp_path):
+    """``--json`` once wrote its file without a word: a line on stderr says where it went."""
+    from kvverify import device
+    from kvverify.record.corpus import runner
+
+    monkeypatch.setattr(device, "gpu_refusal", lambda: None)
+    monkeypatch.setattr(runner, "run_corpus", lambda *a, **k: CorpusRun(()))
+    out = tmp_path / "corpus.json"
+    assert main(["corpus", "vllm-31341", "--no-csan", "--json", str(out)]) == 0
+    assert capsys.readouterr().err == f"kvverify corpus: results written to {out}\n"
+    assert json.loads(out.read_text())["rows"] == []
 
 
 def test_on_this_host_without_a_gpu_it_refuses_too(capsys):

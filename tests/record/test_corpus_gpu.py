@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 ROOT = Path(__file__).resolve().parents[2]
 DISPATCHER = [c for c in CASES if c.capture == "recorded"]
-# ANY was seen read in stream order on an H200 (DESIGN.md), which hides vllm-39306 natively there.
+# ANY was seen read in stream order on an H200 (docs/bench.md), which hides vllm-39306 natively there.
 MAY_NOT_SHOW = {"vllm-39306"}
 ANNOTATED = {"sglang-28468"}  # calls kvverify.record.reuse
 

@@ -110,10 +110,13 @@ def test_a_trace_that_cannot_be_written_leaves_the_verdict_and_the_programs_stat
 
 
 def test_a_safe_program_exits_0_and_the_trace_goes_where_asked(program, capsys):
-    status = cli.run(args("python", str(program), "--fixed", output="out.json"), platform=shared())
+    status = cli.run(args("python", str(program), "--fixed", output="out.json", json="report.json"), platform=shared())
     assert status == 0
-    assert "SAFE" in capsys.readouterr().out
-    assert Path("out.json").exists()
+    out = capsys.readouterr()
+    assert "SAFE" in out.out
+    assert Path("out.json").exists() and Path("report.json").exists()
+    # where each file went
+    assert out.err == "kvverify record: trace written to out.json\nkvverify record: report written to report.json\n"
 
 
 def test_a_failing_program_gives_its_own_status_and_is_still_recorded(program, capsys):
@@ -253,6 +256,57 @@ def test_without_a_cuda_device_it_says_so_in_one_line_and_exits_2(program, capsy
     assert not (Path(program).parent / "kvverify-trace.json").exists()
 
 
+@pytest.mark.parametrize("command, line", [
+    (["python", "no_such_prog.py"], "python no_such_prog.py did not start: {cwd}/no_such_prog.py does not exist"),
+    (["python", "-m", "kvverify_no_such_module"], "python -m kvverify_no_such_module did not start: ImportError: "
+                                                 "No module named kvverify_no_such_module: "),
+    (["python", "-m", "kvverify_pkg.offlaod"], "python -m kvverify_pkg.offlaod did not start: ImportError: No module "
+                                               "named kvverify_pkg.offlaod: "),
+    (["python", "-m", "kvverify_pkg"], "python -m kvverify_pkg did not start: ImportError: No module named "
+                                       "kvverify_pkg.__main__; 'kvverify_pkg' is a package and cannot be directly "
+                                       "executed: "),
+    (["python", "broken.py"], "python broken.py did not start: SyntaxError: "),
+    (["python", "-m", "kvverify_pkg.broken"], "python -m kvverify_pkg.broken did not start: SyntaxError: "),
+    (["python", "-c", "1 +"], "python -c CODE did not start: SyntaxError: "),
+])
+def test_a_program_that_cannot_start_says_so_before_any_device_check(program, capsys, monkeypatch, command, line):
+    """Without a GPU, a missing script, a misspelt module or a syntax error once got "nothing to
+    record: no CUDA device": whether the program can start is asked first, as on a GPU host, and
+    without running any of its package's code (its ``__init__`` here would raise)."""
+    from kvverify import device
+    from kvverify.cli import main
+    from kvverify.device import extension
+
+    monkeypatch.setattr(extension, "cuda_refusal", lambda: pytest.fail("the device was asked for"))
+    monkeypatch.setattr(device, "gpu_refusal", lambda: pytest.fail("the device was asked for"))
+    Path("broken.py").write_text("blocks = (1,\n")
+    Path("kvverify_pkg").mkdir()
+    Path("kvverify_pkg/__init__.py").write_text("raise RuntimeError('a package is run before its module')\n")
+    Path("kvverify_pkg/offload.py").write_text("")
+    Path("kvverify_pkg/broken.py").write_text("def f(:\n")
+    assert main(["record", "--json", "report.json", "--", *command]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1, out.err
+    assert out.err.startswith("kvverify record: " + line.format(cwd=Path(program).parent)), out.err
+    assert "kvverify_pkg" not in sys.modules
+    assert json.loads(Path("report.json").read_text())["verdict"] == "NOT_STARTED"
+
+
+@pytest.mark.parametrize("argv", [["python", "x.py"], ["-o", "t.json", "python", "x.py", "--", "--layers", "2"]])
+def test_a_command_without_dashes_before_it_is_refused_saying_what_was_taken(program, capsys, argv):
+    """``kvverify record python x.py`` was accepted silently, where an option after the program's
+    name goes to the program and one before it to kvverify: the '--' is required, and the line
+    names the command it took."""
+    from kvverify.cli import main
+
+    assert main(["record", *argv]) == 2
+    err = capsys.readouterr().err
+    taken = " ".join(argv[argv.index("python"):])
+    assert err == (f"kvverify record: put '--' before the program to record: kvverify record [OPTIONS] -- {taken} "
+                   "(all after '--' is the program's command line, all before it kvverify's)\n")
+    assert not Path("t.json").exists() and not Path("kvverify-trace.json").exists()
+
+
 def test_without_torch_it_says_so_in_one_line_and_exits_2(program, tmp_path):
     # a None in sys.modules makes `import torch` raise ImportError, as on a host without torch
     code = ("import sys; sys.modules['torch'] = None; from kvverify.cli import main; "
@@ -324,3 +378,24 @@ def test_no_op_log_hands_the_ops_to_the_dispatch_mode_and_records_the_same_ops(t
     # test_oplog.py compares those without a spy)
     same = ("name", "reads", "writes")
     assert [[op[k] for k in same] for op in kernels[True]] == [[op[k] for k in same] for op in kernels[False]]
+
+
+def test_no_op_log_s_help_says_what_it_trades_in_the_command_and_the_pytest_plugin():
+    """``--no-op-log``'s help ("log each op as it runs...") read as the opposite of its name: it
+    says what the option gives up (the op log) and what it costs (speed), for the same trace."""
+    from kvverify.record import pytest_plugin
+
+    options = {}
+
+    class Group:
+        def addoption(self, name, **kwargs):
+            options[name] = kwargs["help"]
+
+    pytest_plugin.pytest_addoption(type("Parser", (), {"getgroup": lambda self, *a: Group()})())
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    command = next(a.help for a in parser._actions if "--no-op-log" in a.option_strings)
+    for text in (command, options["--kvverify-no-op-log"]):
+        assert "instead of the op log" in text and "the same trace, slower" in text, text
+        assert not text.startswith("log each op"), text
+    assert "after the test" in options["--kvverify-no-op-log"] and "after the program" in command

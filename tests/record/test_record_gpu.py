@@ -91,7 +91,8 @@ def test_each_form_of_the_offload_handler_is_reported_with_its_pair_of_lines(mis
 def test_the_record_command_on_the_demo(tmp_path, mistake, status):
     command = [sys.executable, "-m", "kvverify", "record", "-o", str(tmp_path / "t.json"), "--", "python", "-m",
                "kvverify.record.demo"] + (["--mistake", mistake] if mistake else [])
-    r = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    # the report read whole: a screen is laid out for COLUMNS (kvverify.screen)
+    r = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300, env=dict(os.environ, COLUMNS="1000"))
     assert r.returncode == status, r.stdout + r.stderr
     assert ("RACY" if status else "SAFE") in r.stdout
     if status:

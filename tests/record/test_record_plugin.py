@@ -77,22 +77,29 @@ def run(tmp_path: Path, *options: str) -> dict[str, tuple[str, str]]:
                                    "bare/test_bare.py": BARE}, *options)
 
 
-def child_pytest(tmp_path: Path, files: dict[str, str], *options: str) -> dict[str, tuple[str, str]]:
+def child_pytest(tmp_path: Path, files: dict[str, str], *options: str, env=None) -> dict[str, tuple[str, str]]:
     """Write ``files`` (path under ``tmp_path``: text) and run pytest with the plugin over their
-    folders; return {test name: (outcome, message)}."""
+    folders (``env`` added to its environment); return {test name: (outcome, message)}, the
+    outcome "passed", "failure", "error" or "skipped". What it printed is left in
+    ``tmp_path / "stdout.txt"``."""
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     folders = sorted({name.split("/")[0] for name in files})
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1",
+               **(env or {}))
     xml = tmp_path / "out.xml"
-    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kvverify.record.pytest_plugin",
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "kvverify.record.pytest_plugin",
                     f"--junitxml={xml}", *options, *folders],
-                   cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    (tmp_path / "stdout.txt").write_text(done.stdout)
     out = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
-        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
-        out[case.get("name")] = ("passed", "") if bad is None else (bad.tag, bad.get("message", "") + (bad.text or ""))
+        bad = next((case.find(tag) for tag in ("failure", "error", "skipped") if case.find(tag) is not None), None)
+        if bad is None:
+            out[case.get("name")] = ("passed", "")
+        else:  # (a skip's text repeats its message after its place)
+            out[case.get("name")] = (bad.tag, bad.get("message", "") + ("" if bad.tag == "skipped" else bad.text or ""))
     return out
 
 
@@ -113,10 +120,45 @@ def test_without_the_option_only_marked_tests_and_fixture_users_are_recorded(tmp
     failed = {name for name, (outcome, _) in out.items() if outcome != "passed"}
     assert failed >= {"test_marked_racy", "test_fixture_racy", "test_failing_body"}
     assert failed - {"test_bare_marked"} == {"test_marked_racy", "test_fixture_racy", "test_failing_body"}
-    if not torch.cuda.is_available():  # without a CUDA device a recorded test fails with the reason
-        outcome, message = out["test_bare_marked"]
-        assert outcome == "error" and "kvverify record: nothing to record: no CUDA device is visible" in message
-        assert "During handling of the above exception" not in message  # the reason alone, unchained
+    if not torch.cuda.is_available():  # without a CUDA device a test that asks for its recording is skipped
+        assert out["test_bare_marked"] == ("skipped", "kvverify record: nothing to record: no CUDA device is visible "
+                                           "(torch.cuda.is_available() is False); run it on a GPU host, or check "
+                                           "CUDA_VISIBLE_DEVICES and the driver")
+
+
+NO_DEVICE = textwrap.dedent("""\
+    import pytest
+
+    def test_arithmetic():
+        assert 1 + 1 == 2
+
+    def test_failing():
+        assert False, "its own failure"
+
+    @pytest.mark.kvverify_record
+    def test_marked():
+        pass
+
+    def test_fixture(kvverify_record):
+        pass
+    """)
+
+
+def test_record_option_without_a_device_runs_the_tests_unrecorded_and_says_so_once(tmp_path):
+    """``pytest --kvverify-record`` on a host without a CUDA device once errored every test, also
+    those that never touch CUDA: now each runs as it would without the option, a test that asks
+    for its recording is skipped with the reason, and one line at the end says why nothing was
+    recorded."""
+    out = child_pytest(tmp_path, {"plain/test_plain.py": NO_DEVICE}, "--kvverify-record",
+                       env={"CUDA_VISIBLE_DEVICES": ""})
+    reason = ("nothing to record: no CUDA device is visible (torch.cuda.is_available() is False); run it on a GPU "
+              "host, or check CUDA_VISIBLE_DEVICES and the driver")
+    assert out["test_arithmetic"] == ("passed", "")
+    assert out["test_failing"][0] == "failure" and "its own failure" in out["test_failing"][1]
+    assert out["test_marked"] == out["test_fixture"] == ("skipped", f"kvverify record: {reason}")
+    printed = (tmp_path / "stdout.txt").read_text()
+    assert printed.count("kvverify record: nothing to record") == 1, printed
+    assert f"kvverify record: {reason}: 2 tests ran unrecorded (--kvverify-record)" in printed, printed
 
 
 def test_confirm_lists_a_witness_for_each_racing_pair_and_leaves_safe_tests_alone(tmp_path):

@@ -1,5 +1,5 @@
 """Scenario catalogue on the CPU: programs are consistent, and the checker's contract verdict
-of every scenario, per order and host memory kind, is what DESIGN.md and the trace rules say.
+of every scenario, per order and host memory kind, is what the trace rules say (docs/trace-format.md).
 
 The expectations live here, in the test, on purpose: scenarios never say which orders make
 them racy (that is the checker's job); this table is the independent statement of intent.

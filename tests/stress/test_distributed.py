@@ -111,11 +111,45 @@ def test_shard_gives_each_cell_to_one_rank(runs):
     assert "split across 2 GPUs" in err
 
 
+# The launcher's process as on a host with two GPUs; the ranks it starts see none (CUDA_VISIBLE_DEVICES="").
+TWO_GPUS = """
+import sys
+import torch
+from kvverify import cli, device
+device.gpu_refusal = lambda: None
+torch.cuda.device_count = lambda: 2
+sys.exit(cli.main(["stress", *sys.argv[1:]]))
+"""
+
+
+@pytest.mark.parametrize("gpus", ["2", "all"])
+def test_gpus_flag_without_a_device_is_refused_in_one_line(tmp_path, gpus):
+    """``--gpus 2`` on a host without a GPU once started torchrun, printed its banner and exited 0
+    with every cell NOT_RUN on each rank: now nothing starts, as ``probe`` refuses."""
+    p = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--gpus", gpus, "--json", str(tmp_path / "r.json")],
+                       capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=120, check=False)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == (f"kvverify stress: cannot start: --gpus {gpus}: no CUDA device is visible "
+                        "(torch.cuda.is_available() is False); run it on a GPU host, or check CUDA_VISIBLE_DEVICES "
+                        "and the driver\n")
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_gpus_flag_asking_for_more_gpus_than_the_host_shows_is_refused(tmp_path):
+    (tmp_path / "two_gpus.py").write_text(TWO_GPUS)
+    p = subprocess.run([sys.executable, str(tmp_path / "two_gpus.py"), "--gpus", "3"], capture_output=True, text=True,
+                       env=_env(tmp_path), cwd=tmp_path, timeout=120, check=False)
+    assert p.returncode == 2
+    assert p.stderr == ("kvverify stress: cannot start: --gpus 3: this host shows 2 CUDA devices; ask for at most 2 "
+                        "(or all), or check CUDA_VISIBLE_DEVICES\n")
+
+
 def test_gpus_flag_starts_the_ranks_through_the_launcher(tmp_path):
-    """--gpus 2 on a host without a GPU: two ranks start, each says why it ran nothing, rank 0
-    reports both (contract verdicts only, exit 0)."""
+    """--gpus 2 where the launcher sees two GPUs: two ranks start (here on no device: each says why
+    it ran nothing), rank 0 reports both (contract verdicts only, exit 0)."""
     report = tmp_path / "r.json"
-    p = subprocess.run([sys.executable, "-m", "kvverify", "stress", "--gpus", "2", "--scenarios", "P2",
+    (tmp_path / "two_gpus.py").write_text(TWO_GPUS)
+    p = subprocess.run([sys.executable, str(tmp_path / "two_gpus.py"), "--gpus", "2", "--scenarios", "P2",
                         "--host-memory", "pinned", "--json", str(report)],
                        capture_output=True, text=True, env=_env(tmp_path), cwd=tmp_path, timeout=300, check=False)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -123,8 +123,9 @@ def test_command_prints_both_tables_and_writes_json(stand_in_reports, tmp_path, 
     monkeypatch.setenv("COLUMNS", "200")  # a row per line
     out = tmp_path / "merged.json"
     status = cli.main(["merge", H200_PROBE, *stand_in_reports, "--json", str(out)])
-    printed = capsys.readouterr().out
+    printed, err = capsys.readouterr()
     assert status == 0
+    assert err == f"kvverify merge: merged report written to {out}\n"  # where the file went
     assert "kvverify merge: platforms" in printed and "kvverify merge: cells per verdict" in printed
     assert "DURING_API_CALL: h2d pageable, h2d pinned, h2d registered" in printed
     assert "no probe report" in printed

@@ -232,6 +232,24 @@ def test_json_dash_writes_the_report_to_stdout(tmp_path):
     assert doc["cells"] and not (tmp_path / "-").exists()
 
 
+def test_each_file_written_is_said_in_one_line_with_where_it_went(tmp_path):
+    """--json, --junit, --plot and --dump-traces once wrote their files without a word: each says
+    on stderr what went where (a path too long for the screen stays whole)."""
+    pytest.importorskip("matplotlib")  # --plot draws a PNG
+    deep = tmp_path / ("a folder name long enough to pass the edge of any screen " * 3).strip()
+    deep.mkdir()
+    paths = {name: deep / name for name in ("r.json", "r.xml", "m.png", "traces")}
+    p = stress("--no-gpu", "--scenarios", "H3", "--json", str(paths["r.json"]), "--junit", str(paths["r.xml"]),
+               "--plot", str(paths["m.png"]), "--dump-traces", str(paths["traces"]))
+    assert p.returncode == 0, p.stderr
+    traces = len(list(paths["traces"].iterdir()))
+    for line in (f"report written to {paths['r.json']}", f"JUnit XML written to {paths['r.xml']}",
+                 f"matrix plot written to {paths['m.png']}", f"{traces} traces written to {paths['traces']}"):
+        assert f"kvverify stress: {line}\n" in p.stderr, p.stderr
+    assert traces > 0 and all(path.exists() for path in paths.values())
+    assert "written to" not in stress("--no-gpu", "--scenarios", "H3", "--json", "-").stderr  # stdout is no file
+
+
 def test_model_config_without_dtype_takes_kv_cache_dtype(tmp_path):
     config = tmp_path / "config.json"
     config.write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,

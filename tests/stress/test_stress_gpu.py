@@ -40,7 +40,7 @@ def _run(campaign):
 
 
 def _problems(planned, outcomes):
-    """Cells whose observation contradicts the contract the way DESIGN.md forbids."""
+    """Cells whose observation contradicts the contract the way the cell verdicts forbid (docs/report-schema.md)."""
     problems = []
     for pc in planned:
         out = outcomes[pc.cell]

@@ -1,5 +1,6 @@
-"""The race corpus: each race that shipped in public KV-offload code, re-created in kvverify's own
-code in a broken and a fixed form, one case per module (docs/corpus.md).
+"""The race corpus: known races re-created in kvverify's own code in a broken and a fixed form, one
+case per module (docs/corpus.md): races of public reports (issues and pull requests of vLLM,
+SGLang, PyTorch and TorchRec) and of kvverify's own demo offload handler.
 
 - :class:`Case` (what a case is: its source, root cause, hazard class, what captures it, the race's
   kind and the pair of functions whose lines issue it) and :class:`Witness` (what a native run saw);

@@ -11,8 +11,7 @@ FORMS = ("broken", "fixed")
 CAPTURES = ("recorded", "native")
 KINDS = ("RAW", "WAR", "WAW", "FREE")
 
-# The classes of races that shipped in public KV-offload code (/work/shared/DESIGN.md, "A fourth kind
-# of evidence"): class -> what goes wrong.
+# The classes of the corpus's races (docs/corpus.md, "The cases"): class -> what goes wrong.
 HAZARDS = {
     "store-order": "a store that does not wait for compute, or reads its GPU source with ANY",
     "load-order": "a load not ordered after compute's zero-fill of fresh blocks",
@@ -45,8 +44,8 @@ class Witness:
 
 @dataclass(frozen=True)
 class Case:
-    """One race that shipped in public KV-offload code, re-created in ``module`` in a broken and a
-    fixed form.
+    """One known race (of a public report, or of kvverify's demo), re-created in ``module`` in a
+    broken and a fixed form.
 
     - ``name``: ``vllm-31341``; ``source``: ``owner/repo#N`` (or ``kvverify.record.demo`` for the
       demo's own forms); ``url``: the public report (or the docs page of the demo);

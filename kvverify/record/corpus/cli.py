@@ -10,31 +10,36 @@ import argparse
 import sys
 
 DESCRIPTION = """\
-Re-create the races that shipped in public KV-offload code and show what each tool sees of them.
-A case is one public report (an engine's issue or pull request) re-created in kvverify's own code,
-in a broken form and in the form its fix made; its race has a kind (RAW, WAR, WAW, FREE) and a
-pair: the two functions of the case's module whose lines issue the racing ops. Capture
-"recorded": a default kvverify record decides the race; "native": no capture sees the racing
-work (no case is so marked today).
+Re-create known stream-ordering races, broken and fixed, and show what each
+tool sees of them. A case is one race re-created in kvverify's own code, in a
+broken form and in the form its fix made: races of public reports (issues and
+pull requests of vLLM, SGLang, PyTorch and TorchRec) and of kvverify's own
+demo (docs/record.md). Its race has a kind (RAW, WAR, WAW, FREE) and a pair:
+the two functions of the case's module whose lines issue the racing ops.
+Capture "recorded": a default kvverify record decides the race; "native": no
+capture sees the racing work (no case is so marked today).
 
-Each form runs three times, one column each: natively (pages the device corrupted, of those
-checked; a spin holds the writer's stream so the race can strike), under kvverify record (the
-verdict and the racing pair it found; a native case says what the recording cannot see), and under
-PyTorch's CUDA Stream Sanitizer (all forms in one child process: reported, nothing, or error)."""
+Each form runs three times, one column each: natively (pages the device
+corrupted, of those checked; a spin holds the writer's stream so the race can
+strike), under kvverify record (the verdict and the racing pair it found; a
+native case says what the recording cannot see), and under PyTorch's CUDA
+Stream Sanitizer (all forms in one child process: reported, nothing, or
+error)."""
 
 EPILOG = """\
 exit status:
   0  every case a recording sees is RACY with its pair in the broken form and
      SAFE in the fixed form (the forms asked for)
   1  some such case is not (each is listed on stderr)
-  2  a case or form that does not exist, or no CUDA device or kvverify._C (one line)
+  2  a case or form that does not exist, or no CUDA device or kvverify._C
+     (one line)
   --confirm's witnesses never change it: read the witness column or the JSON
 
 Examples:
   kvverify corpus --list
   kvverify corpus --json corpus.json
   kvverify corpus vllm-31341 torchrec-4231 --forms broken --no-csan
-  kvverify corpus --confirm --no-csan   # and a device witness of each race found"""
+  kvverify corpus --confirm --no-csan   # and a device witness of each race"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         if args.names:
             return _fail("--list lists every case; give no names with it")
-        print(report.listing(CASES), end="")
+        from kvverify import screen
+
+        print(screen.fit(report.listing(CASES), sys.stdout), end="")
         return 0
     try:
         cases = find(args.names)
@@ -109,6 +116,7 @@ def run(args: argparse.Namespace) -> int:
                 f.write(report.to_json(result))
         except OSError as exc:
             return _fail(f"cannot write {args.json}: {exc.strerror or exc}")
+        print(f"kvverify corpus: results written to {args.json}", file=sys.stderr)
     for failure in result.failures:
         print(f"kvverify corpus: {failure}", file=sys.stderr)
     return 0 if result.ok else 1

@@ -2,8 +2,8 @@
 
 Source: kvverify's own demo offload handler (``kvverify.record.demo``, docs/record.md), whose
 worker finds finished transfers by polling their end events, never by a blocking synchronize; the
-design lists "completion learned by polling ``Event.query()``: ordered only when it returned true"
-among the classes of races that shipped. Root cause: a handler that polls a load's end event and
+corpus lists "completion learned by polling ``Event.query()``: ordered only when it returned true"
+among its hazard classes (``HAZARDS``). Root cause: a handler that polls a load's end event and
 refills the load's pinned staging buffer whatever the answer: a poll that returned False orders
 nothing, and the pending copy reads the next batch's bytes. The fix polls until the answer is True.
 

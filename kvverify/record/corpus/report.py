@@ -17,13 +17,18 @@ def forms_of(case: Case) -> str:
     return "fixed (broken: not run)" if case.not_run else ",".join(FORMS)
 
 
+LISTING_HEADER = "case: expected race (kind, the two functions whose lines issue it)"
+
+
 def listing(cases: Sequence[Case]) -> str:
-    """A header, then one line per case: name, source, capture, forms, expected kind and pair of
-    functions."""
-    rows = [("case", "source", "capture", "forms", "expected race: kind, pair of functions")]
-    rows += [(c.name, c.source, c.capture, forms_of(c), f"{c.kind} {c.pair[0]} / {c.pair[1]}") for c in cases]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[4] for row in rows) + "\n"
+    """A header, then two lines per case (short enough for 80 columns, and labelled, so that they
+    wrap to a narrower screen and still read): its name and expected race (kind, pair of
+    functions); then its source, capture and forms."""
+    lines = [LISTING_HEADER, ""]
+    for c in cases:
+        lines += [f"{c.name}: {c.kind} {c.pair[0]} / {c.pair[1]}",
+                  f"  source: {c.source}; capture: {c.capture}; forms: {forms_of(c)}"]
+    return "\n".join(lines) + "\n"
 
 
 def race_text(race: RacingPair) -> str:

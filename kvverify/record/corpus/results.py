@@ -118,3 +118,22 @@ class CorpusRun:
         """``{"version", "ok", "failures", "rows"}``, each row its dataclass fields."""
         return {"version": JSON_VERSION, "ok": self.ok, "failures": list(self.failures),
                 "rows": [asdict(row) for row in self.rows]}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> CorpusRun:
+        """The run a corpus JSON report holds (``to_json``, ``kvverify corpus --json``), to render
+        again. Raises ValueError for a report of another version, naming both."""
+        if doc.get("version") != JSON_VERSION:
+            raise ValueError(f"a corpus report of version {doc.get('version')!r}; this kvverify reads version "
+                             f"{JSON_VERSION}: run kvverify corpus --json again")
+        rows = []
+        for row in doc["rows"]:
+            recorded = dict(row["recorded"])
+            if recorded["race"] is not None:
+                recorded["race"] = RacingPair(**recorded["race"])
+            if recorded["witnesses"] is not None:
+                recorded["witnesses"] = tuple(recorded["witnesses"])
+            native, csan = row["native"], row["csan"]
+            rows.append(FormResult(**{**row, "native": None if native is None else Witness(**native),
+                                      "recorded": Recorded(**recorded), "csan": None if csan is None else Sanitized(**csan)}))
+        return cls(tuple(rows), tuple(doc["failures"]))
