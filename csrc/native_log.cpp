@@ -14,6 +14,7 @@
 
 #include "native_log.h"
 
+#include "frames.h"
 #include "host_watch.h"
 
 #include <Python.h>
@@ -54,11 +55,23 @@ thread_local int suppress_depth = 0;
 thread_local int64_t own_count = 0;  // records this thread appended and has not taken itself
 
 // (code, line) pairs of the calling thread's Python stack, innermost first, where it holds the
-// GIL: reading frames needs it, and taking it here could deadlock (the caller may hold a lock the
-// GIL's holder waits for, as torch's allocators do around their CUDA calls).
+// GIL; taking it here could deadlock (the caller may hold a lock the GIL's holder waits for, as
+// torch's allocators do around their CUDA calls). A thread that released the GIL (a driver call
+// through ctypes, cupy, Triton's launcher) still has its Python frames, read without it as text
+// (frames.h): nframes is then -1, followed by the words of the text.
 void capture_frames(std::vector<int64_t>& words) {
   words.push_back(0);
-  if (!Py_IsInitialized() || !PyGILState_Check()) {
+  if (!Py_IsInitialized()) {
+    return;
+  }
+  if (!PyGILState_Check()) {
+    int64_t text[2048];
+    const int n = frames::snapshot(text, 2048, 16);
+    if (text[0] > 0) {
+      words.back() = -1;
+      words.push_back(n);
+      words.insert(words.end(), text, text + n);
+    }
     return;
   }
   const size_t at = words.size() - 1;
@@ -110,7 +123,7 @@ void track(const TraceEntry& entry) {
 void release(const int64_t* words, size_t n) {
   size_t k = 0;
   while (k + 2 < n) {
-    const int64_t size = words[k + 1], frames = words[k + 2];
+    const int64_t size = words[k + 1], frames = words[k + 2];  // (-1: frames as text, no reference)
     for (int64_t f = 0; f < frames; ++f) {
       Py_XDECREF(reinterpret_cast<PyObject*>(static_cast<uintptr_t>(words[k + 3 + 2 * f])));
     }
@@ -230,6 +243,7 @@ __attribute__((visibility("default"))) int kvverify_native_attach_allocator() {
 // Switch the log on or off; either way, records left are dropped (the GIL held: their code
 // references are released).
 __attribute__((visibility("default"))) void kvverify_native_enable(int enable) {
+  kvverify::frames::usable();  // (once, with the GIL: whether frames can be read without it)
   std::unordered_map<uint64_t, std::vector<int64_t>> dropped;
   {
     std::lock_guard<std::mutex> guard(mutex);

@@ -2,8 +2,9 @@
 // and the CUDA driver report, from every thread, kept per thread until the recorder takes it.
 //
 // A record is int64 words: [kind, n, nframes, (code, line) x nframes, fields...], n counting what
-// follows it. `code` is a PyCodeObject* whose reference the record holds (native.py releases it);
-// frames are captured only where the calling thread holds the GIL. The kinds and their fields are
+// follows it. `code` is a PyCodeObject* whose reference the record holds (native.py releases it).
+// Where the calling thread does not hold the GIL, its frames are read as text (frames.h) and
+// nframes is -1: [kind, n, -1, m, m words of text, fields...]. The kinds and their fields are
 // listed once, in kKinds (native_log.cpp), which Python reads at load.
 #pragma once
 

@@ -69,3 +69,6 @@ def test_the_legacy_default_stream_waits_for_a_blocking_streams_work(blocking):
         assert rec.check().safe, rec.report()
     else:
         assert race_pairs(rec) == [("RAW", "kernel", "copy")], rec.report()
+    # cupy launches with the GIL released: the kernel's line is read from the thread's frames all the same
+    (kernel,) = [op for op in rec.trace()["ops"] if op["op"] == "kernel"]
+    assert "test_default_streams_gpu.py:" in kernel.get("at", ""), kernel

@@ -97,7 +97,10 @@ class Locator:
 
     def locate_frames(self, frames) -> str | None:
         """The ``at`` string of the innermost user frame among ``frames`` (``(code, line)`` pairs,
-        innermost first, as native capture keeps them); None where there is none."""
+        innermost first, as native capture keeps them, or ``(file, line, function)`` where it read
+        them as text: ``locate_text``); None where there is none."""
+        if frames and len(frames[0]) == 3:
+            return self.locate_text(frames)
         cache = self._is_library
         for code, line in frames:
             name = code.co_filename

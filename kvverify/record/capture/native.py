@@ -198,13 +198,20 @@ def text_frames(words: list[int]) -> list[tuple[str, int, str]]:
 
 def parse(words: list[int], kinds: dict[int, str]) -> list[NativeRecord]:
     """The records in ``words`` (``[kind, n, nframes, (code, line) x nframes, fields...]`` each,
-    ``n`` counting what follows it); takes over the references to their code objects."""
+    ``n`` counting what follows it; nframes -1: ``[m, m words of frames as text]`` instead, frames
+    ``(file, line, function)``); takes over the references to their code objects."""
     out = []
     k = 0
     while k < len(words):
         kind, n, nframes = words[k], words[k + 1], words[k + 2]
         if not nframes:  # the allocator's records, most of them
             out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 3:k + 2 + n]))
+            k += 2 + n
+            continue
+        if nframes == -1:  # read as text, where the thread had released the GIL
+            m = words[k + 3]
+            out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 4 + m:k + 2 + n],
+                                    tuple(text_frames(words[k + 4:k + 4 + m]))))
             k += 2 + n
             continue
         frames = []

@@ -73,7 +73,8 @@ class NativeRecord(NamedTuple):
     """One record of the native log (``kvverify.record.capture.native``): ``kind`` (``"alloc"`` and
     ``"free"``: torch's caching allocator handed out a block, a free was asked for, fields
     ``address, size, stream, device``; the driver calls of native capture), its ``fields``, and
-    the ``(code, line)`` frames of the call, innermost first (empty: not known)."""
+    the ``(code, line)`` frames of the call, innermost first (``(file, line, function)`` where they
+    were read as text, the thread having released the GIL; empty: not known)."""
 
     kind: str
     fields: list
