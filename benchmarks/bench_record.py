@@ -74,6 +74,17 @@ def engine_shapes(**overrides) -> dict:
     return {"light": demo.Shape(**common), "model": demo.Shape(**common, hidden=loop["hidden"], tokens=loop["tokens"])}
 
 
+def kernel_only(doc: dict) -> int:
+    """The kernels of a written trace whose every range lies in buffers that only kernels touch (of
+    two streams or more: a trace writes no other such buffer): what writing kernels of several
+    streams adds to a trace that wrote only buffers a copy or the host touches."""
+    touched = {r[0] for op in doc["ops"] if op["op"] != "kernel"
+               for r in (op.get("ranges", []) + [op[k] for k in ("src", "dst") if k in op]
+                         + [c[k] for c in op.get("copies", []) for k in ("src", "dst")])}
+    return sum(1 for op in doc["ops"] if op["op"] == "kernel" and op["reads"] + op["writes"]
+               and not {r[0] for r in op["reads"] + op["writes"]} & touched)
+
+
 def host_speed_ms() -> float:
     """Wall ms of a fixed pure-Python loop (summing 200,000 ints) on the calling thread: the host's
     speed just before a run. On a shared host (a VM whose cores the machine under it shares out), a
@@ -437,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         check_s = time.perf_counter() - start
         summary = rec.summary()
         copies = sum(len(op["copies"]) for op in doc["ops"] if op["op"] == "copy_batch")
+        two_streams = kernel_only(doc)
         row = {
             "load": name, "steps": shape.steps, "layers": shape.layers, "in_flight": shape.in_flight,
             **{f"{how}_ms_per_step": 1e3 * statistics.median(seconds[how]) / shape.steps for how in RUNS},
@@ -455,6 +467,7 @@ def main(argv: list[str] | None = None) -> int:
             "stop_s": statistics.median(stops),
             "ops_recorded": summary.ops_recorded, "ops_written": summary.ops_written, "copies_written": copies,
             "trace_build_s": build_s, "check_s": check_s, "verdict": verdict.verdict,
+            "trace_bytes": len(json.dumps(doc)), "kernel_only_ops": two_streams, "notes": summary.notes,
         }
         results[name] = row
         print(f"{name:5s}: {row['plain_ms_per_step']:.2f} ms/step plain, {row['mode_ms_per_step']:.2f} under a "
@@ -464,8 +477,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['live_ratio']:.2f}x; each recording's stop, where its op log is logged: {row['stop_s']:.2f} s; "
               f"best of {args.repeats}: {row['plain_best_ms_per_step']:.2f} / "
               f"{row['recorded_best_ms_per_step']:.2f}, {row['best_ratio']:.2f}x); {row['ops_recorded']} ops recorded, "
-              f"{row['ops_written']} written ({copies} copies); trace built in {build_s:.2f} s, checked in "
-              f"{check_s:.2f} s: {verdict.verdict}", flush=True)
+              f"{row['ops_written']} written ({copies} copies; {two_streams} kernels on buffers only kernels of two "
+              f"streams touch), {row['trace_bytes']:,} bytes; trace built in {build_s:.2f} s, checked in "
+              f"{check_s:.2f} s: {verdict.verdict}; {len(summary.notes)} summary notes", flush=True)
+        for note in summary.notes:
+            print(f"  {note}", flush=True)
         # each repeat's runs, in the order they ran: a median hides a loop that is slow in some runs only;
         # the step's parts say whether a slow run waited (polling, staging), ran slower on the host (CPU
         # time alike to the wall time), faulted pages or lost its core

@@ -27,6 +27,7 @@
 #include <tuple>
 
 #include "harness_kernels.h"
+#include "host_watch.h"
 
 namespace {
 
@@ -89,6 +90,16 @@ int grid_for(int64_t n, int per_sm) {
   return static_cast<int>(std::min<int64_t>(n, static_cast<int64_t>(sms) * per_sm));
 }
 
+// The blocks a kernel just issued reaches through `ptrs` (pinned or registered ones: host memory
+// the device may still touch), for the host watch of a recording (host_watch.h): a kernel of the
+// dispatcher is not looked into by native capture.
+void watched(const at::Tensor& ptrs, int64_t n, int64_t block_bytes, bool writes) {
+  if (!kvverify::watch::on()) return;
+  const auto stream = reinterpret_cast<uint64_t>(c10::cuda::getCurrentCUDAStream().stream());
+  kvverify::watch::table_op(kvverify::watch::stream_key(stream, false), reinterpret_cast<uint64_t>(ptrs.data_ptr()),
+                            n, static_cast<uint64_t>(block_bytes), writes);
+}
+
 void write_blocks(const at::Tensor& block_ptrs, int64_t block_bytes, const at::Tensor& block_ids, int64_t generation,
                   int64_t seed, int64_t spin_ns) {
   check_address_tensor(block_ptrs, "block_ptrs");
@@ -104,6 +115,7 @@ void write_blocks(const at::Tensor& block_ptrs, int64_t block_bytes, const at::T
   C10_CUDA_CHECK(launch::write_blocks(ptrs.data_ptr<int64_t>(), ids.data_ptr<int64_t>(), n, n_words, g,
                                       static_cast<uint64_t>(seed), spin, grid_for(n, spin != 0 ? 1 : 4),
                                       c10::cuda::getCurrentCUDAStream()));
+  watched(ptrs, n, block_bytes, true);
 }
 
 void read_blocks(const at::Tensor& block_ptrs, int64_t block_bytes, int64_t duration_ns) {
@@ -116,6 +128,7 @@ void read_blocks(const at::Tensor& block_ptrs, int64_t block_bytes, int64_t dura
   const auto ptrs = block_ptrs.contiguous();
   C10_CUDA_CHECK(
       launch::read_blocks(ptrs.data_ptr<int64_t>(), n, n_words, duration, grid_for(n, 1), c10::cuda::getCurrentCUDAStream()));
+  watched(ptrs, n, block_bytes, false);
 }
 
 std::tuple<at::Tensor, at::Tensor> verify_blocks(const at::Tensor& block_ptrs, int64_t block_bytes,
@@ -135,6 +148,7 @@ std::tuple<at::Tensor, at::Tensor> verify_blocks(const at::Tensor& block_ptrs, i
   C10_CUDA_CHECK(launch::verify_blocks(ptrs.data_ptr<int64_t>(), ids.data_ptr<int64_t>(), n, n_words, expected,
                                        static_cast<uint64_t>(seed), states.data_ptr<int8_t>(),
                                        generations.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream()));
+  watched(ptrs, n, block_bytes, false);
   return {states, generations};
 }
 
@@ -148,6 +162,7 @@ at::Tensor checksum_blocks(const at::Tensor& block_ptrs, int64_t block_bytes) {
   const auto ptrs = block_ptrs.contiguous();
   C10_CUDA_CHECK(launch::checksum_blocks(ptrs.data_ptr<int64_t>(), n, n_words, out.data_ptr<int64_t>(),
                                          c10::cuda::getCurrentCUDAStream()));
+  watched(ptrs, n, block_bytes, false);
   return out;
 }
 

@@ -173,6 +173,7 @@ struct State {
 struct ThreadSlot {
   std::atomic<uint64_t> owner;  // pthread_t + 1; 0: free
   int internal;
+  int seen_elsewhere;
   int nsteps;
   uint64_t steps[kMaxSteps];  // pages opened for the instruction being single-stepped
   bool unblocked_trap;         // SIGTRAP was blocked where the instruction runs: block it again
@@ -246,6 +247,7 @@ ThreadSlot* claim_slot(uint64_t t) {
     uint64_t owner = s.owner.load(std::memory_order_acquire);
     if (owner > 1) continue;
     s.internal = 0;
+    s.seen_elsewhere = 0;
     s.nsteps = 0;
     s.unblocked_trap = false;
     s.chained = 0;
@@ -649,6 +651,7 @@ void on_segv(int sig, siginfo_t* info, void* context) {
   const uint64_t thread = self();
   ThreadSlot* slot = find_slot(thread);
   const bool passive = in_driver(pc) || (slot != nullptr && slot->internal > 0);
+  const bool elsewhere = slot != nullptr && slot->seen_elsewhere > 0;  // an op's own access: its record holds it
   bool record = false;
   uint64_t lo = 0, hi = 0;
   lock();
@@ -690,7 +693,7 @@ void on_segv(int sig, siginfo_t* info, void* context) {
       }
       conflicts = true;
       if (seen) continue;
-      record = true;
+      record = !elsewhere;
       const uint64_t a = std::max(p.lo, page_lo), b = std::min(p.hi, page_hi);
       lo = hi == 0 ? a : std::min(lo, a);
       hi = std::max(hi, b);
@@ -840,6 +843,25 @@ void launch(uint64_t stream, const int64_t* words, size_t n) {
   device_op(stream, accesses, na);
 }
 
+void table_op(uint64_t stream, uint64_t table, int64_t n, uint64_t block_bytes, bool device_writes) {
+  if (!on() || n <= 0) return;
+  std::vector<uint64_t> values;
+  {
+    Guard guard;
+    for (size_t t = 0; t < kTables; ++t) {
+      const Table& found = g->tables[t];
+      if (found.live && table >= found.lo && table + 8 * static_cast<uint64_t>(n) <= found.hi) {
+        values.assign(found.values + (table - found.lo) / 8, found.values + (table - found.lo) / 8 + n);
+        break;
+      }
+    }
+  }
+  std::vector<Access> accesses;
+  accesses.reserve(values.size());
+  for (uint64_t v : values) accesses.push_back(Access{v, block_bytes, device_writes});
+  device_op(stream, accesses.data(), accesses.size());
+}
+
 void table_copied(uint64_t device_address, const void* host, uint64_t bytes) {
   if (!on() || bytes == 0 || bytes > kTableBytes || bytes % 8 != 0) return;
   uint64_t values[kTableBytes / 8];
@@ -963,6 +985,12 @@ int64_t drain(uint64_t thread, int64_t kind, std::vector<int64_t>& words) {
   }
   touches_ready.fetch_sub(static_cast<int64_t>(n), std::memory_order_acq_rel);
   return static_cast<int64_t>(n);
+}
+
+int& seen_elsewhere() {
+  thread_local int fallback = 0;  // (a thread the slot table had no room for)
+  ThreadSlot* slot = my_slot();
+  return slot != nullptr ? slot->seen_elsewhere : fallback;
 }
 
 size_t touch_threads(uint64_t* out, size_t capacity) {

@@ -35,6 +35,11 @@ void device_op(uint64_t stream, const Access* accesses, size_t n);
 // watched as read and written by it (a kernel touches what its arguments point to).
 void launch(uint64_t stream, const int64_t* words, size_t n);
 
+// kvverify's own kernels given a device table of `n` block addresses (harness_ops.cpp): the
+// blocks of `block_bytes` each that lie in pinned or registered memory are watched as read (or
+// written) by the kernel just issued to `stream`, where a host copy the watch saw filled the table.
+void table_op(uint64_t stream, uint64_t table, int64_t n, uint64_t block_bytes, bool device_writes);
+
 // A copy from host memory into device memory: small ones are kept (their bytes as they were at the
 // call), so that a launch given the device table knows the host addresses it holds.
 void table_copied(uint64_t device_address, const void* host, uint64_t bytes);
@@ -58,6 +63,11 @@ void host_released(uint64_t address);
 // native-log record of kind `kind` (fields: address, write, first byte, end, then the frames as
 // frames.h writes them); returns how many.
 int64_t drain(uint64_t thread, int64_t kind, std::vector<int64_t>& words);
+
+// The calling thread's depth in work the recorder sees another way (an op of torch's dispatcher, a
+// method the recorder observes in Python): native_log.h's suppression depth. Kept where the
+// signal handler finds it: a fault there is the op's own access, which the op's record holds.
+int& seen_elsewhere();
 
 // The threads with touch records not drained yet (up to `capacity` into `out`); returns how many.
 size_t touch_threads(uint64_t* out, size_t capacity);

@@ -51,7 +51,6 @@ std::atomic<int64_t> count{0};                                // records not tak
 std::atomic<bool> on{false};
 std::once_flag attached;
 bool attach_failed = false;
-thread_local int suppress_depth = 0;
 thread_local int64_t own_count = 0;  // records this thread appended and has not taken itself
 
 // (code, line) pairs of the calling thread's Python stack, innermost first, where it holds the
@@ -199,7 +198,7 @@ std::atomic<int64_t>& record_count() { return count; }
 
 int64_t own_pending_records() { return own_count; }
 
-int& suppressed() { return suppress_depth; }
+int& suppressed() { return watch::seen_elsewhere(); }
 
 void append(Kind kind, const std::vector<int64_t>& fields, bool frames) {
   std::vector<int64_t> record{static_cast<int64_t>(kind)};

@@ -18,6 +18,7 @@
 
 #include "context.h"
 #include "copy_kernel.h"
+#include "host_watch.h"
 #include "message.h"
 
 #include <algorithm>
@@ -265,6 +266,16 @@ void swap_blocks_kernel(const at::Tensor& src_ptrs, const at::Tensor& dst_ptrs, 
   auto descriptors = at::empty({3 * chunks}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, stream.device_index()));
   descriptors.copy_(staged, /*non_blocking=*/true);
   C10_CUDA_CHECK(launch::copy_chunks(descriptors.data_ptr<int64_t>(), chunks, stream.stream()));
+  if (kvverify::watch::on()) {  // a recording's host watch: what the kernel reads and writes (host_watch.h)
+    std::vector<kvverify::watch::Access> accesses;
+    accesses.reserve(2 * n);
+    for (int64_t i = 0; i < n; ++i) {
+      accesses.push_back({static_cast<uint64_t>(s[i]), static_cast<uint64_t>(z[i]), false});
+      accesses.push_back({static_cast<uint64_t>(d[i]), static_cast<uint64_t>(z[i]), true});
+    }
+    kvverify::watch::device_op(kvverify::watch::stream_key(reinterpret_cast<uint64_t>(stream.stream()), false),
+                               accesses.data(), accesses.size());
+  }
 }
 
 bool batch_api_available() { return driver_api().has_batch(); }

@@ -342,3 +342,60 @@ def test_a_fault_handler_enabled_while_watching_stays_beneath_the_watch():
     """)
     assert result.returncode == -11 and "touches 3" in result.stdout, result
     assert result.stderr.count("Fatal Python error: Segmentation fault") == 1, result.stderr
+
+
+# -- what the watch did not hold -------------------------------------------------------------------
+
+
+def _recorder_with(spaces: dict[str, str]):
+    from fake_cuda import Lines
+
+    from kvverify.record.trace.recorder import Recorder
+
+    rec = Recorder(Lines())
+    made = {name: rec.memory.fresh(0x10_0000 * (k + 1), PAGE, space, name) for k, (name, space) in
+            enumerate(spaces.items())}
+    return rec, made
+
+
+def test_unwatched_names_host_bytes_device_work_touched_outside_the_coverage():
+    from kvverify.record.capture.watch import unwatched
+    from kvverify.record.trace.recorder import CopyArrays
+
+    rec, m = _recorder_with({"gpu": "device", "pin": "host_pinned", "reg": "host_registered", "page": "host_pageable"})
+    gpu, pin, reg, page = (m[k] for k in ("gpu", "pin", "reg", "page"))
+    rec.copy(0x5000, "store", (gpu.index, 0, 64), (pin.index, 0, 64), "prog.py:7 in step")
+    rec.copy(0x5000, "load", (page.index, 0, 64), (gpu.index, 0, 64), None)  # a pageable source: read at the call
+    rec.copy(0x5000, "store", (gpu.index, 0, 64), (page.index, 0, 64), None)  # cudaMemcpyAsync: done at return
+    rec.kernel(0x5000, "uva", [(reg.index, 0, 64)], [], None)
+    covered = [(pin.base, pin.base + 64), (reg.base, reg.base + 64)]
+    assert unwatched(rec.ops, rec.memory, covered) == (0, None)
+    count, first = unwatched(rec.ops, rec.memory, [(pin.base, pin.base + 32)])
+    assert count == 2 and first == f"64 bytes of host_pinned memory at {pin.base:#x}, store at prog.py:7 in step"
+    assert unwatched(rec.ops, rec.memory, None)[0] == 2  # no watch: every pinned or registered range
+    import numpy as np
+
+    swap = CopyArrays(np.array([gpu.index]), np.array([0]), np.array([page.index]), np.array([128]), np.array([64]))
+    rec.copy_batch(0x5000, "swap", "STREAM", swap, None)  # a batched copy into pageable memory may be pending
+    count, first = unwatched(rec.ops, rec.memory, covered)
+    assert count == 1 and "host_pageable" in first and "swap" in first
+
+
+def test_a_recording_without_a_host_watch_says_so_where_device_work_touched_host_memory():
+    """A platform whose device work can be pending and that has no host watch (native capture off,
+    a recording without native capture): a NOT RECORDED line, never a SAFE that covers it all."""
+    from fake_cuda import FakeCuda
+
+    import kvverify.record as record
+
+    class Unwatched(FakeCuda):
+        watch_off = "native capture is off"
+
+    fake = Unwatched()
+    a, host = fake.device(PAGE), fake.pinned(PAGE)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        host.copy_(a, non_blocking=True)
+        fake.synchronize()
+    assert rec.check().safe and not rec.complete()
+    (note,) = [n for n in rec.summary().notes if "host watch" in n]
+    assert "host watch off: native capture is off" in note and note.endswith(": 1")

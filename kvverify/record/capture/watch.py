@@ -184,9 +184,12 @@ def unwatched(ops: list[dict], memory, covered: list[tuple[int, int]] | None) ->
     watch's protection while it was pending, and a description of the first (None: none).
 
     A range counts where it lies in pinned or registered memory outside every interval of
-    ``covered`` (None: the watch did not run, so none is covered), or in pageable memory the device
-    writes (pageable memory is never watched; a copy reads a pageable source during its call, trace
-    format rule 6, so only a destination can be pending). ``memory``: the recorder's ``MemoryMap``."""
+    ``covered`` (None: the watch did not run, so none is covered), or in pageable memory a batched
+    copy writes. Pageable memory is never watched: a copy reads a pageable source during its call
+    (trace format rule 6), and a ``cudaMemcpyAsync`` into pageable memory "will return only once the
+    copy has completed" (CUDA Runtime API, "API synchronization behavior"), but a
+    ``cuMemcpyBatchAsync`` into it was measured to return before its copy ran (docs/checker.md).
+    ``memory``: the recorder's ``MemoryMap``."""
     import numpy as np
 
     from kvverify.terms import HOST_SPACE
@@ -197,7 +200,7 @@ def unwatched(ops: list[dict], memory, covered: list[tuple[int, int]] | None) ->
     hi = np.array([c[1] for c in covered or ()], dtype=np.int64)
     count, first = 0, None
 
-    def check(k: int, index, offset, length, written: bool) -> None:
+    def check(k: int, index, offset, length, written: bool, pending_pageable: bool = False) -> None:
         nonlocal count, first
         index, offset, length = (np.atleast_1d(np.asarray(v, dtype=np.int64)) for v in (index, offset, length))
         roots = [allocations[i].final()[0] for i in index.tolist()]  # (a placeholder may have merged into memory learnt later)
@@ -206,7 +209,7 @@ def unwatched(ops: list[dict], memory, covered: list[tuple[int, int]] | None) ->
         at = np.searchsorted(hi, start, side="right")  # the first interval ending after the range's start
         inside = (at < len(lo)) & (lo[np.minimum(at, len(lo) - 1)] <= start) & \
             (start + length <= hi[np.minimum(at, len(hi) - 1)]) if len(lo) else np.zeros(len(start), dtype=bool)
-        exposed = (np.isin(spaces, watched) & ~inside) | ((spaces == pageable) & written)
+        exposed = (np.isin(spaces, watched) & ~inside) | ((spaces == pageable) & written & pending_pageable)
         n = int(exposed.sum())
         if n and first is None:
             j = int(np.argmax(exposed))
@@ -223,7 +226,7 @@ def unwatched(ops: list[dict], memory, covered: list[tuple[int, int]] | None) ->
         elif kind == "copy_batch":
             c = op["copies"]
             check(k, c.src_index, c.src_offset, c.size, False)
-            check(k, c.dst_index, c.dst_offset, c.size, True)
+            check(k, c.dst_index, c.dst_offset, c.size, True, pending_pageable=True)
         elif kind == "kernel":
             for spans, written in ((op["reads"], False), (op["writes"], True)):
                 if spans:
