@@ -221,6 +221,17 @@ struct Guard {
 
 uint64_t self() { return static_cast<uint64_t>(pthread_self()); }
 
+// A call that reads the tables from another thread than the one stopping the watch (a driver call's
+// callback): stop() waits for it before it unmaps them. `ok`: the watch runs.
+struct Entry {
+  bool ok;
+  Entry() {
+    in_handlers.fetch_add(1, std::memory_order_acq_rel);
+    ok = watching.load(std::memory_order_acquire);
+  }
+  ~Entry() { in_handlers.fetch_sub(1, std::memory_order_acq_rel); }
+};
+
 // -- per-thread slots (found from a signal handler by pthread_self) --------------------------------
 
 size_t slot_hash(uint64_t t) { return static_cast<size_t>((t >> 4) * 0x9E3779B97F4A7C15ull >> 52) % kThreadSlots; }
@@ -769,7 +780,8 @@ uint64_t stream_key(uint64_t handle, bool per_thread_api) {
 bool on() { return watching.load(std::memory_order_relaxed); }
 
 void device_op(uint64_t stream, const Access* accesses, size_t n) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   struct Host {
     uint64_t lo, hi;
     bool writes;
@@ -803,7 +815,8 @@ void device_op(uint64_t stream, const Access* accesses, size_t n) {
 }
 
 void launch(uint64_t stream, const int64_t* words, size_t n) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Access accesses[64];
   size_t na = 0;
   auto add = [&](uint64_t address) {
@@ -844,7 +857,8 @@ void launch(uint64_t stream, const int64_t* words, size_t n) {
 }
 
 void table_op(uint64_t stream, uint64_t table, int64_t n, uint64_t block_bytes, bool device_writes) {
-  if (!on() || n <= 0) return;
+  const Entry entry;
+  if (!entry.ok || n <= 0) return;
   std::vector<uint64_t> values;
   {
     Guard guard;
@@ -863,7 +877,8 @@ void table_op(uint64_t stream, uint64_t table, int64_t n, uint64_t block_bytes, 
 }
 
 void table_copied(uint64_t device_address, const void* host, uint64_t bytes) {
-  if (!on() || bytes == 0 || bytes > kTableBytes || bytes % 8 != 0) return;
+  const Entry entry;
+  if (!entry.ok || bytes == 0 || bytes > kTableBytes || bytes % 8 != 0) return;
   uint64_t values[kTableBytes / 8];
   ThreadSlot* slot = my_slot();
   if (slot != nullptr) ++slot->internal;  // (the recorder's read of the bytes the copy read, not the program's)
@@ -880,7 +895,8 @@ void table_copied(uint64_t device_address, const void* host, uint64_t bytes) {
 }
 
 void event_recorded(uint64_t event, uint64_t stream) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   const uint32_t s = stream_index(stream);
   Event* e = event_slot(event, true);
@@ -890,7 +906,8 @@ void event_recorded(uint64_t event, uint64_t stream) {
 }
 
 void stream_waited(uint64_t stream, uint64_t event) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   Event* e = event_slot(event, false);
   const uint32_t s = stream_index(stream);
@@ -904,21 +921,24 @@ void stream_waited(uint64_t stream, uint64_t event) {
 }
 
 void event_completed(uint64_t event) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   Event* e = event_slot(event, false);
   if (e != nullptr && e->stream != kNone) complete(e->stream, e->pos);
 }
 
 void stream_completed(uint64_t stream) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   const uint32_t s = stream_index(stream);
   if (s != kNone) complete(s, g->streams[s].count + 1);
 }
 
 void device_completed() {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   for (size_t i = 0; i < kStreams; ++i) {
     if (g->streams[i].key != 0) complete(static_cast<uint32_t>(i), g->streams[i].count + 1);
@@ -926,7 +946,8 @@ void device_completed() {
 }
 
 void capture(uint64_t stream, bool begin) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   const uint32_t s = stream_index(stream);
   if (s != kNone && g->streams[s].capturing != begin) {
@@ -936,7 +957,8 @@ void capture(uint64_t stream, bool begin) {
 }
 
 void host_released(uint64_t address) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   const Known* k = find_known(address);
   if (k == nullptr || k->kind != kHost) return;
@@ -967,7 +989,8 @@ void host_released(uint64_t address) {
 }
 
 int64_t drain(uint64_t thread, int64_t kind, std::vector<int64_t>& words) {
-  if (g == nullptr || touches_ready.load(std::memory_order_acquire) == 0) return 0;
+  const Entry entry;
+  if (!entry.ok || touches_ready.load(std::memory_order_acquire) == 0) return 0;
   std::pair<uint64_t, size_t> ready[kTouchSlots];
   size_t n = 0;
   for (size_t i = 0; i < kTouchSlots; ++i) {
@@ -994,7 +1017,8 @@ int& seen_elsewhere() {
 }
 
 size_t touch_threads(uint64_t* out, size_t capacity) {
-  if (g == nullptr || touches_ready.load(std::memory_order_acquire) == 0) return 0;
+  const Entry entry;
+  if (!entry.ok || touches_ready.load(std::memory_order_acquire) == 0) return 0;
   size_t n = 0;
   for (size_t i = 0; i < kTouchSlots && n < capacity; ++i) {
     const TouchSlot& slot = g->touches[i];
@@ -1035,7 +1059,10 @@ const char* start() {
   trap.sa_sigaction = on_trap;
   trap.sa_flags = SA_SIGINFO | SA_RESTART;
   sigemptyset(&trap.sa_mask);
-  if (sigaction(SIGSEGV, &segv, &old_segv) != 0 || sigaction(SIGTRAP, &trap, &old_trap) != 0) {
+  struct sigaction now {};
+  sigaction(SIGTRAP, nullptr, &now);
+  const bool trap_ours = (now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_trap;  // (from an earlier start)
+  if (sigaction(SIGSEGV, &segv, &old_segv) != 0 || (!trap_ours && sigaction(SIGTRAP, &trap, &old_trap) != 0)) {
     failure = std::string("the host watch could not install its signal handlers: ") + std::strerror(errno);
     return failure.c_str();
   }
@@ -1046,8 +1073,8 @@ const char* start() {
 #endif
 }
 
-// Stop: every page the watch holds gets its protection back, the handlers are taken away (where
-// nobody replaced them meanwhile), the tables are unmapped.
+// Stop: every page the watch holds gets its protection back, the handler of SIGSEGV is taken away
+// (where nobody replaced it meanwhile), the tables are unmapped.
 void stop() {
   if (g == nullptr) return;
   {
@@ -1061,11 +1088,12 @@ void stop() {
     }
   }
   if (handlers_installed) {
+    // SIGTRAP's handler stays: a thread may be single-stepping an instruction right now, and its
+    // trap must find the handler (it hands any other trap on); SIGSEGV's goes back where nobody
+    // replaced it meanwhile
     struct sigaction now {};
     sigaction(SIGSEGV, nullptr, &now);
     if (now.sa_sigaction == on_segv) sigaction(SIGSEGV, &old_segv, nullptr);
-    sigaction(SIGTRAP, nullptr, &now);
-    if (now.sa_sigaction == on_trap) sigaction(SIGTRAP, &old_trap, nullptr);
     handlers_installed = false;
   }
   // a thread inside a handler that read `watching` before it changed finishes before the unmap
@@ -1100,7 +1128,8 @@ __attribute__((visibility("default"))) int* kvverify_watch_internal() {
 // Memory the driver cannot describe (the CPU tests' stand-in, Python's own knowledge): `kind` 1
 // host (watched), 2 device.
 __attribute__((visibility("default"))) void kvverify_watch_declare(uint64_t base, uint64_t bytes, int kind) {
-  if (!on()) return;
+  const Entry entry;
+  if (!entry.ok) return;
   Guard guard;
   add_known(base, base + bytes, kind);
 }
@@ -1128,7 +1157,8 @@ __attribute__((visibility("default"))) uint64_t kvverify_watch_stream_key(uint64
 // from it: the kernel answers EFAULT on a protected page instead of faulting); returns how many
 // pages it opened. The caller records the access itself. kvverify_watch_close protects them again.
 __attribute__((visibility("default"))) int64_t kvverify_watch_open(uint64_t address, uint64_t bytes) {
-  if (!on() || bytes == 0) return 0;
+  const Entry entry;
+  if (!entry.ok || bytes == 0) return 0;
   Guard guard;
   int64_t opened = 0;
   for (uint64_t q = address / kPage; q < (address + bytes + kPage - 1) / kPage; ++q) {
@@ -1142,7 +1172,8 @@ __attribute__((visibility("default"))) int64_t kvverify_watch_open(uint64_t addr
   return opened;
 }
 __attribute__((visibility("default"))) void kvverify_watch_close(uint64_t address, uint64_t bytes) {
-  if (!on() || bytes == 0) return;
+  const Entry entry;
+  if (!entry.ok || bytes == 0) return;
   Guard guard;
   const uint64_t first = address / kPage;
   apply(first, (address + bytes + kPage - 1) / kPage - first);
