@@ -246,7 +246,7 @@ void watch_call(CUpti_CallbackId cbid, const void* p, CUresult result) {
         all.reserve(2 * a.count);
         for (size_t i = 0; i < a.count; ++i) {
           all.push_back({a.srcs[i], a.sizes[i], false});
-          all.push_back({a.dsts[i], a.sizes[i], true});
+          all.push_back({a.dsts[i], a.sizes[i], true, true});  // (a pageable one may be written after the call)
         }
         watch::device_op(key(a.hStream), all.data(), all.size());
       }
@@ -264,7 +264,7 @@ void watch_call(CUpti_CallbackId cbid, const void* p, CUresult result) {
         all.reserve(2 * a.count);
         for (size_t i = 0; i < a.count; ++i) {
           all.push_back({a.srcs[i], a.sizes[i], false});
-          all.push_back({a.dsts[i], a.sizes[i], true});
+          all.push_back({a.dsts[i], a.sizes[i], true, true});  // (a pageable one may be written after the call)
         }
         watch::device_op(key(a.hStream), all.data(), all.size());
       }

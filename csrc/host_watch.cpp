@@ -790,7 +790,13 @@ void device_op(uint64_t stream, const Access* accesses, size_t n) {
   for (size_t i = 0; i < n; ++i) {
     uint64_t base = 0, end = 0;
     const Access& a = accesses[i];
-    if (a.bytes == 0 || classify(a.address, &base, &end) != kHost) continue;
+    if (a.bytes == 0) continue;
+    const int kind = classify(a.address, &base, &end);
+    if (kind == kUnknown && a.pageable) {
+      end = a.address + a.bytes;  // (memory the driver does not know: the bytes the call names)
+    } else if (kind != kHost) {
+      continue;
+    }
     const uint64_t lo = a.address, hi = std::min(a.address + a.bytes, end);
     if (nh < 64 && nh > 0 && hosts[nh - 1].writes == a.device_writes && hosts[nh - 1].hi == lo) {
       hosts[nh - 1].hi = hi;  // (a batch of adjacent blocks: one range)

@@ -23,11 +23,13 @@ struct Access {
   uint64_t address;
   uint64_t bytes;
   bool device_writes;
+  bool pageable = false;  // watched also where the driver does not know the address (pageable memory)
 };
 
 // Device work was issued to `stream`: the ranges of `accesses` that lie in pinned or registered
-// host memory are protected until the host has observed the work complete (the page-granular
-// protection: mprotect). Ranges in device or pageable memory are not watched.
+// host memory, or in pageable memory where the access says so (a batched copy's destination, which
+// the driver may write after the call returned), are protected until the host has observed the work
+// complete (the page-granular protection: mprotect). Ranges in device memory are not watched.
 void device_op(uint64_t stream, const Access* accesses, size_t n);
 
 // The kernel launch words of a launch outside torch's dispatcher: those that point into pinned or

@@ -379,6 +379,7 @@ def test_unwatched_names_host_bytes_device_work_touched_outside_the_coverage():
     rec.copy_batch(0x5000, "swap", "STREAM", swap, None)  # a batched copy into pageable memory may be pending
     count, first = unwatched(rec.ops, rec.memory, covered)
     assert count == 1 and "host_pageable" in first and "swap" in first
+    assert unwatched(rec.ops, rec.memory, [*covered, (page.base + 128, page.base + 192)]) == (0, None)
 
 
 def test_a_recording_without_a_host_watch_says_so_where_device_work_touched_host_memory():

@@ -179,3 +179,31 @@ def test_a_batched_swap_protects_its_host_bytes_like_a_copy():
         torch.cuda.synchronize()
     assert race_pairs(rec) == [("RAW", "copy_batch", "host_read")], rec.report()
     assert int(host.sum()) == 4 * N
+
+
+@pytest.mark.parametrize("synced", [False, True], ids=["before-sync", "after-sync"])
+def test_a_pageable_destination_of_a_batched_copy_is_watched(synced):
+    """A ``cuMemcpyBatchAsync`` into pageable memory can return before its copy ran (the driver
+    writes the bytes later): its destination is held like pinned memory (the driver's own writes
+    go through)."""
+    from kvverify import SrcAccessOrder, swap_blocks_batch
+
+    buffer = mmap.mmap(-1, N)
+    host = np.frombuffer(buffer, dtype=np.uint8)
+    dev = torch.full((N,), 6, dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with recording() as rec:
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(HOLD_NS)
+            swap_blocks_batch([dev.data_ptr()], [host.ctypes.data], [N], SrcAccessOrder.STREAM)
+        if synced:
+            side.synchronize()
+        host[:64].sum()  # the host read
+        torch.cuda.synchronize()
+    assert int(host.sum()) == 6 * N
+    if synced:
+        assert rec.check().safe and rec.complete(), rec.report()
+    else:
+        assert race_pairs(rec) == [("RAW", "copy_batch", "host_read")], rec.report()
+        assert rec.complete(), rec.summary().notes

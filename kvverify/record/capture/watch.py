@@ -183,13 +183,13 @@ def unwatched(ops: list[dict], memory, covered: list[tuple[int, int]] | None) ->
     """How many host byte ranges device work in ``ops`` (a ``Recorder``'s log) touched without the
     watch's protection while it was pending, and a description of the first (None: none).
 
-    A range counts where it lies in pinned or registered memory outside every interval of
-    ``covered`` (None: the watch did not run, so none is covered), or in pageable memory a batched
-    copy writes. Pageable memory is never watched: a copy reads a pageable source during its call
+    A range counts where it lies outside every interval of ``covered`` (None: the watch did not
+    run, so none is covered) in pinned or registered memory, or in pageable memory a batched copy
+    writes. Other pageable ranges are never pending: a copy reads a pageable source during its call
     (trace format rule 6), and a ``cudaMemcpyAsync`` into pageable memory "will return only once the
     copy has completed" (CUDA Runtime API, "API synchronization behavior"), but a
-    ``cuMemcpyBatchAsync`` into it was measured to return before its copy ran (docs/checker.md).
-    ``memory``: the recorder's ``MemoryMap``."""
+    ``cuMemcpyBatchAsync`` into it was measured to return before its copy ran (docs/checker.md), and
+    the watch holds those destinations. ``memory``: the recorder's ``MemoryMap``."""
     import numpy as np
 
     from kvverify.terms import HOST_SPACE
@@ -209,7 +209,7 @@ def unwatched(ops: list[dict], memory, covered: list[tuple[int, int]] | None) ->
         at = np.searchsorted(hi, start, side="right")  # the first interval ending after the range's start
         inside = (at < len(lo)) & (lo[np.minimum(at, len(lo) - 1)] <= start) & \
             (start + length <= hi[np.minimum(at, len(hi) - 1)]) if len(lo) else np.zeros(len(start), dtype=bool)
-        exposed = (np.isin(spaces, watched) & ~inside) | ((spaces == pageable) & written & pending_pageable)
+        exposed = (np.isin(spaces, watched) | ((spaces == pageable) & written & pending_pageable)) & ~inside
         n = int(exposed.sum())
         if n and first is None:
             j = int(np.argmax(exposed))
