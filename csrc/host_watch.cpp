@@ -1016,6 +1016,14 @@ int64_t drain(uint64_t thread, int64_t kind, std::vector<int64_t>& words) {
   return static_cast<int64_t>(n);
 }
 
+bool holds(uint64_t address) {
+  const Entry entry;
+  if (!entry.ok) return false;
+  Guard guard;
+  const PageEntry* e = find_page(address / kPage);
+  return e != nullptr && e->prot != (PROT_READ | PROT_WRITE);
+}
+
 int& seen_elsewhere() {
   thread_local int fallback = 0;  // (a thread the slot table had no room for)
   ThreadSlot* slot = my_slot();

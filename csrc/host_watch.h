@@ -71,6 +71,10 @@ int64_t drain(uint64_t thread, int64_t kind, std::vector<int64_t>& words);
 // signal handler finds it: a fault there is the op's own access, which the op's record holds.
 int& seen_elsewhere();
 
+// Whether the page of `address` is one the watch protects now (memory that is mapped: a system
+// call the program's own code makes to probe it gets EFAULT there, which means nothing).
+bool holds(uint64_t address);
+
 // The threads with touch records not drained yet (up to `capacity` into `out`); returns how many.
 size_t touch_threads(uint64_t* out, size_t capacity);
 

@@ -377,7 +377,7 @@ class TorchCuda:
         import torch
 
         self.torch = torch
-        self.registered: list = []  # the numpy pages the program registered
+        self._registered: list = []  # the numpy pages the program registered
 
     def recording(self):
         from kvverify.record import recording
@@ -402,7 +402,7 @@ class TorchCuda:
         status = int(self.torch.cuda.cudart().cudaHostRegister(page.ctypes.data, self.PAGE, 0))
         if status:
             raise RuntimeError(f"cudaHostRegister failed: cudaError {status}")
-        self.registered.append(page)
+        self._registered.append(page)
         return self.torch.from_numpy(page[:n])
 
     def stream(self):
@@ -424,8 +424,8 @@ class TorchCuda:
 
     def close(self) -> None:
         self.torch.cuda.synchronize()
-        while self.registered:
-            status = int(self.torch.cuda.cudart().cudaHostUnregister(self.registered.pop().ctypes.data))
+        while self._registered:
+            status = int(self.torch.cuda.cudart().cudaHostUnregister(self._registered.pop().ctypes.data))
             if status:
                 raise RuntimeError(f"cudaHostUnregister failed: cudaError {status}")
 
