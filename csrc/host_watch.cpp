@@ -257,12 +257,14 @@ ThreadSlot* claim_slot(uint64_t t) {
     ThreadSlot& s = thread_slots[(h + i) % kThreadSlots];
     uint64_t owner = s.owner.load(std::memory_order_acquire);
     if (owner > 1) continue;
-    s.internal = 0;
-    s.seen_elsewhere = 0;
-    s.nsteps = 0;
-    s.unblocked_trap = false;
-    s.chained = 0;
-    if (s.owner.compare_exchange_strong(owner, t + 1, std::memory_order_acq_rel)) return &s;
+    if (s.owner.compare_exchange_strong(owner, t + 1, std::memory_order_acq_rel)) {
+      s.internal = 0;  // (only once it is this thread's: a claim that lost must not clear the winner's)
+      s.seen_elsewhere = 0;
+      s.nsteps = 0;
+      s.unblocked_trap = false;
+      s.chained = 0;
+      return &s;
+    }
   }
   return nullptr;
 }
