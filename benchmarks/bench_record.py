@@ -432,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         stops: list[float] = []  # the recorded runs' stops: their op logs logged after the loop
         steps: dict[str, list] = {how: [] for how in RUNS}  # per run, its steps (time_loop)
         rec = None
+        watch_stats: dict = {}
         host_ms: dict[str, list] = {how: [] for how in RUNS}  # host_speed_ms() before each run
         for _ in range(args.repeats):  # in turn: a busy host slows each of them alike
             for how in RUNS:
@@ -440,6 +441,8 @@ def main(argv: list[str] | None = None) -> int:
                 s, r = run_once(shape, how, stops if how == "recorded" else None, steps[how][-1])
                 seconds[how].append(s)
                 rec = r or rec
+                if how == "recorded" and getattr(r._platform_in_use, "log", None) is not None:
+                    watch_stats = r._platform_in_use.log.watch.stats()  # (the host watch's, of this run)
         start = time.perf_counter()
         doc = rec.trace()
         build_s = time.perf_counter() - start
@@ -468,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
             "ops_recorded": summary.ops_recorded, "ops_written": summary.ops_written, "copies_written": copies,
             "trace_build_s": build_s, "check_s": check_s, "verdict": verdict.verdict,
             "trace_bytes": len(json.dumps(doc)), "kernel_only_ops": two_streams, "notes": summary.notes,
+            "watch_per_step": {what: (n / shape.steps, ms / shape.steps) for what, (n, ms) in watch_stats.items()},
         }
         results[name] = row
         print(f"{name:5s}: {row['plain_ms_per_step']:.2f} ms/step plain, {row['mode_ms_per_step']:.2f} under a "
@@ -482,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{check_s:.2f} s: {verdict.verdict}; {len(summary.notes)} summary notes", flush=True)
         for note in summary.notes:
             print(f"  {note}", flush=True)
+        print(f"{name:5s}: the host watch per step (count, ms): " + ", ".join(
+            f"{what} {n:.1f} / {ms:.3f}" for what, (n, ms) in row["watch_per_step"].items()), flush=True)
         # each repeat's runs, in the order they ran: a median hides a loop that is slow in some runs only;
         # the step's parts say whether a slow run waited (polling, staging), ran slower on the host (CPU
         # time alike to the wall time), faulted pages or lost its core

@@ -39,6 +39,7 @@
 #include <link.h>
 #include <pthread.h>
 #include <sched.h>
+#include <time.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <ucontext.h>
@@ -204,6 +205,25 @@ CodeRange driver_code[16];
 int ndriver_code = 0;
 std::string failure;
 
+// Where the watch's time goes (kvverify_watch_stats; benchmarks/bench_record.py prints it):
+// counts and nanoseconds, reset at each start.
+enum Stat { kProtects, kProtectNs, kFaults, kFaultNs, kOps, kOpNs, kQueries, kQueryNs, kCompletes, kCompleteNs, kStats };
+std::atomic<uint64_t> stats[kStats];
+uint64_t now_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1000000000ull + static_cast<uint64_t>(t.tv_nsec);
+}
+struct Timed {  // adds one to stats[count] and the nanoseconds of its scope to stats[count + 1]
+  Stat count;
+  uint64_t start = now_ns();
+  explicit Timed(Stat c) : count(c) {}
+  ~Timed() {
+    stats[count].fetch_add(1, std::memory_order_relaxed);
+    stats[count + 1].fetch_add(now_ns() - start, std::memory_order_relaxed);
+  }
+};
+
 void lock() {
   while (spin.exchange(1, std::memory_order_acquire) != 0) {
     while (spin.load(std::memory_order_relaxed) != 0) {
@@ -335,7 +355,9 @@ void apply(uint64_t first, uint64_t n) {
   uint64_t run = 0, len = 0;
   int run_prot = -1;
   auto flush = [&] {
-    if (len != 0 && mprotect(reinterpret_cast<void*>(run * kPage), len * kPage, run_prot) != 0) ++g->protect_failed;
+    if (len == 0) return;
+    const Timed timed(kProtects);
+    if (mprotect(reinterpret_cast<void*>(run * kPage), len * kPage, run_prot) != 0) ++g->protect_failed;
     len = 0;
   };
   for (uint64_t p = first; p < first + n; ++p) {
@@ -424,6 +446,7 @@ void release_pending(uint32_t k) {
 
 // Everything of stream `s` below position `d` has completed, and what its waits waited for.
 void complete(uint32_t s0, uint64_t d0) {
+  const Timed timed(kCompletes);
   struct Item {
     uint32_t s;
     uint64_t d;
@@ -523,7 +546,12 @@ int classify(uint64_t address, uint64_t* base, uint64_t* end) {
   CUpointer_attribute attrs[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE};
   void* values[] = {&type, &start, &size};
-  if (fn(3, attrs, values, static_cast<CUdeviceptr>(address)) != CUDA_SUCCESS || size == 0) return kUnknown;
+  CUresult asked;
+  {
+    const Timed timed(kQueries);
+    asked = fn(3, attrs, values, static_cast<CUdeviceptr>(address));
+  }
+  if (asked != CUDA_SUCCESS || size == 0) return kUnknown;
   const int kind = type == CU_MEMORYTYPE_HOST ? kHost : type == CU_MEMORYTYPE_DEVICE ? kDevice : kUnknown;
   if (kind == kUnknown) return kUnknown;
   *base = start, *end = start + size;
@@ -646,6 +674,7 @@ void on_segv(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
   auto* uc = static_cast<ucontext_t*>(context);
   in_handlers.fetch_add(1, std::memory_order_acq_rel);
+  const Timed timed(kFaults);  // (clock_gettime is async-signal-safe)
   if (!watching.load(std::memory_order_acquire) || info->si_code != SEGV_ACCERR) {
     in_handlers.fetch_sub(1, std::memory_order_acq_rel);
     errno = saved_errno;
@@ -784,6 +813,7 @@ bool on() { return watching.load(std::memory_order_relaxed); }
 void device_op(uint64_t stream, const Access* accesses, size_t n) {
   const Entry entry;
   if (!entry.ok) return;
+  const Timed timed(kOps);
   struct Host {
     uint64_t lo, hi;
     bool writes;
@@ -1065,6 +1095,7 @@ const char* start() {
   touches_lost.store(0);
   passes_untracked.store(0);
   touches_ready.store(0);
+  for (auto& stat : stats) stat.store(0);
   frames::usable();
   ndriver_code = 0;
   dl_iterate_phdr(find_driver_code, nullptr);
@@ -1229,6 +1260,13 @@ __attribute__((visibility("default"))) int64_t kvverify_watch_covered(uint64_t* 
   const int64_t n = static_cast<int64_t>(g->ncover);
   for (int64_t i = 0; i < std::min(n, capacity); ++i) out[2 * i] = g->cover[i].lo, out[2 * i + 1] = g->cover[i].hi;
   return n;
+}
+
+// Where the watch's time went since it started: [mprotect calls, their ns, faults handled, their
+// ns, device ops looked at, their ns, driver queries of what memory an address is, their ns,
+// completions followed, their ns].
+__attribute__((visibility("default"))) void kvverify_watch_stats(uint64_t* out) {
+  for (int k = 0; k < kStats; ++k) out[k] = stats[k].load(std::memory_order_relaxed);
 }
 
 // What could not be watched: [touches lost (no free record slot), device ranges past the pending

@@ -57,6 +57,7 @@ class HostWatch:
         lib.kvverify_watch_covered.argtypes = [ctypes.POINTER(u64), i64]
         lib.kvverify_watch_covered.restype = i64
         lib.kvverify_watch_losses.argtypes = [ctypes.POINTER(u64)]
+        lib.kvverify_watch_stats.argtypes = [ctypes.POINTER(u64)]
         self._lib = lib
         self._local = threading.local()
         self._undo: list = []
@@ -142,6 +143,15 @@ class HostWatch:
             if n <= room:
                 return [(out[2 * k], out[2 * k + 1]) for k in range(n)]
             room = n
+
+    def stats(self) -> dict[str, float]:
+        """Where the watch's time went since it started (counts, and milliseconds in total): its
+        mprotect calls, faults, device ops, the driver's answers on what memory an address is, the
+        completions it followed."""
+        out = (ctypes.c_uint64 * 10)()
+        self._lib.kvverify_watch_stats(out)
+        names = ("mprotect", "faults", "device ops", "driver queries", "completions")
+        return {name: (int(out[2 * k]), out[2 * k + 1] / 1e6) for k, name in enumerate(names)}
 
     def losses(self) -> dict[str, int]:
         """What could not be watched (``LOSSES``), where any."""
