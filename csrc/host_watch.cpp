@@ -86,6 +86,7 @@ struct PageEntry {
   uint64_t key;  // page number + 1; 0: empty
   uint32_t nany, nwrite;  // pending ranges on the page; of them, device writes
   uint8_t prot, lift;
+  bool eager;  // pageable memory: its protection is lifted as soon as nothing needs it
 };
 
 struct Touched {
@@ -351,7 +352,12 @@ int required(const PageEntry& e) {
 
 // Give pages [first, first + n) the protection their entries require; contiguous pages that change
 // to the same protection are one mprotect.
-void apply(uint64_t first, uint64_t n) {
+// A page of pinned or registered memory keeps a stricter protection than its pending work needs
+// (`relax` false) until the host touches it: each mprotect that takes rights away costs every CPU
+// the process runs on a TLB flush, and a pool of KV blocks the host never touches is then protected
+// once for the whole run, not at every swap. Pageable memory (`eager`) gets its rights back at once:
+// the program's heap may put anything there.
+void apply(uint64_t first, uint64_t n, bool relax = false) {
   uint64_t run = 0, len = 0;
   int run_prot = -1;
   auto flush = [&] {
@@ -364,7 +370,7 @@ void apply(uint64_t first, uint64_t n) {
     PageEntry* e = find_page(p);
     if (e == nullptr) continue;
     const int want = required(*e);
-    if (want != e->prot) {
+    if (want != e->prot && (want < e->prot || relax || e->eager)) {  // (PROT_NONE < PROT_READ < read-write)
       if (len == 0 || run + len != p || run_prot != want) {
         flush();
         run = p, run_prot = want;
@@ -561,7 +567,7 @@ int classify(uint64_t address, uint64_t* base, uint64_t* end) {
 }
 
 // Add one pending range of stream `s` at position `pos` and protect its pages (the lock held).
-void watch_range(uint32_t s, uint64_t pos, uint64_t lo, uint64_t hi, bool device_writes) {
+void watch_range(uint32_t s, uint64_t pos, uint64_t lo, uint64_t hi, bool device_writes, bool pageable) {
   if (g->free_pending == kNone) {
     ++g->overflow_pending;
     return;
@@ -589,6 +595,7 @@ void watch_range(uint32_t s, uint64_t pos, uint64_t lo, uint64_t hi, bool device
     ++e->nany;
     if (device_writes) ++e->nwrite;
     e->lift = 0;  // new device work on the page: first touches are recorded again
+    e->eager |= pageable;
   }
   apply(first, last - first);
   cover_add(lo, hi);
@@ -706,12 +713,12 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     return;
   }
   if (required(*e) & (write ? PROT_WRITE : PROT_READ)) {
-    apply(page, 1);  // allowed by now (the work completed, or the page was lifted): protected no more
+    apply(page, 1, true);  // allowed by now (the work completed, or the page was lifted): protected no more
   } else if (passive) {
     if (!step_over(e, page, uc)) {
       passes_untracked.fetch_add(1, std::memory_order_relaxed);
       e->lift |= kReadOk | kWriteOk;
-      apply(page, 1);
+      apply(page, 1, true);
     }
   } else {
     // the pending ranges on this page that conflict with this access (a read: device writes; a
@@ -747,11 +754,11 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     }
     if (conflicts && all_touched && live_threads.load(std::memory_order_relaxed) <= 1) {
       e->lift |= write ? (kReadOk | kWriteOk) : kReadOk;
-      apply(page, 1);
+      apply(page, 1, true);
     } else if (!step_over(e, page, uc)) {  // no slot to step with: open the page (rare; counted)
       passes_untracked.fetch_add(1, std::memory_order_relaxed);
       e->lift |= kReadOk | kWriteOk;
-      apply(page, 1);
+      apply(page, 1, true);
     }
   }
   unlock();
@@ -816,7 +823,7 @@ void device_op(uint64_t stream, const Access* accesses, size_t n) {
   const Timed timed(kOps);
   struct Host {
     uint64_t lo, hi;
-    bool writes;
+    bool writes, pageable;
   } hosts[64];
   size_t nh = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -824,13 +831,15 @@ void device_op(uint64_t stream, const Access* accesses, size_t n) {
     const Access& a = accesses[i];
     if (a.bytes == 0) continue;
     const int kind = classify(a.address, &base, &end);
-    if (kind == kUnknown && a.pageable) {
+    const bool pageable = kind == kUnknown && a.pageable;
+    if (pageable) {
       end = a.address + a.bytes;  // (memory the driver does not know: the bytes the call names)
     } else if (kind != kHost) {
       continue;
     }
     const uint64_t lo = a.address, hi = std::min(a.address + a.bytes, end);
-    if (nh < 64 && nh > 0 && hosts[nh - 1].writes == a.device_writes && hosts[nh - 1].hi == lo) {
+    if (nh < 64 && nh > 0 && hosts[nh - 1].writes == a.device_writes && hosts[nh - 1].pageable == pageable &&
+        hosts[nh - 1].hi == lo) {
       hosts[nh - 1].hi = hi;  // (a batch of adjacent blocks: one range)
       continue;
     }
@@ -839,17 +848,17 @@ void device_op(uint64_t stream, const Access* accesses, size_t n) {
       const uint32_t s = stream_index(stream);
       if (s == kNone || g->streams[s].capturing) return;
       const uint64_t pos = ++g->streams[s].count;
-      for (size_t k = 0; k < nh; ++k) watch_range(s, pos, hosts[k].lo, hosts[k].hi, hosts[k].writes);
+      for (size_t k = 0; k < nh; ++k) watch_range(s, pos, hosts[k].lo, hosts[k].hi, hosts[k].writes, hosts[k].pageable);
       nh = 0;
     }
-    hosts[nh++] = Host{lo, hi, a.device_writes};
+    hosts[nh++] = Host{lo, hi, a.device_writes, pageable};
   }
   if (nh == 0) return;
   Guard guard;
   const uint32_t s = stream_index(stream);
   if (s == kNone || g->streams[s].capturing) return;
   const uint64_t pos = ++g->streams[s].count;
-  for (size_t k = 0; k < nh; ++k) watch_range(s, pos, hosts[k].lo, hosts[k].hi, hosts[k].writes);
+  for (size_t k = 0; k < nh; ++k) watch_range(s, pos, hosts[k].lo, hosts[k].hi, hosts[k].writes, hosts[k].pageable);
 }
 
 void launch(uint64_t stream, const int64_t* words, size_t n) {
@@ -1018,7 +1027,7 @@ void host_released(uint64_t address) {
     PageEntry* e = find_page(q);
     if (e != nullptr && e->nany == 0) {
       e->lift = 0;
-      apply(q, 1);
+      apply(q, 1, true);  // (the memory is about to go: its pages get every right back)
     }
   }
   Known* it = const_cast<Known*>(k);

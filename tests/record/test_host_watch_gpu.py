@@ -207,3 +207,22 @@ def test_a_pageable_destination_of_a_batched_copy_is_watched(synced):
     else:
         assert race_pairs(rec) == [("RAW", "copy_batch", "host_read")], rec.report()
         assert rec.complete(), rec.summary().notes
+
+
+def test_a_file_read_into_pinned_memory_a_copy_still_reads_is_a_race_and_still_reads(tmp_path):
+    """``readinto`` of a raw file object: the kernel would answer EFAULT on the protected page; the
+    recorder opens it for the call, and records the write."""
+    path = tmp_path / "kv"
+    path.write_bytes(b"\x07" * PAGE)
+    host = torch.zeros(PAGE, dtype=torch.uint8, pin_memory=True)
+    dev = torch.empty(PAGE, dtype=torch.uint8, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with recording() as rec, open(path, "rb", buffering=0) as f:
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(HOLD_NS)
+            dev.copy_(host, non_blocking=True)
+        assert f.readinto(memoryview(host.numpy())) == PAGE  # the program's read, as it would run unrecorded
+        torch.cuda.synchronize()
+    assert race_pairs(rec) == [("WAR", "copy", "host_write")], rec.report()
+    assert bool((host == 7).all())

@@ -31,14 +31,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import threading
 from collections.abc import Callable
 
 from kvverify.record.capture.driver import DriverOps
 from kvverify.record.trace.recorder import busy
-from kvverify.terms import HOST_SPACE
 
-OS_CALLS = ("preadv", "readv", "writev", "pwritev", "write", "pwrite")
-HOST_WATCHED = (HOST_SPACE["pinned"], HOST_SPACE["registered"])
+OS_CALLS = ("preadv", "readv", "writev", "pwritev", "write", "pwrite", "FileIO.readinto", "FileIO.write")
+ONE_BUFFER = ("write", "pwrite", "FileIO.readinto", "FileIO.write")  # (the others take a sequence of buffers)
 
 
 def _readonly_address(view: memoryview) -> int:
@@ -101,6 +101,7 @@ class Bindings:
         self.missed = missed
         self.quiet = quiet
         self.watch = watch  # the host watch (kvverify.record.capture.watch.HostWatch), or None
+        self._held = threading.local()  # per thread: the buffers of the system call that the watch held
         self.forcer = None  # kvverify.record.confirm.witness.Forcer, as the dispatch hook's
         self._undo: list[Callable[[], None]] = []
 
@@ -123,6 +124,15 @@ class Bindings:
             original = getattr(os, name, None)
             if original is not None:
                 self._replace(os, name, self._wrap(name, original, self._written_from))
+        # a file object's own system calls (open(path, "rb", buffering=0).readinto(pinned_view)),
+        # observed on the C type in place
+        import _io
+
+        from kvverify.record.capture.patching import patch_method
+
+        for name, log in (("readinto", self._read_into), ("write", self._written_from)):
+            original = _io.FileIO.__dict__[name]
+            self._undo.append(patch_method(_io.FileIO, name, self._wrap(f"FileIO.{name}", original, log), original))
 
     def uninstall(self) -> None:
         while self._undo:
@@ -135,7 +145,8 @@ class Bindings:
 
     def _wrap(self, name: str, original, log: Callable) -> Callable:
         bindings = self
-        label = f"cuda-python {name}" if name in DRIVER_CALLS else f"os.{name}"  # as the ops it logs are named
+        # as the ops it logs are named
+        label = f"cuda-python {name}" if name in DRIVER_CALLS else name if "." in name else f"os.{name}"
         stream_at = STREAM_ARGUMENT.get(name)
 
         def call(*args, **kwargs):
@@ -252,18 +263,22 @@ class Bindings:
     @contextlib.contextmanager
     def windows(self, name: str, args: tuple):
         """The buffers of a system call opened in the host watch for the call (the kernel answers
-        EFAULT on a page the watch protects instead of faulting); the wrapper records the access."""
+        EFAULT on a page the watch protects instead of faulting); the wrapper records the access.
+        ``self._held.buffers``: those the watch held (the call touched bytes device work may
+        still touch)."""
         buffers = self._buffers(name, args) if self.watch is not None and name in OS_CALLS else []
+        self._held.buffers = []
         with contextlib.ExitStack() as stack:
             for address, nbytes in buffers:
-                stack.enter_context(self.watch.opened(address, nbytes))
+                if stack.enter_context(self.watch.opened(address, nbytes)):
+                    self._held.buffers.append((address, nbytes))
             yield
 
     @staticmethod
     def _buffers(name: str, args: tuple) -> list[tuple[int, int]]:
         """``(address, bytes)`` of the buffers of ``os.<name>(*args)`` (an object without the buffer
         protocol: none; the call raises its own error)."""
-        found = args[1:2] if name in ("write", "pwrite") else (list(args[1]) if len(args) > 1 else [])
+        found = args[1:2] if name in ONE_BUFFER else (list(args[1]) if len(args) > 1 else [])
         out = []
         for buffer in found:
             try:
@@ -276,35 +291,39 @@ class Bindings:
         return out
 
     def _written_from(self, name, args, kwargs, result, at) -> None:
-        """``os.write`` / ``pwrite`` / ``writev`` / ``pwritev`` read ``result`` bytes of their buffers:
-        a ``host_read`` of those in pinned or registered memory (what device work may touch; other
-        memory is of no interest to the device)."""
+        """``os.write`` / ``pwrite`` / ``writev`` / ``pwritev`` / ``FileIO.write`` read ``result``
+        bytes of their buffers: a ``host_read`` of those the host watch held (bytes device work may
+        still touch; the watch saw no other since its last first touch)."""
+        if result is None:
+            return
         left, spans = int(result), []
-        memory = self.rec.memory
+        held = getattr(self._held, "buffers", [])
         for address, nbytes in self._buffers(name, args):
             if left <= 0:
                 break
             n = min(left, nbytes)
             left -= n
-            holder = memory.find(address)
-            if holder is None:
-                self.driver.mode.learn(__import__("numpy").array([address], dtype="int64"))
-                holder = memory.find(address)
-            if holder is not None and holder.space in HOST_WATCHED:
+            if (address, nbytes) in held:
                 spans.append(self.driver.mode.host_span(address, n, at))
         if spans:
-            self.rec.host_access("host_read", spans, f"os.{name}", at)
+            self.rec.host_access("host_read", spans, name if "." in name else f"os.{name}", at)
 
     def _read_into(self, name, args, kwargs, result, at) -> None:
         """``os.preadv(fd, buffers, offset)`` / ``os.readv(fd, buffers)`` returned ``result`` bytes,
-        written into ``buffers`` in order."""
+        written into the buffers in order (``FileIO.readinto(buffer)``: where the host watch held
+        the buffer, as for ``_written_from``; a file's own reads into its buffer are not the
+        program's concern)."""
+        if result is None:  # (a non-blocking file had nothing to read)
+            return
+        if name.startswith("FileIO.") and not getattr(self._held, "buffers", []):
+            return
         left = int(result)
         spans = []
-        for buffer in args[1]:
+        for buffer in (args[1:2] if name in ONE_BUFFER else args[1]):
             if left <= 0:
                 break
             view = memoryview(buffer).cast("B")
             n = min(left, view.nbytes)
             spans.append(self.driver.mode.host_span(ctypes.addressof(ctypes.c_char.from_buffer(view)), n, at))
             left -= n
-        self.rec.host_access("host_write", spans, f"os.{name}", at)
+        self.rec.host_access("host_write", spans, name if "." in name else f"os.{name}", at)

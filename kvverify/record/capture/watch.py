@@ -127,10 +127,11 @@ class HostWatch:
     def opened(self, address: int, nbytes: int):
         """``[address, address + nbytes)`` unprotected for a system call of this thread (the kernel
         answers EFAULT on a protected page instead of faulting: a ``preadv`` into pinned memory a
-        copy still reads would fail). The caller records the access itself."""
-        self._lib.kvverify_watch_open(address, nbytes)
+        copy still reads would fail); gives how many pages it opened (0: none was protected). The
+        caller records the access itself."""
+        opened = self._lib.kvverify_watch_open(address, nbytes)
         try:
-            yield
+            yield opened
         finally:
             self._lib.kvverify_watch_close(address, nbytes)
 
