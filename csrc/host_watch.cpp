@@ -352,11 +352,12 @@ int required(const PageEntry& e) {
 
 // Give pages [first, first + n) the protection their entries require; contiguous pages that change
 // to the same protection are one mprotect.
-// A page of pinned or registered memory keeps a stricter protection than its pending work needs
-// (`relax` false) until the host touches it: each mprotect that takes rights away costs every CPU
-// the process runs on a TLB flush, and a pool of KV blocks the host never touches is then protected
-// once for the whole run, not at every swap. Pageable memory (`eager`) gets its rights back at once:
-// the program's heap may put anything there.
+// A page of pinned or registered memory stays write-protected while its pending work needs less
+// (`relax` false) until the host writes it: each mprotect that takes rights away costs every CPU the
+// process runs on a TLB flush, and a pool of KV blocks the host never writes is then not protected
+// again at every load. Reads are given back at once (the driver reads a small host source with the
+// CPU). Pageable memory (`eager`) gets every right back at once: the program's heap may put
+// anything there.
 void apply(uint64_t first, uint64_t n, bool relax = false) {
   uint64_t run = 0, len = 0;
   int run_prot = -1;
@@ -369,8 +370,10 @@ void apply(uint64_t first, uint64_t n, bool relax = false) {
   for (uint64_t p = first; p < first + n; ++p) {
     PageEntry* e = find_page(p);
     if (e == nullptr) continue;
-    const int want = required(*e);
-    if (want != e->prot && (want < e->prot || relax || e->eager)) {  // (PROT_NONE < PROT_READ < read-write)
+    int want = required(*e);
+    // (PROT_NONE < PROT_READ < read-write; reads come back at once, writes when the host writes)
+    if (want > e->prot && !relax && !e->eager) want = e->prot == PROT_NONE ? std::min(want, PROT_READ) : e->prot;
+    if (want != e->prot) {
       if (len == 0 || run + len != p || run_prot != want) {
         flush();
         run = p, run_prot = want;
@@ -819,46 +822,55 @@ bool on() { return watching.load(std::memory_order_relaxed); }
 
 void device_op(uint64_t stream, const Access* accesses, size_t n) {
   const Entry entry;
-  if (!entry.ok) return;
+  if (!entry.ok || n == 0) return;
   const Timed timed(kOps);
+  // what memory each access lies in: under one lock, the last allocation found tried first (a
+  // batch's blocks lie in a few allocations); the driver is asked outside it, for what is new
+  std::vector<int> kinds(n, kUnknown);
+  std::vector<uint64_t> ends(n, 0);
+  std::vector<size_t> misses;
+  {
+    Guard guard;
+    const Known* last = nullptr;
+    for (size_t i = 0; i < n; ++i) {
+      const uint64_t address = accesses[i].address;
+      if (accesses[i].bytes == 0) continue;
+      if (last == nullptr || address < last->base || address >= last->end) last = find_known(address);
+      if (last != nullptr) {
+        kinds[i] = last->kind, ends[i] = last->end;
+      } else {
+        misses.push_back(i);
+      }
+    }
+  }
+  for (size_t i : misses) {
+    uint64_t base = 0;
+    kinds[i] = classify(accesses[i].address, &base, &ends[i]);
+  }
   struct Host {
     uint64_t lo, hi;
     bool writes, pageable;
-  } hosts[64];
-  size_t nh = 0;
+  };
+  std::vector<Host> hosts;
   for (size_t i = 0; i < n; ++i) {
-    uint64_t base = 0, end = 0;
     const Access& a = accesses[i];
     if (a.bytes == 0) continue;
-    const int kind = classify(a.address, &base, &end);
-    const bool pageable = kind == kUnknown && a.pageable;
-    if (pageable) {
-      end = a.address + a.bytes;  // (memory the driver does not know: the bytes the call names)
-    } else if (kind != kHost) {
+    const bool pageable = kinds[i] == kUnknown && a.pageable;
+    if (!pageable && kinds[i] != kHost) continue;
+    const uint64_t lo = a.address, hi = pageable ? a.address + a.bytes : std::min(a.address + a.bytes, ends[i]);
+    if (!hosts.empty() && hosts.back().writes == a.device_writes && hosts.back().pageable == pageable &&
+        hosts.back().hi == lo) {
+      hosts.back().hi = hi;  // (a batch of adjacent blocks: one range)
       continue;
     }
-    const uint64_t lo = a.address, hi = std::min(a.address + a.bytes, end);
-    if (nh < 64 && nh > 0 && hosts[nh - 1].writes == a.device_writes && hosts[nh - 1].pageable == pageable &&
-        hosts[nh - 1].hi == lo) {
-      hosts[nh - 1].hi = hi;  // (a batch of adjacent blocks: one range)
-      continue;
-    }
-    if (nh == 64) {
-      Guard guard;
-      const uint32_t s = stream_index(stream);
-      if (s == kNone || g->streams[s].capturing) return;
-      const uint64_t pos = ++g->streams[s].count;
-      for (size_t k = 0; k < nh; ++k) watch_range(s, pos, hosts[k].lo, hosts[k].hi, hosts[k].writes, hosts[k].pageable);
-      nh = 0;
-    }
-    hosts[nh++] = Host{lo, hi, a.device_writes, pageable};
+    hosts.push_back(Host{lo, hi, a.device_writes, pageable});
   }
-  if (nh == 0) return;
+  if (hosts.empty()) return;
   Guard guard;
   const uint32_t s = stream_index(stream);
   if (s == kNone || g->streams[s].capturing) return;
   const uint64_t pos = ++g->streams[s].count;
-  for (size_t k = 0; k < nh; ++k) watch_range(s, pos, hosts[k].lo, hosts[k].hi, hosts[k].writes, hosts[k].pageable);
+  for (const Host& h : hosts) watch_range(s, pos, h.lo, h.hi, h.writes, h.pageable);
 }
 
 void launch(uint64_t stream, const int64_t* words, size_t n) {
