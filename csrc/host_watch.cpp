@@ -589,7 +589,9 @@ void watch_range(uint32_t s, uint64_t pos, uint64_t lo, uint64_t hi, bool device
     st.tail = k;
   }
   const uint64_t first = lo / kPage, last = (hi + kPage - 1) / kPage;
+  uint64_t fresh = 0, fresh_len = 0;  // a run of pages the table had no entry for: new to the coverage
   for (uint64_t q = first; q < last; ++q) {
+    const bool known = find_page(q) != nullptr;
     PageEntry* e = page_entry(q);
     if (e == nullptr) {
       ++g->overflow_pages;
@@ -599,9 +601,17 @@ void watch_range(uint32_t s, uint64_t pos, uint64_t lo, uint64_t hi, bool device
     if (device_writes) ++e->nwrite;
     e->lift = 0;  // new device work on the page: first touches are recorded again
     e->eager |= pageable;
+    if (!known) {
+      if (fresh_len != 0 && fresh + fresh_len != q) {
+        cover_add(fresh * kPage, (fresh + fresh_len) * kPage);
+        fresh_len = 0;
+      }
+      if (fresh_len == 0) fresh = q;
+      ++fresh_len;
+    }
   }
+  if (fresh_len != 0) cover_add(fresh * kPage, (fresh + fresh_len) * kPage);
   apply(first, last - first);
-  cover_add(lo, hi);
 }
 
 // -- the signal handlers ---------------------------------------------------------------------------

@@ -269,12 +269,12 @@ def test_a_system_call_into_protected_pages_goes_through_an_opened_window(log, h
     assert (host[:PAGE] == 5).all()
 
 
-def test_the_coverage_is_the_watched_bytes_merged(log, host):
+def test_the_coverage_is_the_pages_the_watch_protected_merged(log, host):
     base = host.ctypes.data
     log.watch.device_op(S1, base, 100, True)
-    log.watch.device_op(S1, base + 100, 100, False)
+    log.watch.device_op(S1, base + PAGE - 10, 100, False)
     log.watch.device_op(S2, base + 3 * PAGE, 10, True)
-    assert log.watch.covered() == [(base, base + 200), (base + 3 * PAGE, base + 3 * PAGE + 10)]
+    assert log.watch.covered() == [(base, base + 2 * PAGE), (base + 3 * PAGE, base + 4 * PAGE)]
     assert log.watch.losses() == {}
 
 

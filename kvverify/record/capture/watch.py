@@ -136,7 +136,8 @@ class HostWatch:
             self._lib.kvverify_watch_close(address, nbytes)
 
     def covered(self) -> list[tuple[int, int]]:
-        """The host byte intervals ``[lo, hi)`` the watch protected for some device op, merged."""
+        """The host byte intervals ``[lo, hi)`` the watch protected for some device op, merged, in
+        whole pages (what it protects)."""
         room = 1024
         while True:
             out = (ctypes.c_uint64 * (2 * room))()
