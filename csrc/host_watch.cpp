@@ -304,7 +304,11 @@ ThreadSlot* my_slot() {
 
 // -- pages -------------------------------------------------------------------------------------------
 
-size_t page_hash(uint64_t key) { return static_cast<size_t>(key * 0x9E3779B97F4A7C15ull >> 44) & (kPages - 1); }
+// Runs of 64 pages keep their order in the table (an op's pages are looked up one after the other:
+// neighbouring entries, not one cache miss each); the runs are spread by a multiplicative hash.
+size_t page_hash(uint64_t key) {
+  return ((static_cast<size_t>((key >> 6) * 0x9E3779B97F4A7C15ull >> 44) << 6) | (key & 63)) & (kPages - 1);
+}
 
 PageEntry* find_page(uint64_t page) {
   const uint64_t key = page + 1;
@@ -315,7 +319,7 @@ PageEntry* find_page(uint64_t page) {
   }
 }
 
-PageEntry* page_entry(uint64_t page) {
+PageEntry* page_entry(uint64_t page, bool* made = nullptr) {
   const uint64_t key = page + 1;
   size_t probes = 0;
   for (size_t i = page_hash(key);; i = (i + 1) & (kPages - 1), ++probes) {
@@ -323,7 +327,8 @@ PageEntry* page_entry(uint64_t page) {
     if (e.key == key) return &e;
     if (e.key == 0) {
       if (probes > kPages / 2) return nullptr;  // (the table is full enough that a miss costs too much)
-      e = PageEntry{key, 0, 0, PROT_READ | PROT_WRITE, 0};
+      e = PageEntry{key, 0, 0, PROT_READ | PROT_WRITE, 0, false};
+      if (made != nullptr) *made = true;
       return &e;
     }
   }
@@ -591,8 +596,8 @@ void watch_range(uint32_t s, uint64_t pos, uint64_t lo, uint64_t hi, bool device
   const uint64_t first = lo / kPage, last = (hi + kPage - 1) / kPage;
   uint64_t fresh = 0, fresh_len = 0;  // a run of pages the table had no entry for: new to the coverage
   for (uint64_t q = first; q < last; ++q) {
-    const bool known = find_page(q) != nullptr;
-    PageEntry* e = page_entry(q);
+    bool made = false;
+    PageEntry* e = page_entry(q, &made);
     if (e == nullptr) {
       ++g->overflow_pages;
       continue;
@@ -601,7 +606,7 @@ void watch_range(uint32_t s, uint64_t pos, uint64_t lo, uint64_t hi, bool device
     if (device_writes) ++e->nwrite;
     e->lift = 0;  // new device work on the page: first touches are recorded again
     e->eager |= pageable;
-    if (!known) {
+    if (made) {
       if (fresh_len != 0 && fresh + fresh_len != q) {
         cover_add(fresh * kPage, (fresh + fresh_len) * kPage);
         fresh_len = 0;
@@ -1212,11 +1217,15 @@ __attribute__((visibility("default"))) void kvverify_watch_declare(uint64_t base
   add_known(base, base + bytes, kind);
 }
 
-// What native capture feeds the watch, for the tests' stand-in of a device.
-__attribute__((visibility("default"))) void kvverify_watch_device_op(uint64_t stream, uint64_t address, uint64_t bytes,
-                                                                     int device_writes) {
-  const Access a{address, bytes, device_writes != 0};
-  device_op(stream, &a, 1);
+// What native capture feeds the watch, for the tests' stand-in of a device: one device op on
+// `stream` with `n` accesses (addresses, bytes, and whether the device writes each).
+__attribute__((visibility("default"))) void kvverify_watch_device_op(uint64_t stream, const uint64_t* addresses,
+                                                                     const uint64_t* bytes, const uint8_t* writes,
+                                                                     int64_t n) {
+  std::vector<Access> accesses;
+  accesses.reserve(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) accesses.push_back(Access{addresses[i], bytes[i], writes[i] != 0});
+  device_op(stream, accesses.data(), accesses.size());
 }
 __attribute__((visibility("default"))) void kvverify_watch_event_recorded(uint64_t event, uint64_t stream) {
   event_recorded(event, stream);

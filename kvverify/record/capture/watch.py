@@ -44,7 +44,8 @@ class HostWatch:
         lib.kvverify_watch_internal.restype = ctypes.POINTER(ctypes.c_int)
         lib.kvverify_watch_threads.argtypes = [ctypes.c_int]
         lib.kvverify_watch_declare.argtypes = [u64, u64, ctypes.c_int]
-        lib.kvverify_watch_device_op.argtypes = [u64, u64, u64, ctypes.c_int]
+        lib.kvverify_watch_device_op.argtypes = [u64, ctypes.POINTER(u64), ctypes.POINTER(u64),
+                                                 ctypes.POINTER(ctypes.c_uint8), i64]
         lib.kvverify_watch_event_recorded.argtypes = [u64, u64]
         lib.kvverify_watch_stream_waited.argtypes = [u64, u64]
         lib.kvverify_watch_event_completed.argtypes = [u64]
@@ -169,7 +170,17 @@ class HostWatch:
 
     def device_op(self, stream: int, address: int, nbytes: int, device_writes: bool) -> None:
         """Device work on ``stream`` reads (or writes) ``nbytes`` at ``address``."""
-        self._lib.kvverify_watch_device_op(stream, address, nbytes, int(device_writes))
+        self.device_ops(stream, [(address, nbytes, device_writes)])
+
+    def device_ops(self, stream: int, accesses: list[tuple[int, int, bool]]) -> None:
+        """One device op on ``stream`` (a batched copy) with these ``(address, bytes, device
+        writes)`` accesses."""
+        n = len(accesses)
+        addresses, sizes = (ctypes.c_uint64 * n)(), (ctypes.c_uint64 * n)()
+        writes = (ctypes.c_uint8 * n)()
+        for k, (address, nbytes, written) in enumerate(accesses):
+            addresses[k], sizes[k], writes[k] = address, nbytes, int(written)
+        self._lib.kvverify_watch_device_op(stream, addresses, sizes, writes, n)
 
     def event_recorded(self, event: int, stream: int) -> None:
         self._lib.kvverify_watch_event_recorded(event, stream)
