@@ -400,3 +400,18 @@ def test_a_recording_without_a_host_watch_says_so_where_device_work_touched_host
     assert rec.check().safe and not rec.complete()
     (note,) = [n for n in rec.summary().notes if "host watch" in n]
     assert "host watch off: native capture is off" in note and note.endswith(": 1")
+
+
+def test_the_host_watch_benchmark_runs_and_prints_its_figures(capsys):
+    """benchmarks/bench_host_watch.py (the watch's cost per step on the host) stays runnable."""
+    _lib()
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_host_watch.py"
+    spec = importlib.util.spec_from_file_location("bench_host_watch", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--steps", "3", "--layers", "2", "--blocks", "8"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("host watch: ") and "device ops 3.0 / " in out and "[2 layers, 8 blocks" in out
