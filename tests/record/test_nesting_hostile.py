@@ -84,11 +84,6 @@ def clean():
         gc.unfreeze()
 
 
-@pytest.fixture
-def fake():
-    return FakeCuda()
-
-
 def _fills(rec) -> list[str]:
     return [op["name"] for op in rec.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
 

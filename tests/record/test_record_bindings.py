@@ -11,7 +11,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from fake_cuda import FakeCuda, ptrs, swap_ops
+from fake_cuda import ptrs, swap_ops
 
 import kvverify.record as record
 
@@ -23,11 +23,6 @@ BLOCK = 4096
 class Attr:
     def __init__(self, order: int):
         self.srcAccessOrder = order
-
-
-@pytest.fixture
-def fake():
-    return FakeCuda()
 
 
 @pytest.fixture

@@ -29,11 +29,6 @@ def verdict(rec: Recorder):
     return doc, check(doc).races
 
 
-@pytest.fixture
-def fake():
-    return FakeCuda()
-
-
 # -- host threads --------------------------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from fake_cuda import FakeCuda, Lines
+from fake_cuda import Lines
 
 import kvverify.record as record
 from kvverify.check import check
@@ -132,11 +132,6 @@ def test_allocations_at_one_address_in_different_spaces_stay_apart():
 
 
 # -- through the dispatcher, on the CPU stand-in ---------------------------------------------------
-
-
-@pytest.fixture
-def fake():
-    return FakeCuda()
 
 
 def test_free_and_reuse_annotations_are_free_ops_at_the_line_that_made_them(fake):

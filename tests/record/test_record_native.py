@@ -10,7 +10,6 @@ import threading
 
 import pytest
 import torch
-from fake_cuda import FakeCuda
 from fake_cuda import race_kinds as kinds
 
 import kvverify.record as record
@@ -26,11 +25,11 @@ def launcher():  # the user's line that launched a native kernel: its code objec
 FRAME = ((launcher.__code__, 17),)
 
 
-@pytest.fixture
-def fake():
-    fake = FakeCuda()
+@pytest.fixture(autouse=True)
+def kernel_named(fake):
+    """The stand-in (``fake``, tests/record/conftest.py) names the CUfunction ``KERNEL``
+    ``copy_blocks_kernel``, as the driver names a kernel the native log reports."""
     fake.function_name = lambda function: "copy_blocks_kernel" if function == KERNEL else "?"
-    return fake
 
 
 def test_a_native_kernel_that_writes_a_block_races_with_a_copy_on_another_stream(fake):

@@ -26,11 +26,6 @@ from kvverify.record.trace.recorder import NativeRecord, Recorder
 BLOCK = 4096
 
 
-@pytest.fixture
-def fake():
-    return FakeCuda()
-
-
 def test_without_a_cuda_device_a_recording_refuses_to_start_in_one_line():
     if torch.cuda.is_available() or torch.version.cuda is None:
         pytest.skip("this host has a CUDA device, or this torch has no CUDA (the test below)")

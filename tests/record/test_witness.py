@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-from fake_cuda import FakeCuda
 from witness_harness import record_run, recorded
 
 import kvverify.record as record
@@ -27,11 +26,6 @@ from kvverify.record.confirm.witness import (
 )
 
 BLOCK = 4096
-
-
-@pytest.fixture
-def fake():
-    return FakeCuda()
 
 
 def racy_steps(fake, steps: int):

@@ -29,11 +29,6 @@ from kvverify.record.confirm.witness import (
 BLOCK = 4096
 
 
-@pytest.fixture
-def fake():
-    return FakeCuda()
-
-
 # -- ops found again ------------------------------------------------------------------------------
 
 

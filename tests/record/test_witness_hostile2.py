@@ -12,8 +12,6 @@ import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import pytest
-from fake_cuda import FakeCuda
 from witness_harness import (
     HERE,
     ROOT,
@@ -39,11 +37,6 @@ from kvverify.record.confirm.witness import (
 )
 
 BLOCK = 4096
-
-
-@pytest.fixture
-def fake():
-    return FakeCuda()
 
 
 # -- ops found again ------------------------------------------------------------------------------
