@@ -24,6 +24,7 @@ OUTSIDE = re.compile(r"(?<![\w.-])/work/\S+|(?<![\w./-])shared/[\w./-]+")
 ELSEWHERE = {
     ("NOTES.md", "tests/record/test_record_hostile.py"),
     ("NOTES.md", "tests/record/test_witness_hostile.py"),
+    ("NOTES.md", "tests/record/test_record_native_hostile.py"),
     ("csrc/harness_ops.cpp", "kvverify/kernels.py"),
     ("csrc/harness_kernels.cu", "kvverify/pattern.py"),
     ("csrc/pattern.cuh", "kvverify/pattern.py"),
