@@ -26,6 +26,7 @@ ELSEWHERE = {
     ("NOTES.md", "tests/record/test_witness_hostile.py"),
     ("NOTES.md", "tests/record/test_record_native_hostile.py"),
     ("NOTES.md", "tests/record/test_oplog_hostile.py"),
+    ("NOTES.md", "tests/record/test_nesting_hostile.py"),
     ("csrc/harness_ops.cpp", "kvverify/kernels.py"),
     ("csrc/harness_kernels.cu", "kvverify/pattern.py"),
     ("csrc/pattern.cuh", "kvverify/pattern.py"),

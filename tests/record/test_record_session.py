@@ -1,7 +1,8 @@
 """``recording()`` and the annotations, on the CUDA stand-in; the torch hooks' wiring on the CPU (the
 C methods they observe stood in for by Python ones); where the user's frame is; what a recording
 leaves behind in the process once stopped (the program's own ``gc.freeze()`` kept; a thread started
-while recording keeping the recording's dispatch mode until it ends is a strict xfail, not mended)."""
+while recording keeping the recording's dispatch mode until it ends is a strict xfail, not mended).
+Recordings nested in one another: ``test_record_nesting.py``."""
 
 from __future__ import annotations
 
@@ -57,57 +58,6 @@ def test_results_wait_for_the_end(fake):
         record.recording(platform=fake).trace()
 
 
-def test_a_recording_started_inside_another_pauses_it_and_the_outer_decides_nothing_across_the_pause(fake):
-    """A test that records itself, run under ``kvverify record -- pytest``: the inner recording
-    gets the ops made while it runs, the outer one neither those nor a race between an op before
-    the pause and one after it (the inner run may have ordered them: it is not seen); the outer's
-    summary names the pause as work not recorded, so it cannot say SAFE for the whole run; after
-    the pause it records again, memory learnt anew."""
-    kv, host, other = fake.device(BLOCK), fake.pinned(BLOCK), fake.pinned(BLOCK)
-    side = fake.stream()
-    with record.recording(platform=fake) as outer:
-        kv.fill_(1)
-        fake.synchronize()
-        with fake.use(side):
-            host.copy_(kv, non_blocking=True)  # would race with the host write below, were it seen
-        with record.recording(platform=fake) as inner:
-            kv.fill_(2)
-            with fake.use(side):
-                other.copy_(kv, non_blocking=True)  # RAW with the fill: the inner's race
-        record.host_write(host)  # unordered with the store above, but a pause lies between
-        kv.fill_(3)
-        with fake.use(side):
-            other.copy_(kv, non_blocking=True)  # RAW with this fill: the outer's own race, after the pause
-        fake.synchronize()
-    assert [r.kind for r in inner.check().races] == ["RAW"]
-    inner_fills = [op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
-    assert len(inner_fills) == 1
-    outer_fills = [op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
-    assert len(outer_fills) == 2  # before and after the pause, not the inner's
-    races = outer.check().races
-    assert [r.kind for r in races] == ["RAW"], [r.render() if hasattr(r, "render") else r for r in races]
-    assert not outer.complete() and inner.complete()
-    assert any("recordings nested in this one" in n for n in outer.summary().notes)
-    assert any(op["op"] == "sync_device" for op in outer.recorder.ops)
-    assert record.session._active is None
-
-
-def test_a_paused_recording_stops_the_ones_nested_in_it_first(fake):
-    """A program that ends without stopping its own recording, under ``kvverify record``: the
-    outer's stop stops the inner first, so nothing stays installed and the outer's trace is
-    written."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    outer = record.recording(platform=fake).start()
-    inner = record.recording(platform=fake).start()
-    fake.device(BLOCK).fill_(1)
-    outer.stop()
-    assert not outer.running and not inner.running and record.session._active is None
-    assert _get_current_dispatch_mode_stack() == []
-    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
-    assert not outer.complete()
-
-
 def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
     errors = []
     with record.recording(platform=fake):
@@ -115,35 +65,6 @@ def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
         t.start()
         t.join()
     assert len(errors) == 1 and "already running in this process, on thread" in errors[0]
-
-
-def test_a_recording_inside_another_with_a_dispatch_mode_entered_between_them_leaves_that_mode_in_place(fake):
-    """Pausing the outer recording leaves its dispatch mode where it lies: a mode entered after it
-    (a sanitizer's, a test fixture's) stays on torch's stack in its place, and the program's own
-    ``__exit__`` of it, which pops the top of the stack, still pops that mode."""
-    from torch.utils._python_dispatch import (
-        TorchDispatchMode,
-        _get_current_dispatch_mode_stack,
-    )
-
-    class Between(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    kv = fake.device(BLOCK)
-    with record.recording(platform=fake) as outer:
-        between = Between()
-        with between:
-            with record.recording(platform=fake) as inner:
-                assert _get_current_dispatch_mode_stack() == [between, inner._mode]
-                kv.fill_(1)
-            assert _get_current_dispatch_mode_stack() == [outer._mode, between]
-            kv.fill_(2)
-        assert _get_current_dispatch_mode_stack() == [outer._mode]
-        kv.fill_(3)
-    assert _get_current_dispatch_mode_stack() == []
-    assert len([op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 2
-    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
 
 
 def _start_error(platform) -> str | None:
