@@ -25,6 +25,7 @@ from fake_cuda import FakeCuda, shared
 from witness_harness import HERE, ROOT, STORE, plugin_run, record_run, witness_lines
 
 from kvverify.record import cli
+from kvverify.record.confirm import runs
 from kvverify.record.confirm.witness import NOT_CONFIRMED
 
 
@@ -202,7 +203,7 @@ def record_pytest(tmp_path: Path, tests: str, *options: str) -> tuple[dict, str]
     (tmp_path / "test_prog.py").write_text(tests)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-    env.pop(cli.WITNESS_ENV, None)
+    env.pop(runs.WITNESS_ENV, None)
     done = subprocess.run([sys.executable, "driver.py", "--confirm", "--json", "report.json", *options, "--",
                            "pytest", "-q", "-p", "no:cacheprovider", "test_prog.py"],
                           check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
