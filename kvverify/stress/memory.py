@@ -58,7 +58,7 @@ def device_used_bytes(device) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """One reading: ``t`` seconds since the recorder started, bytes (None where unreadable),
+    """One reading: ``t`` seconds since the sampler started, bytes (None where unreadable),
     the round it was taken in, and whether no pools were live (``settled``)."""
 
     t: float
@@ -68,12 +68,12 @@ class Sample:
     settled: bool
 
 
-class Recorder:
+class MemorySampler:
     """Collects samples of this process's footprint on ``device`` during a run.
 
     Keeps every settled sample and, before each, one sample of the largest readings since the
     previous one (the peak with that kind's pools live): a long run keeps a few samples per round,
-    not one per cell, so that the recorder's own memory does not grow with the trials.
+    not one per cell, so that the sampler's own memory does not grow with the trials.
     ``read_host`` / ``read_device`` default to ``host_rss_bytes`` / ``device_used_bytes``
     (tests give others); ``clock`` to ``time.monotonic``.
     """
