@@ -27,9 +27,9 @@ from kvverify.record.confirm.witness import (
     IN_ORDER,
     NO_WITNESS,
     NOT_CONFIRMED,
-    Observation,
     Plan,
     Target,
+    WitnessObservation,
 )
 
 BLOCK = 4096
@@ -205,8 +205,8 @@ PLAN = Plan((1, 2), "RAW", Target(None, "a.py:1 in f", "aten.fill_.Scalar", 0),
             Target(None, "a.py:2 in f", "aten.copy_.default", 0), False, False)
 
 
-def seen(mode: str, data: bytes, **kw) -> Observation:
-    return Observation(mode, True, True, ranges=[("pinned1+0x0", len(data))], data=data, **kw)
+def seen(mode: str, data: bytes, **kw) -> WitnessObservation:
+    return WitnessObservation(mode, True, True, ranges=[("pinned1+0x0", len(data))], data=data, **kw)
 
 
 def judged(a: bytes, b: bytes, f: bytes, **forced):
@@ -244,7 +244,7 @@ def test_a_hold_the_watchdog_released_is_not_confirmed():
 
 
 def test_a_pair_not_found_again_is_no_witness():
-    lost = Observation(FORCED, found_first=True)
+    lost = WitnessObservation(FORCED, found_first=True)
     out = witness.judge(PLAN, None, None, seen(IN_ORDER, b"\x01"), seen(IN_ORDER, b"\x01"), lost)
     assert out.status == NO_WITNESS and "forced run" in out.detail
 
@@ -642,9 +642,9 @@ def test_runs_that_read_ranges_of_other_sizes_are_not_compared_byte_for_byte():
     position by position (the first op's bytes against the second's) and CONFIRMED. The pair wrote
     other ranges in the forced run: the program is not deterministic here."""
     same = bytes([1]) * 4 + bytes([2]) * 12
-    in_order = [Observation(IN_ORDER, True, True, ranges=[("device1+0x0", 4), ("pinned1+0x0", 12)], data=same)
+    in_order = [WitnessObservation(IN_ORDER, True, True, ranges=[("device1+0x0", 4), ("pinned1+0x0", 12)], data=same)
                 for _ in range(2)]
-    forced = Observation(FORCED, True, True, ranges=[("device1+0x0", 12), ("pinned1+0x0", 4)],
+    forced = WitnessObservation(FORCED, True, True, ranges=[("device1+0x0", 12), ("pinned1+0x0", 4)],
                          data=bytes([1]) * 12 + bytes([2]) * 4)
     out = witness.judge(ONE_RACE, "a.py:1 in f", "a.py:2 in f", *in_order, forced)
     assert out.status == NO_WITNESS, out.line()
@@ -657,8 +657,8 @@ def test_runs_that_read_other_buffers_of_the_same_sizes_are_not_compared_byte_fo
     first difference reported at the in-order run's label. The pair wrote other bytes in the forced
     run: nothing is witnessed."""
     ranges = [("device1+0x0", 8), ("pinned1+0x0", 8)]
-    in_order = [Observation(IN_ORDER, True, True, ranges=list(ranges), data=bytes([1]) * 16) for _ in range(2)]
-    forced = Observation(FORCED, True, True, ranges=[("device1+0x40", 8), ("pinned1+0x0", 8)],
+    in_order = [WitnessObservation(IN_ORDER, True, True, ranges=list(ranges), data=bytes([1]) * 16) for _ in range(2)]
+    forced = WitnessObservation(FORCED, True, True, ranges=[("device1+0x40", 8), ("pinned1+0x0", 8)],
                          data=bytes([0]) * 8 + bytes([1]) * 8)
     out = witness.judge(ONE_RACE, "a.py:1 in f", "a.py:2 in f", *in_order, forced)
     assert out.status == NO_WITNESS, out.line()

@@ -73,10 +73,11 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_
                                    *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if not os.path.exists(out + ".bin"):
             if done is None:
-                return witness.Observation(mode, note=f"the {mode} run observed nothing (it failed before the pair)")
+                return witness.WitnessObservation(
+                    mode, note=f"the {mode} run observed nothing (it failed before the pair)")
             tail = " / ".join(done.stderr.strip().splitlines()[-3:])
-            return witness.Observation(mode, status=done.returncode,
-                                       note=f"the {mode} run failed (exit {done.returncode}): {tail}")
+            return witness.WitnessObservation(mode, status=done.returncode,
+                                              note=f"the {mode} run failed (exit {done.returncode}): {tail}")
         return witness.load(out)
 
     return run
