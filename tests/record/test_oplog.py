@@ -29,7 +29,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from kvverify.record import recording  # noqa: E402
-from kvverify.record.capture.dispatch import Platform  # noqa: E402
+from kvverify.record.capture.dispatch import RecordingPlatform  # noqa: E402
 from kvverify.record.capture.oplog import decode  # noqa: E402
 from kvverify.record.trace.recorder import Recorder  # noqa: E402
 
@@ -47,7 +47,7 @@ def _native_log():
 STREAM = 0x5000
 
 
-class ArenaAsDevice(Platform):
+class ArenaAsDevice(RecordingPlatform):
     """CPU tensors in ``arena`` are device memory, those whose storage is in ``pinned`` pinned host
     memory; one stream; the extension's native log (and op log) in earnest. Its device work runs at
     its call: no host byte is pending, so no host watch is needed."""
@@ -249,8 +249,8 @@ def test_a_stream_the_op_log_did_not_write_down_is_not_made_up():
     from kvverify.record.capture.oplog import NotLogged
 
     with pytest.raises(NotLogged):
-        Platform().logged_stream_key(None)
-    assert Platform().logged_stream_key((0x1234, 0)) == Recorder.stream_key(0x1234, 0)
+        RecordingPlatform().logged_stream_key(None)
+    assert RecordingPlatform().logged_stream_key((0x1234, 0)) == Recorder.stream_key(0x1234, 0)
 
 
 def test_an_op_without_tensor_arguments_is_logged_not_looked_into(swap_op):
@@ -262,7 +262,7 @@ def test_an_op_without_tensor_arguments_is_logged_not_looked_into(swap_op):
     lib = torch.library.Library("kvoplog2", "DEF")
     lib.define("remember(int ptr, int nbytes) -> ()")
     lib.impl("remember", lambda ptr, nbytes: None, "CompositeImplicitAutograd")
-    mode = RecordingMode(Recorder(lambda depth=1: None), Platform(), (), internal=None)
+    mode = RecordingMode(Recorder(lambda depth=1: None), RecordingPlatform(), (), internal=None)
     assert mode.log_class(torch.ops.kvoplog2.remember.default, -1)[0] == LOG
     # with a tensor argument, a composite-only op is decomposed above the mode: looked into
     assert mode.log_class(torch.ops.aten.reshape.default, 0)[0] == TRANSPARENT
