@@ -1,4 +1,4 @@
-"""The op log (``kvverify.record.capture.oplog``, ``csrc/op_log.cpp``) against the dispatch mode it
+"""The op log (``kvverify.record.capture.oplog``, ``csrc/record/op_log.cpp``) against the dispatch mode it
 stands in for: the same program, recorded both ways on the host, must give the same trace, or the op
 log must name what it did not see (a NOT RECORDED note); never silently less device work, never a
 crash. Programs that test it: several copies from one handler, a sparse tensor, a finalizer running

@@ -1,5 +1,5 @@
 """Native capture's records as the recording writes them (``kvverify.record.capture.driver``), on the CPU
-stand-in: the records a GPU's CUPTI callbacks put in the native log (``csrc/cupti_capture.cpp``)
+stand-in: the records a GPU's CUPTI callbacks put in the native log (``csrc/record/cupti_capture.cpp``)
 are put in by the test, between the program's ops, as the C++ puts them on the calling thread.
 Among them what orders what: a blocking ``cuMemcpy`` synchronizes the host only where CUDA says it
 does; a stream forked into a graph capture runs at the graph's launch; a graph whose capture began
