@@ -1,7 +1,8 @@
 """Build kvverify with its CUDA extension ``kvverify._C``, or fail saying why it cannot be built.
 
-Every ``csrc/*.cpp`` and ``csrc/*.cu`` goes into the one extension; each file registers its
-own ops with ``TORCH_LIBRARY_FRAGMENT(kvverify, ...)``. The extension never links libcuda:
+Every ``.cpp`` and ``.cu`` under ``csrc/`` (``csrc/op/``, ``csrc/harness/``, ``csrc/record/``: see
+``csrc/README.md``) goes into the one extension; each file registers its own ops with
+``TORCH_LIBRARY_FRAGMENT(kvverify, ...)``. The extension never links libcuda:
 driver entry points are resolved at run time, so build hosts need no driver. It is built
 against the torch already installed (``pip install --no-build-isolation``): pyproject.toml does
 not ask pip for torch, which would otherwise put an unpinned CUDA torch of ~3 GB into a
@@ -122,11 +123,14 @@ def _ext_modules_and_cmdclass():
     here = os.path.dirname(os.path.abspath(__file__))
     sources = sorted(
         os.path.relpath(p, here)
-        for p in glob.glob(os.path.join(here, "csrc", "*.cpp")) + glob.glob(os.path.join(here, "csrc", "*.cu"))
+        for ext in ("cpp", "cu")
+        for p in glob.glob(os.path.join(here, "csrc", "**", f"*.{ext}"), recursive=True)
     )
     ext = CUDAExtension(
         name="kvverify._C",
         sources=sources,
+        # csrc/ itself: a product's file includes its own headers by name, and another's by their
+        # folder ("record/host_watch.h"), and message.h, which two products share, at the top
         include_dirs=[os.path.join(here, "csrc")] + _pip_cuda_include_dirs(),
         extra_compile_args={"cxx": ["-O2"], "nvcc": ["-O3", "--expt-relaxed-constexpr"]},
         # The stable ABI keeps one build loadable by any CPython >= 3.10 (no pybind11 module).

@@ -1,6 +1,6 @@
 // Both directions at once on the SM-kernel copy path: which launch shape gets 16 KiB pages closest
 // to the link's ~97 GB/s both ways (issue 14; results and reading in docs/bench.md, "Both
-// directions at 16 KiB"). An experiment, not kvverify's kernel (csrc/copy_kernel.cu): its copy loop
+// directions at 16 KiB"). An experiment, not kvverify's kernel (csrc/op/copy_kernel.cu): its copy loop
 // is that kernel's 16-byte path with the threads per block and loads in flight as template
 // parameters, beside the driver's batch and a contiguous copy for scale. CUDA runtime only:
 //

@@ -39,7 +39,7 @@ python3 -m pytest -q -p no:cacheprovider "$@"
 
 # The command line, help, report and warning screens, again at a width the first run did not have.
 WIDTH_TESTS=(tests/test_screen.py tests/test_nvtx.py tests/test_cli.py tests/check/test_checker_cli.py
-             tests/stress/test_render.py tests/stress/test_merge.py tests/stress/test_merge_hostile.py
+             tests/stress/test_render.py tests/stress/test_merge.py tests/stress/test_merge_input.py
              tests/stress/test_rounds.py tests/record/test_record_cli.py tests/measure/test_probe_bench_cli.py)
 other=37
 if [ "${COLUMNS:-}" = 37 ]; then other=100; fi

@@ -3,6 +3,7 @@
 // On the H200 image (gcc 13.3, torch 2.11 cu130) an int64 streamed into an error message by
 // c10::str crashed the process inside std::ostream::_M_insert<long> (backtrace in docs/op.md),
 // while strings streamed fine. Every TORCH_CHECK in csrc/ therefore passes one std::string made here.
+// Shared by the op (csrc/op/) and the harness kernels (csrc/harness/): it lies above both.
 #pragma once
 
 #include <c10/core/Device.h>

@@ -34,7 +34,7 @@ __all__ = [
     "KVLayout",
     "ModelGeometry",
     "PRESETS",
-    "Transfer",
+    "SwapCopies",
     "from_hf_config",
     "preset",
 ]
@@ -287,7 +287,7 @@ def _lookup_dtype(field: str, value: Any) -> int:
 Direction = Literal["store", "load"]
 
 
-class Transfer(NamedTuple):
+class SwapCopies(NamedTuple):
     """The copies of one batched swap: three 1-D int64 arrays of equal length.
 
     ``src_ptrs`` and ``dst_ptrs`` are raw byte addresses, ``sizes`` are bytes; the order is
@@ -451,7 +451,7 @@ class KVLayout:
         cpu_base_ptrs: Sequence[int],
         gpu_block_ids: np.ndarray,
         cpu_block_ids: np.ndarray,
-    ) -> Transfer:
+    ) -> SwapCopies:
         """The (src, dst, size) copies that move GPU blocks to CPU blocks or back.
 
         ``direction``: ``"store"`` (GPU→CPU, D2H) or ``"load"`` (CPU→GPU, H2D). The i-th
@@ -460,7 +460,7 @@ class KVLayout:
         ``(j % f) * page_bytes``. As in vLLM's offloading handler a store fills whole CPU
         blocks (``len(gpu) == len(cpu) * f``); a load may start inside its first CPU block,
         reading only its last ``len(gpu) - (len(cpu) - 1) * f`` slots. Every copy is
-        ``page_bytes`` long. Returns a ``Transfer`` of ``num_tensors * len(gpu_block_ids)``
+        ``page_bytes`` long. Returns the ``SwapCopies`` of ``num_tensors * len(gpu_block_ids)``
         copies, tensor-major.
 
         Raises ValueError for an unknown direction, block counts that do not match, or
@@ -481,7 +481,7 @@ class KVLayout:
         gpu = self.page_ptrs(gpu_base_ptrs, gpu_ids).reshape(-1)
         cpu = self.cpu_page_ptrs(cpu_base_ptrs, cpu_block_ids, skip).reshape(-1)
         src, dst = (gpu, cpu) if direction == "store" else (cpu, gpu)
-        return Transfer(src, dst, np.full(src.shape, self.page_bytes, dtype=np.int64))
+        return SwapCopies(src, dst, np.full(src.shape, self.page_bytes, dtype=np.int64))
 
     def _bases(self, tensor_base_ptrs: Sequence[int]) -> np.ndarray:
         bases = np.asarray(tensor_base_ptrs, dtype=np.int64)

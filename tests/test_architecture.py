@@ -121,11 +121,16 @@ def test_imports_flow_one_way():
     assert not wrong, "\n".join(wrong)
 
 
-# Inside record/ (docs/architecture.md): cli / pytest_plugin -> confirm/ -> session -> capture/ -> trace/.
+# Inside record/ (docs/architecture.md): cli / pytest_plugin -> confirm/ -> session -> capture/ -> trace/,
+# and inprocess (a program run in this process) under cli and confirm/. The plugin and the command line
+# are two faces side by side: the plugin imports no command line (what both need lies below them).
 RECORD_BELOW = {
     "kvverify.record.trace": set(),
     "kvverify.record.capture": {"kvverify.record.trace"},
-    "kvverify.record.confirm": {"kvverify.record.trace", "kvverify.record.session"},
+    "kvverify.record.inprocess": set(),
+    "kvverify.record.confirm": {"kvverify.record.trace", "kvverify.record.session", "kvverify.record.inprocess"},
+    "kvverify.record.pytest_plugin": {"kvverify.record.confirm", "kvverify.record.session", "kvverify.record.capture",
+                                      "kvverify.record.trace", "kvverify.record.inprocess"},
 }
 
 
@@ -141,6 +146,16 @@ def test_the_recorders_parts_import_only_the_parts_below_them():
             if not any(target == ok or target.startswith(ok + ".") for ok in RECORD_BELOW[mine]):
                 wrong.append(f"{module}:{line} imports {target} ({mine} may import {sorted(RECORD_BELOW[mine]) or 'nothing of record/'})")
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_pytest_plugin_does_not_import_the_record_command_line():
+    """``pytest_plugin`` loads in every pytest session where kvverify is installed; ``kvverify.record.cli``
+    is ``kvverify record``'s argument handling and report. The witness runs both start live in
+    ``confirm/``, the program runner in ``inprocess``: the plugin needs nothing of the command line."""
+    imported = {target for target, _, _ in _imports("kvverify.record.pytest_plugin",
+                                                    MODULES["kvverify.record.pytest_plugin"])}
+    assert not {t for t in imported if t == "kvverify.record.cli" or t.startswith("kvverify.record.cli.")}, imported
+    assert "kvverify.record.confirm.runs" in imported  # (the rule above sees the plugin's imports)
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

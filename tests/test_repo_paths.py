@@ -18,18 +18,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PATH = re.compile(r"(?<![\w/.$-])((?:\.\.?/)*[A-Za-z_][\w.-]*/[\w./-]*\.(?:md|py|json|sh|cpp|cu|cuh|h|toml|png))"
                   r"(?![\w/-])")
 OUTSIDE = re.compile(r"(?<![\w.-])/work/\S+|(?<![\w./-])shared/[\w./-]+")
-# Stale references in files another change owns (the recorder's internals and csrc/): listed so
-# that this test fails on any new one; each goes when its file is corrected.
-ELSEWHERE = {
-    ("csrc/harness_ops.cpp", "kvverify/kernels.py"),
-    ("csrc/harness_kernels.cu", "kvverify/pattern.py"),
-    ("csrc/pattern.cuh", "kvverify/pattern.py"),
-    ("csrc/pattern.cuh", "tests/test_kernels_gpu.py"),
-    ("csrc/pattern.cuh", "tests/test_pattern_cuh.py"),
-    ("csrc/native_log.cpp", "kvverify/record/native.py"),
-    ("csrc/native_log.h", "kvverify/record/native.py"),
-    ("kvverify/record/trace/recorder.py", "tests/offload.py"),
-}
 
 
 def tracked() -> list[str]:
@@ -75,7 +63,7 @@ def test_every_repository_path_a_doc_or_comment_names_exists_and_none_lies_outsi
         if not name.endswith((".md", ".py", ".sh", ".toml", ".cpp", ".cu", ".cuh", ".h")):
             continue
         gone, away = named_paths(name, prose(name, (ROOT / name).read_text(encoding="utf-8", errors="replace")))
-        missing += [(name, ref) for ref in sorted(gone) if (name, ref) not in ELSEWHERE]
+        missing += [(name, ref) for ref in sorted(gone)]
         outside += [(name, ref) for ref in sorted(away)]
     assert not missing, "paths named that do not exist:\n" + "\n".join(f"  {f}: {r}" for f, r in missing)
     assert not outside, "paths outside the repository:\n" + "\n".join(f"  {f}: {r}" for f, r in outside)

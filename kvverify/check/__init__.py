@@ -1,8 +1,10 @@
 """``kvverify.check(trace, *, max_races=10000) -> Verdict``: whether a trace of stream work races
 (``check`` below), and the package of traces and the happens-before checker behind ``kvverify check``.
 
-- :mod:`~kvverify.check.model`: the trace format (``docs/trace-format.md``), parsing, validation,
-  :class:`TraceBuilder`, :class:`TraceText` (a trace read op by op);
+- :mod:`~kvverify.check.model`: the trace format (``docs/trace-format.md``), the names of the four
+  modules that hold it: :mod:`~kvverify.check.ops` (values and ops), :mod:`~kvverify.check.text`
+  (text safe to print), :mod:`~kvverify.check.parser` (:class:`Trace`, parsing, validation,
+  :class:`TraceText`: a trace read op by op), :mod:`~kvverify.check.builder` (:class:`TraceBuilder`);
 - :mod:`~kvverify.check.jsontext`: strict JSON (repeated keys, NaN) read a piece at a time;
 - :mod:`~kvverify.check.rules`: the ordering rules 1–9 as vector clocks (one definition);
 - :mod:`~kvverify.check.checker`: :func:`check`, the race finder;

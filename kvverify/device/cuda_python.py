@@ -1,6 +1,6 @@
 """An independent implementation of the batched swap through cuda-python.
 
-It shares nothing with ``csrc/swap_blocks.cpp`` but the CUDA driver: the GPU tests run the
+It shares nothing with ``csrc/op/swap_blocks.cpp`` but the CUDA driver: the GPU tests run the
 same batches through both and compare the bytes, so a bug in either shows as a mismatch.
 """
 

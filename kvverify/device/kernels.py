@@ -1,4 +1,4 @@
-"""Python wrappers of the harness kernels (``torch.ops.kvverify.*``, ``csrc/harness_kernels.cu``).
+"""Python wrappers of the harness kernels (``torch.ops.kvverify.*``, ``csrc/harness/harness_kernels.cu``).
 
 A *block* is ``block_bytes`` bytes (a positive multiple of 8) at a raw address. Addresses are
 given as ``block_ptrs``: a 1-D int64 tensor (CUDA, or CPU), a numpy integer array, or a sequence

@@ -1,6 +1,6 @@
 """The batched swap op: ``swap_blocks_batch`` under the three source access orders, and its copy paths.
 
-Thin wrapper over ``torch.ops.kvverify.swap_blocks_batch`` (the extension, ``csrc/swap_blocks.cpp``)
+Thin wrapper over ``torch.ops.kvverify.swap_blocks_batch`` (the extension, ``csrc/op/swap_blocks.cpp``)
 with a second, independent backend through cuda-python (``kvverify.device.cuda_python``); the GPU
 tests cross-check the two. Semantics follow the CUDA Driver API reference of
 ``cuMemcpyBatchAsync`` (CUDA 12.8+): the batch as a whole runs in stream order, the copies
@@ -8,7 +8,7 @@ inside it in no particular order, and ``srcAccessOrder`` says when the source ma
 
 Three copy paths serve one batch (``method=``): the driver's batch, one ``cudaMemcpyAsync`` per
 copy, and thread blocks of a kernel (``torch.ops.kvverify.swap_blocks_kernel``,
-``csrc/copy_kernel.cu``). The last two are stream-ordered on both sides: their contract is
+``csrc/op/copy_kernel.cu``). The last two are stream-ordered on both sides: their contract is
 ``STREAM``'s whatever order is asked.
 """
 

@@ -6,7 +6,7 @@ Every 8-byte word ``i`` of logical block ``b`` written in generation ``g`` holds
 
 so a word says which generation wrote it (high 32 bits) and proves, through its low 32 bits,
 that it belongs at word ``i`` of block ``b`` in generation ``g`` under ``seed``.
-``csrc/pattern.cuh`` mirrors ``h32`` for the CUDA kernels; ``tests/device/test_pattern_cuh.py``
+``csrc/harness/pattern.cuh`` mirrors ``h32`` for the CUDA kernels; ``tests/device/test_pattern_cuh.py``
 (host compile of the header, CPU) and ``tests/device/test_kernels_gpu.py`` (kernels vs this module)
 hold the two equal. Change one, change both.
 
@@ -64,7 +64,7 @@ __all__ = [
 ]
 
 
-# Constants shared with csrc/pattern.cuh (same names in kCamelCase there).
+# Constants shared with csrc/harness/pattern.cuh (same names in kCamelCase there).
 KEY_SALT = 0x6A09E667  # SHA-256's first IV word: an arbitrary constant with no structure
 GENERATION_MUL = 0x9E3779B1  # odd (2**32 / golden ratio): g -> g * GENERATION_MUL is a bijection
 WORD_MUL = 0x85EBCA77  # odd (xxHash32 prime 2): i -> i * WORD_MUL is a bijection

@@ -27,7 +27,8 @@ import re
 
 import pytest
 
-from kvverify.record.cli import NO_OP_LOG_HELP, WITNESS_ENV
+from kvverify.record.confirm.runs import WITNESS_ENV
+from kvverify.record.session import NO_OP_LOG_HELP
 
 _RECORDING = pytest.StashKey()
 _WITNESS = pytest.StashKey()  # the session's witness spec (WITNESS_ENV), or None
@@ -113,8 +114,8 @@ def _witness_run(spec: str, request, platform):
     """The test's body as a witness run (``kvverify.record.confirm.witness.witnessing``), its observation
     written where the spec says; the recording is the test's ``kvverify_record``."""
     from kvverify.errors import RecordingError
-    from kvverify.record.cli import read_witness_spec
     from kvverify.record.confirm import witness
+    from kvverify.record.confirm.runs import read_witness_spec
 
     try:
         mode, plan, out = read_witness_spec(spec)
@@ -176,7 +177,7 @@ def pytest_runtest_call(item):
     if not verdict.safe:
         witnesses = ""
         if item.config.getoption("kvverify_confirm"):
-            from kvverify.record.cli import confirm_races
+            from kvverify.record.confirm.runs import confirm_races
 
             test = str(item.path) + item.nodeid[len(item.nodeid.split("::")[0]):]  # from any folder
             # the child records the test from where this run did: --kvverify-record's autouse fixture,

@@ -34,6 +34,10 @@ from kvverify.terms import DEVICE_SPACE, HOST_SPACE
 
 _active: Recording | None = None
 CAPTURE_OFF = "native capture off"
+# What ``op_log=False`` trades, as both faces of the recorder say it (``kvverify record --no-op-log``,
+# the pytest plugin's ``--kvverify-no-op-log``).
+NO_OP_LOG_HELP = ("record ops by a dispatch mode as they run instead of the op log (C++, logged after the "
+                  "program): the same trace, slower (docs/record.md)")
 LATE_WORK = f"{NOT_RECORDED} (driver calls made after the last op the thread logged, as the recording stopped), thread"
 UNWATCHED = (f"{NOT_RECORDED} (host bytes device work read or wrote while the host watch did not hold them: host "
              "accesses to them outside torch's dispatcher, while that work was pending, are not seen)")

@@ -399,7 +399,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     mine = distributed.shard(planned, c, layout, ranks.world)[ranks.rank] if args.shard else planned
     schedule = planning.rounds(mine, c, layout)
     outcomes: dict = {}
-    recorder = None
+    sampler = None
     with annotate.run_range(f"kvverify stress {c.name} {layout.geometry.name}"):
         if reason is None:
             if ranks.leader:
@@ -409,9 +409,9 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
                 say(err, f"{planning.estimate(mine, c, layout).line()} in {len(schedule)} round(s) "
                           f"({c.name}, {layout.geometry.name}, {layout.block_bytes / 2**20:g} MiB blocks, "
                           f"{params.blocks_per_transfer} blocks x {params.transfers} transfers{where})")
-            recorder = memory.Recorder(device=distributed.current_device())
+            sampler = memory.MemorySampler(device=distributed.current_device())
             started = time.monotonic()
-            outcomes = _execute_with_progress(schedule, c, layout, params, console, err, deadline, ranks, recorder)
+            outcomes = _execute_with_progress(schedule, c, layout, params, console, err, deadline, ranks, sampler)
             if ranks.world > 1:
                 say(err, f"[stress] GPU {ranks.rank}: {len(outcomes)} of {len(mine)} cells in "
                           f"{time.monotonic() - started:.1f} s")
@@ -423,7 +423,7 @@ def _run_one(args, c, layout, console, err, several: bool, deadline: float | Non
     own = _RankResult(
         ranks.rank, distributed.host_name(), _device_index() if reason is None else None,
         _platform(reason is None), reason, tuple(pc.cell for pc in mine), outcomes,
-        recorder.trend() if recorder is not None else None, len(schedule) if reason is None else 0,
+        sampler.trend() if sampler is not None else None, len(schedule) if reason is None else 0,
         sum(n for this in schedule for _, n in this) if reason is None else 0,
     )
     gathered = distributed.gather(own, ranks)

@@ -58,7 +58,7 @@ def device_used_bytes(device) -> int | None:
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """One reading: ``t`` seconds since the recorder started, bytes (None where unreadable),
+    """One reading: ``t`` seconds since the sampler started, bytes (None where unreadable),
     the round it was taken in, and whether no pools were live (``settled``)."""
 
     t: float
@@ -68,12 +68,12 @@ class Sample:
     settled: bool
 
 
-class Recorder:
+class MemorySampler:
     """Collects samples of this process's footprint on ``device`` during a run.
 
     Keeps every settled sample and, before each, one sample of the largest readings since the
     previous one (the peak with that kind's pools live): a long run keeps a few samples per round,
-    not one per cell, so that the recorder's own memory does not grow with the trials.
+    not one per cell, so that the sampler's own memory does not grow with the trials.
     ``read_host`` / ``read_device`` default to ``host_rss_bytes`` / ``device_used_bytes``
     (tests give others); ``clock`` to ``time.monotonic``.
     """
@@ -114,8 +114,8 @@ def _max(a: int | None, b: int | None) -> int | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class Series:
-    """One quantity over the settled samples after warm-up, in bytes: ``first``, ``last``, ``max``;
+class QuantityTrend:
+    """One quantity's trend over the settled samples after warm-up, in bytes: ``first``, ``last``, ``max``;
     ``peak``: the largest of every sample, pools live included; ``slope_per_hour``: least-squares
     slope in bytes per hour; ``growth``: ``(last - first) / first``."""
 
@@ -133,7 +133,7 @@ class Trend:
 
     - ``samples``: readings taken; ``warmup_s``: when the trend starts (seconds from the first
       reading: the end of the first round); ``span_s``: seconds the trend covers;
-    - ``host_rss``, ``device_used``: a ``Series`` each, None where unreadable or too few samples;
+    - ``host_rss``, ``device_used``: a ``QuantityTrend`` each, None where unreadable or too few samples;
     - ``growing``: True when either grew by more than ``tolerance`` of its first value, False
       when both stayed within it, None when the run cannot tell (``note`` says why);
     - ``series``: the settled samples the trend is taken over, ``(t, host_rss, device_used)``.
@@ -143,14 +143,14 @@ class Trend:
     warmup_s: float | None
     span_s: float
     tolerance: float
-    host_rss: Series | None
-    device_used: Series | None
+    host_rss: QuantityTrend | None
+    device_used: QuantityTrend | None
     growing: bool | None
     note: str | None
     series: tuple[tuple[float, int | None, int | None], ...] = ()
 
 
-def _series(points: Sequence[tuple[float, int]], peak: int) -> Series:
+def _quantity_trend(points: Sequence[tuple[float, int]], peak: int) -> QuantityTrend:
     n = len(points)
     ts = [t for t, _ in points]
     vs = [v for _, v in points]
@@ -158,7 +158,7 @@ def _series(points: Sequence[tuple[float, int]], peak: int) -> Series:
     var_t = sum((t - mean_t) ** 2 for t in ts)
     slope = sum((t - mean_t) * (v - mean_v) for t, v in points) / var_t if var_t > 0 else 0.0
     first, last = vs[0], vs[-1]
-    return Series(first, last, max(vs), max(peak, max(vs)), slope * 3600.0, (last - first) / first if first else 0.0)
+    return QuantityTrend(first, last, max(vs), max(peak, max(vs)), slope * 3600.0, (last - first) / first if first else 0.0)
 
 
 def trend(samples: Sequence[Sample], tolerance: float | None = None, min_span_s: float | None = None,
@@ -178,12 +178,12 @@ def trend(samples: Sequence[Sample], tolerance: float | None = None, min_span_s:
     span = after[-1].t - after[0].t if after else 0.0
     warmup_s = after[0].t if after else None
 
-    def one(field: str) -> Series | None:
+    def one(field: str) -> QuantityTrend | None:
         points = [(s.t, getattr(s, field)) for s in after if getattr(s, field) is not None]
         if not points:
             return None
         peak = max((getattr(s, field) for s in samples if getattr(s, field) is not None), default=0)
-        return _series(points, peak)
+        return _quantity_trend(points, peak)
 
     host, device = one("host_rss"), one("device_used")
     note = None

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from kvverify import __version__
 from kvverify.stats import clopper_pearson_upper
-from kvverify.stress.memory import Series, Trend
+from kvverify.stress.memory import QuantityTrend, Trend
 from kvverify.terms import (
     ADVERSARIAL,
     BLOCK_STATES,
@@ -722,10 +722,10 @@ def _trend_from_json(d: Mapping[str, Any] | None) -> Trend | None:
     if d is None:
         return None
 
-    def series(s: Mapping[str, Any] | None) -> Series | None:
-        return Series(**s) if s is not None else None
+    def quantity(s: Mapping[str, Any] | None) -> QuantityTrend | None:
+        return QuantityTrend(**s) if s is not None else None
 
-    return Trend(**(dict(d) | {"host_rss": series(d["host_rss"]), "device_used": series(d["device_used"]),
+    return Trend(**(dict(d) | {"host_rss": quantity(d["host_rss"]), "device_used": quantity(d["device_used"]),
                                "series": tuple(tuple(p) for p in d["series"])}))
 
 

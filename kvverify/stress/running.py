@@ -55,7 +55,7 @@ def execute(
     cell's share of a round. A cell whose run fails (a refused copy, a hang) gets an outcome with
     ``error`` and no observation, and no later rounds; the run goes on. ``deadline``
     (``time.monotonic()``): no cell's share of a round starts after it; cells not run have no
-    outcome. ``memory`` (a ``kvverify.stress.memory.Recorder``): sampled after each cell's
+    outcome. ``memory`` (a ``kvverify.stress.memory.MemorySampler``): sampled after each cell's
     share of a round and after each host memory kind's pools are freed.
 
     Every exit (normal, error, KeyboardInterrupt) releases every stream hold first, then

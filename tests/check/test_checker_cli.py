@@ -197,7 +197,7 @@ def test_as_a_process_invalid_input_never_prints_a_traceback():
         assert len(p.stderr.splitlines()) == 1 and "Traceback" not in p.stderr
 
 
-# -- exit statuses 2 and 3, and hostile input (issue #11) -------------------------------------------
+# -- exit statuses 2 and 3, and malformed input (issue #11) -----------------------------------------
 
 MAX_LINE = 1000
 CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")

@@ -29,6 +29,7 @@ from kvverify.check import (
     WaitStream,
     check,
     model,
+    parser,
 )
 
 DOC = {
@@ -201,12 +202,12 @@ def test_the_fast_way_of_parsing_an_op_agrees_with_the_careful_one(index, change
             else:
                 doc["ops"][index][key] = copy.deepcopy(value)
     fast = _outcome(doc)
-    shipped = model._Parser.op
-    model._Parser.op = model._Parser._op
+    shipped = parser._Parser.op
+    parser._Parser.op = parser._Parser._op
     try:
         assert fast == _outcome(doc)
     finally:
-        model._Parser.op = shipped
+        parser._Parser.op = shipped
 
 
 @pytest.mark.parametrize("text", ["", "{", "[1, 2", "{'version': 1}", b"\xff\xfe", "[" * 100_000 + "]" * 100_000])

@@ -1,5 +1,5 @@
 """The kernel path's descriptor staging, on paper: the protocol of ``swap_blocks_kernel``
-(csrc/swap_blocks.cpp) written as traces for ``kvverify.check``, against the two ways a pinned
+(csrc/op/swap_blocks.cpp) written as traces for ``kvverify.check``, against the two ways a pinned
 descriptor buffer is commonly got wrong. The device-side proof is
 ``test_kernel_copy_gpu.py::test_descriptors_are_never_rewritten_while_an_earlier_copy_may_read_them``.
 

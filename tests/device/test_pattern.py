@@ -85,7 +85,7 @@ def test_h32_matches_scalar_definition():
 
 def test_h32_known_values():
     # Pinned so that an accidental change of the definition is loud (also checked against
-    # csrc/pattern.cuh in tests/device/test_pattern_cuh.py).
+    # csrc/harness/pattern.cuh in tests/device/test_pattern_cuh.py).
     assert [int(pattern.h32(0, 0, 0, i)) for i in range(3)] == [h32_scalar(0, 0, 0, i) for i in range(3)]
     assert int(pattern.h32(42, 7, 3, 5)) == h32_scalar(42, 7, 3, 5)
     assert int(pattern.h32(-1, -1, 0, 0)) == h32_scalar(M64, M64, 0, 0)

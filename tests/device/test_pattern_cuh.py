@@ -1,4 +1,4 @@
-"""csrc/pattern.cuh (the device hash) equals kvverify/device/pattern.py (the reference), checked on the CPU.
+"""csrc/harness/pattern.cuh (the device hash) equals kvverify/device/pattern.py (the reference), checked on the CPU.
 
 The header is plain C++ outside nvcc (its __host__ __device__ markers compile away), so a host
 C++ compiler builds a tiny driver that prints h32, block keys, pattern words and checksum terms
@@ -17,7 +17,7 @@ import pytest
 
 from kvverify.device import pattern
 
-HEADER_DIR = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "csrc")
+HEADER_DIR = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "csrc", "harness")
 
 DRIVER = r"""
 #include <cinttypes>
@@ -49,7 +49,7 @@ def _compiler():
 def driver(tmp_path_factory):
     cxx = _compiler()
     if cxx is None:
-        pytest.skip("no host C++ compiler to build csrc/pattern.cuh with")
+        pytest.skip("no host C++ compiler to build csrc/harness/pattern.cuh with")
     d = tmp_path_factory.mktemp("cuh")
     src, exe = d / "driver.cpp", d / "driver"
     src.write_text(DRIVER)

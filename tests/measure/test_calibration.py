@@ -1,5 +1,6 @@
 """``kvverify bench --calibrate``: the paths document from bench results (fake backends), its schema,
-reading it back, and choosing a path for a shape the way a serving engine would."""
+reading it back, and choosing a path for a shape the way a serving engine would. Reading back and
+choosing from a malformed document: ``test_calibration_load.py``."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
-from kvverify.record.capture.dispatch import Platform
+from kvverify.record.capture.dispatch import RecordingPlatform
 from kvverify.record.confirm.witness import DeviceTools
 from kvverify.record.trace.recorder import LEGACY_STREAM, NativeRecord, Recorder
 
@@ -90,7 +90,7 @@ class FakeEvent:
             self.handle = 0
 
 
-class FakeCuda(Platform):
+class FakeCuda(RecordingPlatform):
     """The stand-in platform; pass it as ``recording(platform=...)``. Its device work runs at its
     call: no host byte is ever pending, so it needs no host watch (``host_watch`` None, ``watch_off``
     None: nothing is said unwatched)."""
@@ -110,7 +110,7 @@ class FakeCuda(Platform):
         self.capture_off = None  # native capture "runs": tests put its records in with native()
         self._keep: list = []  # numpy arrays behind the tensors
 
-    # -- kvverify.record.capture.dispatch.Platform ---------------------------------------------------
+    # -- kvverify.record.capture.dispatch.RecordingPlatform --------------------------------------
 
     def where(self, t) -> str | None:
         if t.device.type != "cpu":

@@ -1,4 +1,4 @@
-"""The host watch (``csrc/host_watch.cpp``, ``kvverify.record.capture.watch``) on the CPU: host bytes
+"""The host watch (``csrc/record/host_watch.cpp``, ``kvverify.record.capture.watch``) on the CPU: host bytes
 that device work may still read or write are protected, and the host's first touch of them through
 any path (numpy, ``.tolist()``, ``ctypes.memmove``, the buffer protocol) is a ``host_touch`` record
 with its thread and Python line; a program that waits for the work first makes none. What native

@@ -1,7 +1,8 @@
 """Work that bypasses torch, seen where Python calls it (``kvverify.record.capture.bindings``): cuda-python's
 driver calls from a copy thread (vllm-project/vllm#45704's shape) and ``os.preadv`` into a pinned
-slot (vllm-project/vllm#51667's), on the CPU stand-in. The driver functions are stand-ins that
-answer CUDA_SUCCESS: what is under test is what the recording makes of the calls."""
+slot (vllm-project/vllm#51667's), on the CPU stand-in; what the calls were given (an unmap of several
+mappings frees each, a host pointer passed as an array is its address). The driver functions are
+stand-ins that answer CUDA_SUCCESS: what is under test is what the recording makes of the calls."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-from fake_cuda import FakeCuda, ptrs, swap_ops
+from fake_cuda import ptrs, swap_ops
 
 import kvverify.record as record
 
@@ -23,11 +24,6 @@ BLOCK = 4096
 class Attr:
     def __init__(self, order: int):
         self.srcAccessOrder = order
-
-
-@pytest.fixture
-def fake():
-    return FakeCuda()
 
 
 @pytest.fixture
@@ -146,3 +142,60 @@ def test_a_preadv_into_a_pinned_slot_its_h2d_still_reads_races(fake, tmp_path, d
     kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["name"]) for r in rec.check().races]
     assert kinds == ([] if drained else [("WAR", "copy_batch", "os.preadv")])
     assert torch.equal(first, torch.full((BLOCK,), 1, dtype=torch.uint8))
+
+
+# -- what the driver calls were given ----------------------------------------------------------------
+
+
+@pytest.fixture
+def driver_calls(monkeypatch):
+    driver = pytest.importorskip("cuda.bindings.driver")
+
+    def ok(*args):
+        return (driver.CUresult.CUDA_SUCCESS,)
+
+    for name in ("cuMemMap", "cuMemUnmap", "cuMemcpyHtoDAsync", "cuMemcpyDtoHAsync", "cuEventRecord",
+                 "cuEventSynchronize"):
+        monkeypatch.setattr(driver, name, ok)
+    return driver
+
+
+def test_an_unmap_of_several_mappings_at_once_frees_each_of_them(fake, driver_calls):
+    """``cuMemUnmap`` of a range two ``cuMemMap`` calls mapped: the range lies in no one allocation,
+    so its ``free`` went to a placeholder buffer of its own, which no device work touches: the copy
+    still reading the first mapping was called SAFE against the unmap."""
+    driver = driver_calls
+    base = 0x7_0000_0000
+    cpu = fake.pinned(BLOCK)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        driver.cuMemMap(base, BLOCK, 0, 1, 0)
+        driver.cuMemMap(base + BLOCK, BLOCK, 0, 2, 0)
+        with fake.use(fake.stream()):
+            driver.cuMemcpyDtoHAsync(cpu.data_ptr(), base, BLOCK, fake.current.handle)  # in flight
+        driver.cuMemUnmap(base, 2 * BLOCK)
+    doc = rec.trace()
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races] == \
+        [("FREE", "copy", "free")]
+
+
+def test_a_host_pointer_given_as_a_one_element_array_is_its_address_not_its_value(fake, driver_calls):
+    """cuda-python takes a host pointer (``srcHost``, ``dstHost``) from any buffer: a numpy array
+    is its data's address. The recorder took ``int(array)``, the value of a one-element array, as
+    the address: the copy read some unresolved bytes, and the host's write of the array raced with
+    nothing."""
+    driver = driver_calls
+    gpu = fake.device(8)
+    host = np.zeros(1, dtype=np.int64)  # one 8-byte slot
+    host[0] = 0x1234
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        record.host_buffer(host, "pinned", name="slot")
+        with fake.use(fake.stream()):
+            driver.cuMemcpyHtoDAsync(gpu.data_ptr(), host, 8, fake.current.handle)
+        host[0] = 7
+        record.host_write(host)  # rewritten under the copy
+    doc = rec.trace()
+    copy = next(op for op in doc["ops"] if op["op"] == "copy")
+    assert copy["src"][0] == "slot"
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races] == \
+        [("WAR", "copy", "host_write")]
+

@@ -17,7 +17,8 @@ import torch
 from fake_cuda import shared
 from help_screen import check_screen, help_lines
 
-from kvverify.record import cli
+from kvverify.record import cli, inprocess
+from kvverify.record.confirm import runs
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -71,7 +72,7 @@ def program(tmp_path, monkeypatch):
     (["--", "pytest"], ("pytest", "pytest", [])),
 ])
 def test_programs_it_runs_in_process(command, expected):
-    assert cli.program(command) == expected
+    assert inprocess.program(command) == expected
 
 
 @pytest.mark.parametrize("command, message", [
@@ -84,7 +85,7 @@ def test_programs_it_runs_in_process(command, expected):
 ])
 def test_commands_it_cannot_run_in_process_are_refused_by_name(command, message):
     with pytest.raises(ValueError, match=message):
-        cli.program(command)
+        inprocess.program(command)
 
 
 def test_a_racy_program_exits_1_with_both_lines_in_the_report(program, capsys):
@@ -194,7 +195,7 @@ def test_a_witness_run_whose_program_does_not_start_exits_2_with_the_line(progra
     plan = Plan((1,), "RAW", Target(None, "prog.py:11 in <module>", "aten.copy_.default", 0),
                 Target(None, "prog.py:15 in <module>", "aten.fill_.Scalar", 0), False, False)
     Path("w").mkdir()
-    plan_file, observation = cli.witness_files("w")
+    plan_file, observation = runs.witness_files("w")
     Path(plan_file).write_text(json.dumps(plan.to_json()))
     assert cli.run(args("python", "gone.py", witness=f"{IN_ORDER}:w"), platform=shared()) == 2
     err = capsys.readouterr().err

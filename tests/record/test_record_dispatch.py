@@ -15,11 +15,6 @@ from kvverify.record.trace.recorder import short_at
 BLOCK = 4096
 
 
-@pytest.fixture
-def fake():
-    return FakeCuda()
-
-
 def record(fake, **kwargs):
     return recording(platform=fake, skip=fake.skip(), **kwargs)
 

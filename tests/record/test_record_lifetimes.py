@@ -1,15 +1,17 @@
 """Lifetimes (trace format 1.2): bytes an allocator hands to a new owner are one buffer with their old
 owner's, ordered only by what the program and the allocators did: stream order on the block's
-stream, ``record_stream`` events, the pinned allocator's copy events; memory released with no
-ordering of its own is a ``free``. The recorder is fed as torch's callbacks and the dispatcher feed
-it on a GPU (``kvverify.record.capture.hooks``, ``dispatch``)."""
+stream, ``record_stream`` events, the pinned allocator's copy events; an allocator's event fences
+only the work issued before it (a pool's event reused for another block, a block freed while an op
+runs, one copy of many); memory released with no ordering of its own is a ``free`` (an unregister
+through torch's cudart too). The recorder is fed as torch's callbacks and the dispatcher feed it on
+a GPU (``kvverify.record.capture.hooks``, ``dispatch``)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from fake_cuda import FakeCuda, Lines
+from fake_cuda import Lines
 
 import kvverify.record as record
 from kvverify.check import check
@@ -134,11 +136,6 @@ def test_allocations_at_one_address_in_different_spaces_stay_apart():
 # -- through the dispatcher, on the CPU stand-in ---------------------------------------------------
 
 
-@pytest.fixture
-def fake():
-    return FakeCuda()
-
-
 def test_free_and_reuse_annotations_are_free_ops_at_the_line_that_made_them(fake):
     gpu = fake.device(4, 4096)
     cpu = fake.pinned(4, 4096)
@@ -243,3 +240,125 @@ def test_a_thread_the_recording_does_not_follow_is_not_taken_for_an_ended_one_wi
     assert not rec.complete()
     assert any(n.startswith("NOT RECORDED") and "stream, event and allocator reports" in n for n in notes), notes
     assert [op["thread"] for op in rec.recorder.ops if op["op"] == "record"] == []
+
+
+# -- the allocators' events fence only the work issued before them -----------------------------------
+
+SMALL_BLOCK = 4096  # the blocks of the tests below
+H = 0xE100  # one CUDA event handle
+
+def d2h(rec: Recorder, gpu, host, *, event: int | None, created: bool = True):
+    """``host.copy_(gpu, non_blocking=True)`` on SIDE as the dispatcher logs it: the copy, then
+    torch's pinned allocator's event after it (``host_copy_fenced``). ``event``: a CUDA event the
+    program records meanwhile (a Python custom op's, held back until the op is logged)."""
+    rec.begin_op()
+    if event is not None:
+        if created:
+            rec.event_created(event)
+        rec.event_recorded(event, SIDE)
+    rec.copy(SIDE, "copy_", (gpu.index, 0, SMALL_BLOCK), (host.index, 0, SMALL_BLOCK), rec.locate())
+    rec.host_copy_fenced(host.index, SIDE, rec.locate())
+    rec.end_op()
+
+
+def test_a_pinned_allocator_event_reused_for_another_block_fences_only_its_own_copy():
+    """torch's pinned allocator takes its events from a pool: once block X's event completed, X is
+    free and the same CUDA event is recorded again for a copy into block Y. X's reuse was written
+    as a true query of the event's *name*, which (rule 3) reads its latest record: Y's copy, which
+    the allocator never waited for. The host's read of Y, unsynchronized, was called SAFE."""
+    rec = Recorder(Lines())
+    x = rec.allocated(0x900000, SMALL_BLOCK, "host_pinned", "output of aten.empty", rec.locate())
+    y = rec.allocated(0xA00000, SMALL_BLOCK, "host_pinned", "output of aten.empty", rec.locate())
+    g1 = rec.allocated(0x10000, SMALL_BLOCK, "device", "t", rec.locate())
+    g2 = rec.allocated(0x20000, SMALL_BLOCK, "device", "t", rec.locate())
+    d2h(rec, g1, x, event=H)
+    d2h(rec, g2, y, event=H, created=False)  # the pool's event again: no creation callback
+    # X handed out again
+    new = rec.allocated(0x900000, SMALL_BLOCK, "host_pinned", "output of aten.empty", rec.locate())
+    rec.host_access("host_write", [(new.index, 0, SMALL_BLOCK)], "fill", rec.locate())
+    rec.host_access("host_read", [(y.index, 0, SMALL_BLOCK)], "consume", rec.locate())
+    doc, found = races(rec)
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second].get("name")) for r in found] == \
+        [("RAW", "copy", "consume")]
+
+
+def test_a_record_stream_block_freed_while_an_op_runs_fences_only_work_issued_before_the_free():
+    """The caching allocator records its ``record_stream`` event when the block is freed; a block
+    freed while an op runs (its last reference dropped inside it, an ``out=`` resized) had that
+    record held back until the op was logged, so the event captured the op's own copy too. The
+    block's reuse then ordered the copy before the host: its unsynchronized read was called SAFE."""
+    rec = Recorder(Lines())
+    rec.allocated(0x10000, SMALL_BLOCK, "device", "t", rec.locate())  # `old`
+    gpu = rec.allocated(0x20000, SMALL_BLOCK, "device", "t", rec.locate())
+    host = rec.allocated(0x900000, SMALL_BLOCK, "host_pageable", "t", rec.locate())
+    rec.stream_used(0x10000, SIDE)
+    rec.begin_op()  # host.copy_(gpu, non_blocking=True) on SIDE, during which `old` is freed
+    rec.memory_freed(0x10000)
+    rec.copy(SIDE, "copy_", (gpu.index, 0, SMALL_BLOCK), (host.index, 0, SMALL_BLOCK), rec.locate())
+    rec.end_op()
+    rec.memory_allocated(0x10000)
+    rec.allocated(0x10000, SMALL_BLOCK, "device", "t", rec.locate())  # the block's next owner
+    rec.host_access("host_read", [(host.index, 0, SMALL_BLOCK)], "consume", rec.locate())
+    doc, found = races(rec)
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second].get("name")) for r in found] == \
+        [("RAW", "copy", "consume")]
+
+
+def test_foreach_copy_fences_each_pinned_block_only_with_its_own_copy(fake):
+    """``torch._foreach_copy_`` runs one non-blocking copy per pair, and the pinned allocator records
+    one event after each; the dispatcher sees them all held back at the end of the op, and fenced
+    every pair's block with every event, the later pairs' included. The reuse of the first block
+    then ordered the second pair's D2H before the host's read of its destination: called SAFE."""
+    gpu1, gpu2 = fake.device(SMALL_BLOCK), fake.device(SMALL_BLOCK)
+    first, second = fake.pinned(SMALL_BLOCK), fake.pinned(SMALL_BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        recorder = rec.recorder
+        with fake.use(side):
+            # the pinned allocator's two events, as torch records them while the op runs
+            recorder.begin_op()
+            for _ in range(2):
+                fake.event().record(side)
+            torch._foreach_copy_([first, second], [gpu1, gpu2], non_blocking=True)
+        # the first block is handed out again (an allocation of the pinned allocator at its address)
+        with recorder.exclusive():
+            recorder.allocated(first.data_ptr(), SMALL_BLOCK, "host_pinned", "output of aten.empty", None)
+        record.host_read(second)
+    doc = rec.trace()
+    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
+    assert ("RAW", "copy", "host_read") in kinds
+
+
+
+def test_cuda_host_unregister_through_torchs_cudart_is_a_free(monkeypatch):
+    """``cudaHostUnregister`` of kvverify's host memory is a ``free`` (device work still on the bytes
+    races with it); the same call through ``torch.cuda.cudart()`` only forgot the memory, so a D2H
+    still writing it was called SAFE against the release."""
+    from kvverify.record.capture.hooks import CudaPlatform, thread_guard
+
+    class Cudart:
+        def cudaHostRegister(self, ptr, size, flags):
+            return 0
+
+        def cudaHostUnregister(self, ptr):
+            return 0
+
+    cudart = Cudart()
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    rec = Recorder(Lines())
+    platform = CudaPlatform()
+    platform._wrap_host_register(rec, thread_guard(rec, lambda: False))
+    try:
+        buf = np.zeros(SMALL_BLOCK, dtype=np.uint8)
+        cudart.cudaHostRegister(buf.ctypes.data, SMALL_BLOCK, 0)
+        registered = rec.memory.find(buf.ctypes.data)
+        gpu = rec.allocated(0x10000, SMALL_BLOCK, "device", "t", rec.locate())
+        # in flight
+        rec.copy(SIDE, "copy_", (gpu.index, 0, SMALL_BLOCK), (registered.index, 0, SMALL_BLOCK), rec.locate())
+        cudart.cudaHostUnregister(buf.ctypes.data)
+    finally:
+        platform.uninstall()
+    doc, found = races(rec)
+    assert [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in found] == \
+        [("FREE", "copy", "free")]
+

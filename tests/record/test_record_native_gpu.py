@@ -1,4 +1,4 @@
-"""Native capture on a GPU (``csrc/cupti_capture.cpp``): what CUPTI reports of work no dispatch mode
+"""Native capture on a GPU (``csrc/record/cupti_capture.cpp``): what CUPTI reports of work no dispatch mode
 sees (a Triton kernel, a runtime copy called from C), written as the recording's ops; work the
 recorder sees another way is not written twice; under another CUPTI subscriber the recording says
 so and runs on."""

@@ -1,9 +1,13 @@
 """``recording()`` and the annotations, on the CUDA stand-in; the torch hooks' wiring on the CPU (the
-C methods they observe stood in for by Python ones); where the user's frame is."""
+C methods they observe stood in for by Python ones); where the user's frame is; what a recording
+leaves behind in the process once stopped (the program's own ``gc.freeze()`` kept; a thread started
+while recording keeping the recording's dispatch mode until it ends is a strict xfail, not mended).
+Recordings nested in one another: ``test_record_nesting.py``."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import re
 import threading
@@ -24,11 +28,6 @@ from kvverify.record.capture.patching import patch_method
 from kvverify.record.trace.recorder import NativeRecord, Recorder
 
 BLOCK = 4096
-
-
-@pytest.fixture
-def fake():
-    return FakeCuda()
 
 
 def test_without_a_cuda_device_a_recording_refuses_to_start_in_one_line():
@@ -59,57 +58,6 @@ def test_results_wait_for_the_end(fake):
         record.recording(platform=fake).trace()
 
 
-def test_a_recording_started_inside_another_pauses_it_and_the_outer_decides_nothing_across_the_pause(fake):
-    """A test that records itself, run under ``kvverify record -- pytest``: the inner recording
-    gets the ops made while it runs, the outer one neither those nor a race between an op before
-    the pause and one after it (the inner run may have ordered them: it is not seen); the outer's
-    summary names the pause as work not recorded, so it cannot say SAFE for the whole run; after
-    the pause it records again, memory learnt anew."""
-    kv, host, other = fake.device(BLOCK), fake.pinned(BLOCK), fake.pinned(BLOCK)
-    side = fake.stream()
-    with record.recording(platform=fake) as outer:
-        kv.fill_(1)
-        fake.synchronize()
-        with fake.use(side):
-            host.copy_(kv, non_blocking=True)  # would race with the host write below, were it seen
-        with record.recording(platform=fake) as inner:
-            kv.fill_(2)
-            with fake.use(side):
-                other.copy_(kv, non_blocking=True)  # RAW with the fill: the inner's race
-        record.host_write(host)  # unordered with the store above, but a pause lies between
-        kv.fill_(3)
-        with fake.use(side):
-            other.copy_(kv, non_blocking=True)  # RAW with this fill: the outer's own race, after the pause
-        fake.synchronize()
-    assert [r.kind for r in inner.check().races] == ["RAW"]
-    inner_fills = [op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
-    assert len(inner_fills) == 1
-    outer_fills = [op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
-    assert len(outer_fills) == 2  # before and after the pause, not the inner's
-    races = outer.check().races
-    assert [r.kind for r in races] == ["RAW"], [r.render() if hasattr(r, "render") else r for r in races]
-    assert not outer.complete() and inner.complete()
-    assert any("recordings nested in this one" in n for n in outer.summary().notes)
-    assert any(op["op"] == "sync_device" for op in outer.recorder.ops)
-    assert record.session._active is None
-
-
-def test_a_paused_recording_stops_the_ones_nested_in_it_first(fake):
-    """A program that ends without stopping its own recording, under ``kvverify record``: the
-    outer's stop stops the inner first, so nothing stays installed and the outer's trace is
-    written."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    outer = record.recording(platform=fake).start()
-    inner = record.recording(platform=fake).start()
-    fake.device(BLOCK).fill_(1)
-    outer.stop()
-    assert not outer.running and not inner.running and record.session._active is None
-    assert _get_current_dispatch_mode_stack() == []
-    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
-    assert not outer.complete()
-
-
 def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
     errors = []
     with record.recording(platform=fake):
@@ -117,35 +65,6 @@ def test_a_recording_on_another_thread_of_a_running_one_is_refused(fake):
         t.start()
         t.join()
     assert len(errors) == 1 and "already running in this process, on thread" in errors[0]
-
-
-def test_a_recording_inside_another_with_a_dispatch_mode_entered_between_them_leaves_that_mode_in_place(fake):
-    """Pausing the outer recording leaves its dispatch mode where it lies: a mode entered after it
-    (a sanitizer's, a test fixture's) stays on torch's stack in its place, and the program's own
-    ``__exit__`` of it, which pops the top of the stack, still pops that mode."""
-    from torch.utils._python_dispatch import (
-        TorchDispatchMode,
-        _get_current_dispatch_mode_stack,
-    )
-
-    class Between(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    kv = fake.device(BLOCK)
-    with record.recording(platform=fake) as outer:
-        between = Between()
-        with between:
-            with record.recording(platform=fake) as inner:
-                assert _get_current_dispatch_mode_stack() == [between, inner._mode]
-                kv.fill_(1)
-            assert _get_current_dispatch_mode_stack() == [outer._mode, between]
-            kv.fill_(2)
-        assert _get_current_dispatch_mode_stack() == [outer._mode]
-        kv.fill_(3)
-    assert _get_current_dispatch_mode_stack() == []
-    assert len([op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 2
-    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
 
 
 def _start_error(platform) -> str | None:
@@ -472,3 +391,44 @@ def test_a_recording_stopped_from_another_thread_refuses_and_keeps_recording_its
     assert [op["op"] for op in rec.recorder.ops if op["op"] not in ("release", "acquire")] == ["kernel"]
     with record.recording(platform=fake):  # a new one may start
         pass
+
+
+# -- what a recording leaves behind ----------------------------------------------------------------
+
+
+def test_a_programs_own_gc_freeze_survives_a_recording(fake):
+    """Servers call ``gc.freeze()`` after start-up (objects kept out of every collection for good);
+    the recording's ``gc.unfreeze()`` at its end put all of them back into the collector's passes."""
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with record.recording(platform=fake, skip=fake.skip()):
+            torch.zeros(1)
+        assert gc.get_freeze_count() > frozen // 2  # (frozen objects may still be deallocated meanwhile)
+    finally:
+        gc.unfreeze()
+
+
+@pytest.mark.xfail(strict=True, reason="a thread started while recording keeps its recording dispatch mode "
+                   "after the recording stopped, until the thread ends: every op of a long-lived worker still "
+                   "goes through a Python __torch_dispatch__ and torch sees a dispatch mode on its stack "
+                   "(torch.compile, FakeTensor and _get_current_dispatch_mode() behave differently); modes are "
+                   "thread-local, so only the thread itself can pop it (e.g. at its next op once inactive)")
+def test_a_thread_started_while_recording_has_no_dispatch_mode_after_the_recording_stopped(fake):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    stopped, seen = threading.Event(), []
+
+    def worker():
+        stopped.wait()
+        torch.zeros(1).add_(1)
+        seen.append(_get_current_dispatch_mode())
+
+    with record.recording(platform=fake, skip=fake.skip()):
+        t = threading.Thread(target=worker)
+        t.start()
+    stopped.set()
+    t.join()
+    assert seen == [None]
+

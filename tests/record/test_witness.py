@@ -1,17 +1,23 @@
 """``kvverify record --confirm``'s witness (``kvverify.record.confirm.witness``) on the CUDA stand-in: ops
-found again by their place in the program, one plan per pair of lines, the hold before the first
-op, the bytes read back, and the verdict of three runs. The stand-in runs every op at its call, so
-a forced order is the issue order here: the reordering itself is the GPU's to show (the corpus
-with ``--confirm``, ``test_witness_gpu.py``)."""
+found again by their place in the program (by whichever thread issued them: a thread's default name,
+a pool's worker), one plan per pair of lines (the groups of one batched call apart), the hold before
+the first op, the bytes read back (old bytes only where a copy may read early; what a host read
+saw), and the verdict of three runs (runs that read other ranges are not compared byte for byte).
+The stand-in runs every op at its call, so a forced order is the issue order here: the reordering
+itself is the GPU's to show (the corpus with ``--confirm``, ``test_witness_gpu.py``). How each
+command starts the witness runs is ``test_witness_runs.py``'s. A docstring that starts "Was:" tells
+the defect its test holds off, as the code had it."""
 
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
-from fake_cuda import FakeCuda
-from witness_harness import record_run, recorded
+from fake_cuda import FakeCuda, FakeTools
+from witness_harness import plans_of, record_run, recorded
 
 import kvverify.record as record
 from kvverify.record.confirm import witness
@@ -21,17 +27,12 @@ from kvverify.record.confirm.witness import (
     IN_ORDER,
     NO_WITNESS,
     NOT_CONFIRMED,
-    Observation,
     Plan,
     Target,
+    WitnessObservation,
 )
 
 BLOCK = 4096
-
-
-@pytest.fixture
-def fake():
-    return FakeCuda()
 
 
 def racy_steps(fake, steps: int):
@@ -204,8 +205,8 @@ PLAN = Plan((1, 2), "RAW", Target(None, "a.py:1 in f", "aten.fill_.Scalar", 0),
             Target(None, "a.py:2 in f", "aten.copy_.default", 0), False, False)
 
 
-def seen(mode: str, data: bytes, **kw) -> Observation:
-    return Observation(mode, True, True, ranges=[("pinned1+0x0", len(data))], data=data, **kw)
+def seen(mode: str, data: bytes, **kw) -> WitnessObservation:
+    return WitnessObservation(mode, True, True, ranges=[("pinned1+0x0", len(data))], data=data, **kw)
 
 
 def judged(a: bytes, b: bytes, f: bytes, **forced):
@@ -243,7 +244,7 @@ def test_a_hold_the_watchdog_released_is_not_confirmed():
 
 
 def test_a_pair_not_found_again_is_no_witness():
-    lost = Observation(FORCED, found_first=True)
+    lost = WitnessObservation(FORCED, found_first=True)
     out = witness.judge(PLAN, None, None, seen(IN_ORDER, b"\x01"), seen(IN_ORDER, b"\x01"), lost)
     assert out.status == NO_WITNESS and "forced run" in out.detail
 
@@ -384,3 +385,280 @@ def test_a_host_read_annotated_as_the_second_op_is_witnessed_by_the_bytes_it_rea
     assert obs.found_first and obs.found_second
     assert [label.endswith(" as the host read it") for label, _ in obs.ranges] == [False, True]
     assert obs.data == bytes([5]) * (2 * BLOCK)
+
+
+# -- ops found again across threads ------------------------------------------------------------
+
+
+def store_on_a_worker_thread(fake):
+    """A store copied to pinned memory on its own stream right after compute wrote the block, both
+    issued by a worker thread with Python's default thread name ("Thread-N (worker)")."""
+    kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+
+    def worker():
+        kv.fill_(1)
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    fake.synchronize()
+
+
+def test_a_pair_issued_by_a_thread_with_a_default_name_is_found_again_in_a_witness_run_in_this_process(fake):
+    """Was: Witness runs in the recording's process (``kvverify corpus --confirm``, ``witness_runs``
+    with a platform), and the pytest plugin's child of one test out of a session, number Python's
+    default thread names on from where the recording left them: the Target's thread ("Thread-1
+    (worker)") never matches the witness run's ("Thread-2 (worker)"), and every race of a thread is
+    "no witness"."""
+    rec = recorded(fake, store_on_a_worker_thread)
+    (plan,), left = plans_of(rec)
+    assert left == [] and plan.first.thread is not None
+    obs = witness.observe(lambda: (store_on_a_worker_thread(fake), 0)[1], plan, IN_ORDER,
+                          platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second, (plan.first.thread, obs)
+
+
+def test_a_call_is_counted_into_the_ops_of_the_thread_that_issued_it(fake):
+    """Was: ``Forcer.after`` runs outside the recorder's lock and writes its count into every op
+    logged since its own at its line, whichever thread logged it: another thread running the same line
+    in between gets this thread's count. Here thread b's only fill is call 0 of thread b, but is
+    logged as call 1 (thread a's), so no witness run finds it again (or finds another op)."""
+    a_logged, b_done = threading.Event(), threading.Event()
+
+    class Interleaved(witness.Forcer):
+        # only timing: thread a's second fill reaches after() once thread b's fill is logged (a
+        # switch of the GIL between the end of the recorder's lock and after())
+        def after(self, issued, stream=None):
+            if threading.current_thread().name == "a" and issued[0].call == 1:
+                a_logged.set()
+                b_done.wait(5)
+            super().after(issued, stream)
+
+    def work(block, times, go=None, done=None):
+        if go is not None:
+            go.wait(5)
+        for _ in range(times):
+            block.fill_(1)
+        if done is not None:
+            done.set()
+
+    blocks = [fake.device(64), fake.device(64)]
+
+    def program(fake):
+        ta = threading.Thread(target=work, args=(blocks[0], 2), name="a")
+        tb = threading.Thread(target=work, args=(blocks[1], 1, a_logged, b_done), name="b")
+        ta.start()
+        tb.start()
+        ta.join()
+        tb.join()
+
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        rec.follow_calls(Interleaved(rec.recorder))
+        program(fake)
+    calls = [(op["thread"], op["call"]) for op in rec.recorder.ops if op["op"] == "kernel"]
+    assert sorted(calls) == [("a", 0), ("a", 1), ("b", 0)], calls
+
+
+def test_an_op_of_the_dispatcher_with_no_user_line_is_not_called_native_capture(fake):
+    """Was: A thread whose target is a torch method has no user frame (``at`` None): ``Forcer.before``
+    counts it at "" and ``after`` looks for ops at "", so it never gets a call, and ``plans`` says the
+    op "was seen only by native capture", which it was not (it went through torch's dispatcher)."""
+    kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+
+    def program(fake):
+        kv.fill_(1)
+        with fake.use(side):
+            store = threading.Thread(target=host.copy_, args=(kv,), kwargs={"non_blocking": True}, name="store")
+            store.start()
+            store.join()
+        fake.synchronize()
+
+    rec = recorded(fake, program)
+    plans, left = plans_of(rec)
+    assert len(plans) + len(left) == 1
+    assert all("native capture" not in o.detail for o in left), [o.detail for o in left]
+
+
+def store_in_a_pool(fake):
+    """The store of ``racy`` issued from a ``ThreadPoolExecutor``'s worker (default thread names
+    ``ThreadPoolExecutor-<executor number>_<k>``: the executor number counts on over the process)."""
+    kv, host = fake.device(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+
+    def work():
+        kv.fill_(1)
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(work).result()
+    fake.synchronize()
+
+
+def test_a_pair_issued_by_a_thread_pool_worker_is_found_again_in_a_witness_run_in_this_process(fake):
+    """Was: ``Forcer._thread`` makes only ``Thread-N`` / ``Dummy-N`` stable. A pool worker is named
+    ``ThreadPoolExecutor-0_0`` in the recording and ``ThreadPoolExecutor-1_0`` in a witness run in the
+    same process (``kvverify corpus --confirm``; a pytest child of one test out of a session that made
+    executors before it): its Target never matches, and every race of an executor's worker (the usual
+    way a serving engine runs its swaps) is "no witness"."""
+    rec = recorded(fake, store_in_a_pool)
+    (plan,), left = plans_of(rec)
+    assert left == [] and plan.first.thread is not None
+    obs = witness.observe(lambda: (store_in_a_pool(fake), 0)[1], plan, IN_ORDER, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second, (plan.first.thread, obs)
+
+
+# -- plans of batched calls --------------------------------------------------------------------
+
+
+class Attr:
+    def __init__(self, order: int):
+        self.srcAccessOrder = order
+
+
+@pytest.fixture
+def batch_stand_in(monkeypatch):
+    """cuda-python's ``cuMemcpyBatchAsync`` as a stand-in that succeeds (no copy): what is under test
+    is what the recording and the witness make of the call."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    monkeypatch.setattr(driver, "cuMemcpyBatchAsync", lambda *args: (driver.CUresult.CUDA_SUCCESS,))
+    return driver
+
+
+def test_a_race_between_two_groups_of_one_batched_call_is_not_planned_as_a_pair(fake, batch_stand_in):
+    """Was: One ``cuMemcpyBatchAsync`` of two attribute groups (STREAM a -> b, ANY b -> c) logs two
+    ``copy_batch`` ops, racing with each other (RAW). Both have the same Target (one call at one
+    line), so the plan's first and second are one op: a witness run never finds a "second", and the
+    outcome says the program "did not issue the pair again", which it did (three runs for nothing;
+    ``plans`` leaves out a pair that is one op only when it is the same trace op)."""
+    driver = batch_stand_in
+
+    def program(fake):
+        a, b, c = fake.device(64), fake.device(64), fake.device(64)
+        copy = fake.stream()
+        driver.cuMemcpyBatchAsync([b.data_ptr(), c.data_ptr()], [a.data_ptr(), b.data_ptr()], [64, 64], 2,
+                                  [Attr(1), Attr(3)], [0, 1], 2, copy.handle)
+        fake.synchronize()
+
+    rec = recorded(fake, program)
+    assert [r.kind for r in rec.check().races] == ["RAW"]
+    plans, left = plans_of(rec)
+    assert all(p.first != p.second for p in plans), plans
+    assert len(left) == 1 and left[0].status == NO_WITNESS
+
+
+class WriteSpy(FakeCuda):
+    """The stand-in, keeping the addresses a witness run writes (an early read's bytes)."""
+
+    def witness_tools(self, internal):
+        tools = FakeTools(self)
+        self.writes = []
+        original = tools.write
+
+        def write(address, data, device):
+            self.writes.append((address, len(data)))
+            original(address, data, device)
+
+        tools.write = write
+        return tools
+
+
+def test_an_early_read_gives_old_bytes_only_to_the_copies_that_may_read_early(batch_stand_in):
+    """Was: A batched call whose first group is STREAM order (behind the copy stream's wait for
+    compute: it reads the fill's bytes) and whose second is ANY (may read at the call, before the
+    fill: the race). The forced run writes the bytes from before the fill into the destination of
+    every copy of the call whose source the fill wrote, the STREAM group's too: on a device that
+    fabricates differing bytes where no order CUDA permits gives them (and reports the first of
+    them)."""
+    driver = batch_stand_in
+    fake = WriteSpy()
+    result = {}
+
+    def program(fake):
+        src, dst = fake.device(128), fake.device(128)
+        compute, copy = fake.stream(), fake.stream()
+        with fake.use(compute):
+            src.fill_(9)
+        copy.wait_stream(compute)
+        driver.cuMemcpyBatchAsync([dst.data_ptr(), dst.data_ptr() + 64], [src.data_ptr(), src.data_ptr() + 64],
+                                  [64, 64], 2, [Attr(1), Attr(3)], [0, 1], 2, copy.handle)
+        fake.synchronize()
+        result["dst"] = dst
+
+    rec = recorded(fake, program)
+    (plan,), left = plans_of(rec)
+    assert left == [] and plan.early_read
+    obs = witness.observe(lambda: (program(fake), 0)[1], plan, FORCED, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second
+    base = result["dst"].data_ptr()
+    written = sorted((address - base, n) for address, n in fake.writes)
+    assert written == [(64, 64)], written  # the ANY group's destination alone
+
+
+# -- a host read as the second op --------------------------------------------------------------
+
+
+def test_a_host_read_too_large_to_read_back_is_not_judged_on_the_first_ops_bytes_alone(fake, monkeypatch):
+    """Was: A D2H copy of 512 bytes into a pinned block, then ``host_read`` of the whole block with no
+    wait. Where the host read is larger than ``MAX_BYTES`` (256 MiB; lowered here), ``_witness`` drops
+    what it read without a note: the runs compare the copy's 512 bytes alone, read once the copy
+    completed (the same in every order), and the race comes out "not confirmed: the forced order
+    changed no byte", which no run showed: what the host read was never compared."""
+    monkeypatch.setattr(witness, "MAX_BYTES", 4096)
+
+    def program(fake):
+        kv, host = fake.device(512), fake.pinned(2 * BLOCK)
+        side = fake.stream()
+        kv.fill_(5)
+        fake.synchronize()
+        with fake.use(side):
+            host[:512].copy_(kv, non_blocking=True)
+        record.host_read(host)  # the host consumes the whole block before the copy is known complete
+        fake.synchronize()
+
+    rec = recorded(fake, program)
+    (plan,), left = plans_of(rec)
+    assert left == [] and plan.second_on_host and plan.second.name == "host_read"
+    obs = witness.observe(lambda: (program(fake), 0)[1], plan, FORCED, platform=fake, skip=fake.skip())
+    assert obs.found_first and obs.found_second
+    read_back = any(label.endswith(" as the host read it") for label, _ in obs.ranges)
+    assert read_back or obs.note is not None, obs.meta()
+
+
+# -- the verdict of three runs: what is compared -----------------------------------------------
+
+
+ONE_RACE = Plan((1,), "RAW", Target(None, "a.py:1 in f", "aten.fill_.Scalar", 0),
+                Target(None, "a.py:2 in f", "aten.copy_.default", 0), False, False)
+
+
+def test_runs_that_read_ranges_of_other_sizes_are_not_compared_byte_for_byte():
+    """Was: ``judge`` compares the total length of the bytes read only: runs in issue order that read
+    4 bytes of the first op and 12 of the second, and a forced run that read 12 and 4, are compared
+    position by position (the first op's bytes against the second's) and CONFIRMED. The pair wrote
+    other ranges in the forced run: the program is not deterministic here."""
+    same = bytes([1]) * 4 + bytes([2]) * 12
+    in_order = [WitnessObservation(IN_ORDER, True, True, ranges=[("device1+0x0", 4), ("pinned1+0x0", 12)], data=same)
+                for _ in range(2)]
+    forced = WitnessObservation(FORCED, True, True, ranges=[("device1+0x0", 12), ("pinned1+0x0", 4)],
+                         data=bytes([1]) * 12 + bytes([2]) * 4)
+    out = witness.judge(ONE_RACE, "a.py:1 in f", "a.py:2 in f", *in_order, forced)
+    assert out.status == NO_WITNESS, out.line()
+
+
+def test_runs_that_read_other_buffers_of_the_same_sizes_are_not_compared_byte_for_byte():
+    """Was: ``judge`` compares the runs' range sizes only, not what they are: runs in issue order
+    whose pair wrote ``device1+0x0`` and a forced run whose pair wrote ``device1+0x40`` (another
+    block: the program took another path) are compared position by position and CONFIRMED, with the
+    first difference reported at the in-order run's label. The pair wrote other bytes in the forced
+    run: nothing is witnessed."""
+    ranges = [("device1+0x0", 8), ("pinned1+0x0", 8)]
+    in_order = [WitnessObservation(IN_ORDER, True, True, ranges=list(ranges), data=bytes([1]) * 16) for _ in range(2)]
+    forced = WitnessObservation(FORCED, True, True, ranges=[("device1+0x40", 8), ("pinned1+0x0", 8)],
+                         data=bytes([0]) * 8 + bytes([1]) * 8)
+    out = witness.judge(ONE_RACE, "a.py:1 in f", "a.py:2 in f", *in_order, forced)
+    assert out.status == NO_WITNESS, out.line()

@@ -16,7 +16,7 @@ from fake_cuda import shared
 
 import kvverify.record as record
 from kvverify.record import cli
-from kvverify.record.confirm import witness
+from kvverify.record.confirm import runs, witness
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -65,9 +65,9 @@ CONFTEST = textwrap.dedent("""\
     import fake_cuda
     import pytest
 
-    import kvverify.record.cli as cli
+    import kvverify.record.confirm.runs as runs
 
-    _confirm = cli.confirm_races
+    _confirm = runs.confirm_races
 
 
     def _on_the_stand_in(command, swap_ops, rec, verdict, platform=None, progress=lambda line: None, **kwargs):
@@ -75,7 +75,7 @@ CONFTEST = textwrap.dedent("""\
         return _confirm(command, swap_ops, rec, verdict, fake_cuda.shared(), progress, **kwargs)
 
 
-    cli.confirm_races = _on_the_stand_in
+    runs.confirm_races = _on_the_stand_in
 
 
     @pytest.fixture
@@ -113,7 +113,7 @@ def plugin_run(tmp_path: Path, tests: str, *options: str) -> str:
     (tmp_path / "standin" / "conftest.py").write_text(CONFTEST)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]))
     env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-    env.pop(cli.WITNESS_ENV, None)
+    env.pop(runs.WITNESS_ENV, None)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA", "--kvverify-confirm",
                            *options, "standin/test_offload.py"],
                           check=False, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from kvverify.stress import memory
-from kvverify.stress.memory import Recorder, Sample, trend
+from kvverify.stress.memory import MemorySampler, Sample, trend
 
 GIB = 2**30
 
@@ -63,21 +63,21 @@ def test_several_settled_samples_per_round_all_count():
     assert t.host_rss.first == 2 * GIB and len(t.series) == 4 and t.growing is False
 
 
-def test_recorder_reads_this_process():
+def test_the_memory_sampler_reads_this_process():
     rss = memory.host_rss_bytes()
     assert rss is not None and 10 * 2**20 < rss < 64 * GIB  # a Python process with numpy loaded
     clock = iter([0.0, 1.5, 2.5])
-    rec = Recorder(read_device=lambda: 7, clock=lambda: next(clock))
+    rec = MemorySampler(read_device=lambda: 7, clock=lambda: next(clock))
     s = rec.sample(0, settled=True)
     assert s == Sample(1.5, s.host_rss, 7, 0, True) and rec.samples == [s]
     assert memory.device_used_bytes("cpu") is None
 
 
-def test_recorder_keeps_the_peak_between_settled_samples_not_every_reading():
+def test_the_memory_sampler_keeps_the_peak_between_settled_samples_not_every_reading():
     host = iter([5, 9, 7, 3, 6, 4, 2])
     device = iter([1, 1, 8, 1, None, 2, 1])
     clock = iter(range(100))
-    rec = Recorder(read_host=lambda: next(host), read_device=lambda: next(device), clock=lambda: next(clock))
+    rec = MemorySampler(read_host=lambda: next(host), read_device=lambda: next(device), clock=lambda: next(clock))
     for settled in (False, False, False, True, False, False, True):
         rec.sample(0 if len(rec.samples) < 2 else 1, settled)
     assert [(s.host_rss, s.device_used, s.settled) for s in rec.samples] == [

@@ -1,5 +1,6 @@
 """``kvverify merge``: reports from several platforms in one document, on reports made here (the
-stand-in device, two platforms) and on the H200's own smoke and probe reports (docs/)."""
+stand-in device, two platforms) and on the H200's own smoke and probe reports (docs/). Reports
+that are malformed, or hold any JSON in any field: ``test_merge_input.py``."""
 
 from __future__ import annotations
 

@@ -136,12 +136,12 @@ def test_rounds_sample_host_and_device_memory():
 
     c = _campaign(scenarios=("P2", "H1-broken"), host_memory=("pinned", "pageable"), max_trials=6, min_checked=2**40)
     planned = planning.plan(c, TINY, PARAMS)
-    recorder = memory.Recorder(device="cuda")
-    outcomes = running.execute(planned, c, TINY, PARAMS, memory=recorder)
+    sampler = memory.MemorySampler(device="cuda")
+    outcomes = running.execute(planned, c, TINY, PARAMS, memory=sampler)
     assert all(o.rounds == 2 and o.observation.trials == 6 for o in outcomes.values())
-    settled = [s for s in recorder.samples if s.settled]
+    settled = [s for s in sampler.samples if s.settled]
     assert [s.round for s in settled] == [0, 0, 1, 1]  # one per host memory kind and round
-    assert all(s.host_rss > 2**20 and s.device_used > 2**20 for s in recorder.samples)
+    assert all(s.host_rss > 2**20 and s.device_used > 2**20 for s in sampler.samples)
     assert not _problems(planned, outcomes)
 
 

@@ -78,7 +78,7 @@ TENSORS = (Tensor, LoggedTensor)
 """What the handlers take for a tensor: a live one (the dispatch mode's), or one the op log wrote down."""
 
 
-class Platform:
+class RecordingPlatform:
     """What the recorder asks of the device layer. ``kvverify.record.capture.hooks.CudaPlatform`` answers
     with torch.cuda; the CPU tests answer with a stand-in (``tests/record/fake_cuda.py``)."""
 
@@ -273,7 +273,7 @@ class RecordingMode(TorchDispatchMode):
     the mode enters while it reads pointer tensors back (the hooks then report nothing).
     """
 
-    def __init__(self, recorder: Recorder, platform: Platform, swap_ops: Iterable[str],
+    def __init__(self, recorder: Recorder, platform: RecordingPlatform, swap_ops: Iterable[str],
                  internal: Callable) -> None:
         super().__init__()
         self.rec = recorder

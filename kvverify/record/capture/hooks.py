@@ -49,7 +49,7 @@ from collections.abc import Callable
 import numpy as np
 
 from kvverify.errors import RecordingError
-from kvverify.record.capture.dispatch import Platform
+from kvverify.record.capture.dispatch import RecordingPlatform
 from kvverify.record.capture.native import NativeLog, cupti_library
 from kvverify.record.capture.patching import patch_method
 from kvverify.record.capture.threads import OTHER_THREAD_WORK
@@ -68,8 +68,8 @@ def _argument(args: tuple, kwargs: dict, name: str):
     return args[0] if args else kwargs.get(name)
 
 
-class CudaPlatform(Platform):
-    """The platform of a live CUDA device through torch (``kvverify.record.capture.dispatch.Platform``)."""
+class CudaPlatform(RecordingPlatform):
+    """The platform of a live CUDA device through torch (``kvverify.record.capture.dispatch.RecordingPlatform``)."""
 
     def __init__(self) -> None:
         import torch

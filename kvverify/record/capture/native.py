@@ -1,5 +1,5 @@
 """The native log: what torch's caching allocator and the CUDA driver report from every thread,
-kept in C++ (``csrc/native_log.cpp``, ``csrc/cupti_capture.cpp``) until the recorder takes it.
+kept in C++ (``csrc/record/native_log.cpp``, ``csrc/record/cupti_capture.cpp``) until the recorder takes it.
 
 Two sources fill it while a recording runs:
 
@@ -182,7 +182,7 @@ class _Quiet:
 
 def text_frames(words: list[int]) -> list[tuple[str, int, str]]:
     """The ``(file, line, function)`` frames a record holds as text, innermost first
-    (``csrc/frames.h``: ``[n, then per frame: line, file bytes, name bytes, the bytes packed 8 to a
+    (``csrc/record/frames.h``: ``[n, then per frame: line, file bytes, name bytes, the bytes packed 8 to a
     word]``): frames read where the recorder could not hold the GIL (a host watch fault)."""
     out = []
     n, k = (words[0], 1) if words else (0, 0)

@@ -1,5 +1,5 @@
 """The op log: the recording thread's dispatcher ops written down in C++ at the call
-(``csrc/op_log.cpp``), and handled by the dispatch mode's handlers after it, in the native log's
+(``csrc/record/op_log.cpp``), and handled by the dispatch mode's handlers after it, in the native log's
 order.
 
 A ``TorchDispatchMode`` costs every op a Python call before any handler runs (the engine loops of
@@ -30,7 +30,7 @@ from kvverify.record.capture.threads import OTHER_THREAD_WORK, RECORDER_ERROR
 from kvverify.record.trace.recorder import NativeRecord
 
 TRANSPARENT, SWALLOW, LOG = 0, 1, 2
-"""The classifier's answers (``csrc/op_log.cpp``): look inside the op (torch decomposes it above a
+"""The classifier's answers (``csrc/record/op_log.cpp``): look inside the op (torch decomposes it above a
 dispatch mode), keep it and log nothing (a view, an op that touches nothing), keep it and log it."""
 CPU_VALUES, CURRENT_STREAM = 1, 2
 """Flags of a logged op: the values of its int64 CPU inputs; the current device's current stream."""

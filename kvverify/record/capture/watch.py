@@ -1,5 +1,5 @@
 """The host watch: page protection over host memory that device work may still read or write, so
-that the host's first touch of it through any path is seen (``csrc/host_watch.cpp``).
+that the host's first touch of it through any path is seen (``csrc/record/host_watch.cpp``).
 
 The dispatcher sees torch's ops; numpy views of pinned memory, ``.numpy()``, ``.tolist()``, the
 buffer protocol, ``ctypes.memmove`` and native code touch host bytes without it. From the driver

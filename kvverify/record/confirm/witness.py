@@ -103,7 +103,7 @@ class Plan:
 
 
 @dataclass
-class Observation:
+class WitnessObservation:
     """What one witness run saw: whether it found ``first`` and ``second``; ``ordered``: in a
     forced run, ``second`` did not complete while ``first`` was held (it waits for it);
     ``expired``: holds the watchdog released; ``ranges``: ``(label, bytes)`` read where both ops
@@ -126,7 +126,7 @@ class Observation:
         return d
 
     @classmethod
-    def from_meta(cls, d: dict, data: bytes) -> Observation:
+    def from_meta(cls, d: dict, data: bytes) -> WitnessObservation:
         d = dict(d, ranges=[tuple(r) for r in d["ranges"]])
         return cls(**d, data=data)
 
@@ -282,7 +282,7 @@ class Forcer:
         self._first_ops: list[dict] | None = None
         self._first_done: Callable[[float], bool] | None = None
         self._unwritten: list[tuple[tuple[int, int, int], bytes]] = []  # an early read's bytes (FORCED)
-        self.observation = Observation(mode or "counting")
+        self.observation = WitnessObservation(mode or "counting")
 
     def _thread(self, name: str | None) -> str | None:
         """The name a witness run finds a thread again by: the recording's, with its numbers
@@ -448,8 +448,8 @@ def _first_difference(ranges: list[tuple[str, int]], got: np.ndarray, expected: 
     return "?"
 
 
-def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Observation,
-          again: Observation, forced: Observation) -> Outcome:
+def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: WitnessObservation,
+          again: WitnessObservation, forced: WitnessObservation) -> Outcome:
     """The outcome of ``plan``'s three runs (see the module docstring)."""
 
     def outcome(status: str, detail: str, differ: int = 0, compared: int = 0) -> Outcome:
@@ -496,7 +496,7 @@ def judge(plan: Plan, first_at: str | None, second_at: str | None, in_order: Obs
                    f"{_first_difference(in_order.ranges, f, a, int(diff[0]))}){emulated}", len(diff), len(a))
 
 
-def save(obs: Observation, path: str) -> None:
+def save(obs: WitnessObservation, path: str) -> None:
     """Write an observation: its JSON at ``path``, its bytes at ``path + ".bin"``."""
     with open(path + ".bin", "wb") as f:
         f.write(obs.data)
@@ -504,11 +504,11 @@ def save(obs: Observation, path: str) -> None:
         json.dump(obs.meta(), f)
 
 
-def load(path: str) -> Observation:
+def load(path: str) -> WitnessObservation:
     with open(path + ".bin", "rb") as f:
         data = f.read()
     with open(path) as f:
-        return Observation.from_meta(json.load(f), data)
+        return WitnessObservation.from_meta(json.load(f), data)
 
 
 @contextlib.contextmanager
@@ -539,7 +539,7 @@ def witnessing(plan: Plan, mode: str, *, swap_ops: Sequence[str] = (), platform=
 
 
 def observe(run: Callable[[], int], plan: Plan, mode: str, *, swap_ops: Sequence[str] = (), platform=None,
-            skip=None) -> Observation:
+            skip=None) -> WitnessObservation:
     """Run the program once (``run()`` returns its exit status) as a witness run of ``plan`` in
     ``mode`` (see ``witnessing``) and return what it saw."""
     with witnessing(plan, mode, swap_ops=swap_ops, platform=platform, skip=skip) as (_, observation):
@@ -547,7 +547,7 @@ def observe(run: Callable[[], int], plan: Plan, mode: str, *, swap_ops: Sequence
     return observation
 
 
-def confirm(plan_list: Sequence[Plan], witness_run: Callable[[Plan, str], Observation],
+def confirm(plan_list: Sequence[Plan], witness_run: Callable[[Plan, str], WitnessObservation],
             progress: Callable[[str], None] = lambda line: None) -> list[Outcome]:
     """The outcome of each plan: its two runs in issue order and its forced run, each made by
     ``witness_run(plan, mode)`` (in this process, or in a child process of the program)."""

@@ -123,7 +123,7 @@ class _PerThread(threading.local):
 
 
 def short_at(at: str | None) -> str:
-    """``offload.py:41`` from ``tests/offload.py:41 in store``: how names point at code."""
+    """``offload.py:41`` from ``engine/offload.py:41 in store``: how names point at code."""
     if not at:
         return "?"
     return os.path.basename(at.split(" in ", 1)[0])

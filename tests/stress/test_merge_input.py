@@ -1,6 +1,7 @@
-"""``kvverify merge`` against hostile or careless producers of stress and probe reports: a report it
-cannot merge exits 2 with one line on stderr naming the file and what is wrong, never a traceback;
-a report it merges gives a document that follows merged-report-v1.json. The H200's own smoke and
+"""What ``kvverify merge`` makes of any report it is given, whoever wrote it (a careless producer, any
+JSON in any field, any bytes): a report it cannot merge exits 2 with one line on stderr naming the
+file and what is wrong, never a traceback; a report it merges gives a document that follows
+merged-report-v1.json, and its tables print the report's text as text. The H200's own smoke and
 probe reports (docs/), cut to a few cells, are the well-formed start."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // The native log (native_log.h): per-thread records, torch's caching allocator's reports, and the
-// C functions the recorder calls through ctypes (kvverify/record/native.py).
+// C functions the recorder calls through ctypes (kvverify/record/capture/native.py).
 //
 // torch reports allocations to Python through its GPU-trace hooks, which it calls with the GIL
 // from C++, also while an op's exception unwinds: the hook's module import then fails and the
@@ -36,7 +36,7 @@ namespace {
 
 using c10::cuda::CUDACachingAllocator::TraceEntry;
 
-// What Python reads at load (kvverify/record/native.py): every kind's name and number, once.
+// What Python reads at load (kvverify/record/capture/native.py): every kind's name and number, once.
 constexpr const char* kKinds =
     "alloc=1 free=2 launch=10 copy=11 copy_batch=12 memset=13 event_record=20 event_wait=21 event_sync=22 "
     "event_query=23 stream_sync=24 stream_query=25 device_sync=26 event_create=27 event_destroy=28 unmap=30 "

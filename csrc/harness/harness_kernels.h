@@ -1,5 +1,5 @@
-// Launchers of the harness kernels (csrc/harness_kernels.cu), called by the ops in
-// csrc/harness_ops.cpp. Pointers are device-visible addresses; every launcher queues its kernel
+// Launchers of the harness kernels (csrc/harness/harness_kernels.cu), called by the ops in
+// csrc/harness/harness_ops.cpp. Pointers are device-visible addresses; every launcher queues its kernel
 // on `stream` and returns the launch's error for the caller to check.
 #pragma once
 

@@ -1,7 +1,8 @@
-"""``calibration.load`` and ``choose`` against hostile or careless producers: every malformed paths
-document, and every bad argument of ``choose``, is one CalibrationError (a ValueError) naming the
-file and the field; never a KeyError, TypeError, OverflowError or RecursionError, and never a
-silently wrong choice. The H200's own document (docs/paths-h200.json) is the well-formed start."""
+"""Reading a paths document back (``calibration.load``) and choosing from it (``choose``), whoever
+wrote it: every malformed paths document, and every bad argument of ``choose``, is one
+CalibrationError (a ValueError) naming the file and the field; never a KeyError, TypeError,
+OverflowError or RecursionError, and never a silently wrong choice. The H200's own document
+(docs/paths-h200.json) is the well-formed start. Making the document: ``test_calibration.py``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 // Harness kernels: stamp, read, verify and checksum blocks at raw addresses, and hold a stream.
-// The ops that check arguments and launch these live in csrc/harness_ops.cpp.
+// The ops that check arguments and launch these live in csrc/harness/harness_ops.cpp.
 //
 // Block pointers are raw byte addresses in an int64 CUDA tensor; each may point into device
 // memory or into pinned / registered host memory (UVA: the host address is valid on the device).
-// The pattern itself (h32, poison, checksum) lives in pattern.cuh, mirrored from kvverify/pattern.py.
+// The pattern itself (h32, poison, checksum) lives in pattern.cuh, mirrored from kvverify/device/pattern.py.
 //
 // Only the CUDA runtime API is used: the extension never links libcuda.
 
@@ -269,7 +269,7 @@ __global__ void spin_kernel(uint64_t duration_ns) { hold_for(duration_ns); }
 
 namespace kvverify::launch {
 
-// Launchers for csrc/harness_ops.cpp, which checks arguments and owns the tensors: keeping the
+// Launchers for csrc/harness/harness_ops.cpp, which checks arguments and owns the tensors: keeping the
 // throwing, tensor-handling host code out of nvcc's translation units (extension-cpp's layout).
 // Each returns the launch's error, left for the caller to check.
 

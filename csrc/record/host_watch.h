@@ -2,6 +2,8 @@
 // protected, so that the host's first touch of it through any path (numpy, .tolist(), ctypes, the
 // buffer protocol, native code) is seen, with the thread and its Python line, and written into the
 // native log as a host access (native_log.h, kind host_touch).
+// The op (csrc/op/) and the harness kernels (csrc/harness/) include it as "record/host_watch.h": they
+// tell the watch which host bytes the device work they issue reads or writes.
 #pragma once
 
 #include <cstddef>

@@ -1,6 +1,6 @@
 // torch.ops.kvverify.swap_blocks_batch: one cuMemcpyBatchAsync over raw byte addresses, under
 // the source access order the caller asks for; swap_blocks_loop: one cudaMemcpyAsync per copy;
-// swap_blocks_kernel: the same batch copied by thread blocks (csrc/copy_kernel.cu).
+// swap_blocks_kernel: the same batch copied by thread blocks (csrc/op/copy_kernel.cu).
 //
 // The driver entry point is resolved at run time (cudaGetDriverEntryPointByVersion) so that the
 // extension never links libcuda: build hosts have no driver, and one build serves both the
@@ -18,7 +18,7 @@
 
 #include "context.h"
 #include "copy_kernel.h"
-#include "host_watch.h"
+#include "record/host_watch.h"
 #include "message.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The recorder's native log (kvverify/record/native.py reads it): what torch's caching allocator
+// The recorder's native log (kvverify/record/capture/native.py reads it): what torch's caching allocator
 // and the CUDA driver report, from every thread, kept per thread until the recorder takes it.
 //
 // A record is int64 words: [kind, n, nframes, (code, line) x nframes, fields...], n counting what

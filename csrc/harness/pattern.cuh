@@ -1,10 +1,10 @@
 // The block pattern's hash and checksum, for device (and host) code.
 //
-// The reference is kvverify/pattern.py: its module docstring defines h32, the poison word and
+// The reference is kvverify/device/pattern.py: its module docstring defines h32, the poison word and
 // the checksum; this header mirrors it constant for constant. Two tests hold them equal:
-//   tests/test_pattern_cuh.py   compiles this header for the host and compares it with numpy (CPU);
-//   tests/test_kernels_gpu.py   kernel-written blocks classified by numpy, numpy-written blocks
-//                               verified by the kernel, kernel checksum vs the numpy checksum (GPU).
+//   tests/device/test_pattern_cuh.py   compiles this header for the host and compares it with numpy (CPU);
+//   tests/device/test_kernels_gpu.py   kernel-written blocks classified by numpy, numpy-written blocks
+//                                      verified by the kernel, kernel checksum vs the numpy checksum (GPU).
 // Change one side, change both.
 #pragma once
 

@@ -1,7 +1,7 @@
-// Host side of the harness kernels (csrc/harness_kernels.cu): argument checks that name the
+// Host side of the harness kernels (csrc/harness/harness_kernels.cu): argument checks that name the
 // argument, tensor handling, launches on the current stream, and the op registrations.
 //
-// Ops (torch.ops.kvverify.*; Python wrappers with full docs in kvverify/kernels.py):
+// Ops (torch.ops.kvverify.*; Python wrappers with full docs in kvverify/device/kernels.py):
 //   write_blocks(Tensor block_ptrs, int block_bytes, Tensor block_ids, int generation, int seed, int spin_ns) -> ()
 //   read_blocks(Tensor block_ptrs, int block_bytes, int duration_ns) -> ()
 //   verify_blocks(Tensor block_ptrs, int block_bytes, Tensor block_ids, int expected_generation, int seed)
@@ -27,7 +27,7 @@
 #include <tuple>
 
 #include "harness_kernels.h"
-#include "host_watch.h"
+#include "record/host_watch.h"
 
 namespace {
 

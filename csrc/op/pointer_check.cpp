@@ -22,7 +22,7 @@
 #include <torch/library.h>
 
 #include "context.h"
-#include "host_watch.h"
+#include "record/host_watch.h"
 #include "message.h"
 #include <unistd.h>
 

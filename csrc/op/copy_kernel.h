@@ -1,5 +1,5 @@
-// Launcher of the SM-kernel copy path (csrc/copy_kernel.cu), called by swap_blocks_kernel in
-// csrc/swap_blocks.cpp, which validates the batch, splits it into chunks and stages the chunk
+// Launcher of the SM-kernel copy path (csrc/op/copy_kernel.cu), called by swap_blocks_kernel in
+// csrc/op/swap_blocks.cpp, which validates the batch, splits it into chunks and stages the chunk
 // descriptors on the device.
 #pragma once
 

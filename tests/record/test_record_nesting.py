@@ -1,9 +1,13 @@
-"""Hostile tests of nested recordings (``kvverify.record.session``: ``start`` / ``_pause`` /
-``_resume`` / ``stop`` / ``_attach`` / ``_detach``), on the CUDA stand-in: a review's ten defects,
-each mended with its test (the docstrings starting "Was:" say what went wrong before), and three
-guarantees it checked (three levels, an exception in the inner block, a failed inner install).
-Every test leaves the process as it found it (the ``clean`` fixture takes away what a defect would
-leave behind: dispatch modes, hooks, a recording still active)."""
+"""Nested recordings (``kvverify.record.session``: ``start`` / ``_pause`` / ``_resume`` / ``stop`` /
+``_attach`` / ``_detach``), on the CUDA stand-in. A recording started inside another pauses it: each
+level records its own ops, and the outer decides nothing across the pause (it says it is not
+complete) yet keeps what its threads did meanwhile (a join, a thread the inner started, their device
+work). A start, pause, resume or stop that fails partway raises its error and leaves the outer
+recording, with no dispatch mode or hook left behind; a refused start leaves nothing half set; a
+program's own recording or dispatch mode under ``kvverify record`` neither hides its exit status
+nor the tests after it. Every test leaves the process as it found it (the ``clean`` fixture takes
+away what a failure would leave behind: dispatch modes, hooks, a recording still active). A
+docstring that starts "Was:" tells the defect its test holds off, as the code had it."""
 
 from __future__ import annotations
 
@@ -84,16 +88,91 @@ def clean():
         gc.unfreeze()
 
 
-@pytest.fixture
-def fake():
-    return FakeCuda()
-
-
 def _fills(rec) -> list[str]:
     return [op["name"] for op in rec.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
 
 
-# -- defects the review found, mended --------------------------------------------------------
+# -- a recording inside another ----------------------------------------------------------------
+
+
+def test_a_recording_started_inside_another_pauses_it_and_the_outer_decides_nothing_across_the_pause(fake):
+    """A test that records itself, run under ``kvverify record -- pytest``: the inner recording
+    gets the ops made while it runs, the outer one neither those nor a race between an op before
+    the pause and one after it (the inner run may have ordered them: it is not seen); the outer's
+    summary names the pause as work not recorded, so it cannot say SAFE for the whole run; after
+    the pause it records again, memory learnt anew."""
+    kv, host, other = fake.device(BLOCK), fake.pinned(BLOCK), fake.pinned(BLOCK)
+    side = fake.stream()
+    with record.recording(platform=fake) as outer:
+        kv.fill_(1)
+        fake.synchronize()
+        with fake.use(side):
+            host.copy_(kv, non_blocking=True)  # would race with the host write below, were it seen
+        with record.recording(platform=fake) as inner:
+            kv.fill_(2)
+            with fake.use(side):
+                other.copy_(kv, non_blocking=True)  # RAW with the fill: the inner's race
+        record.host_write(host)  # unordered with the store above, but a pause lies between
+        kv.fill_(3)
+        with fake.use(side):
+            other.copy_(kv, non_blocking=True)  # RAW with this fill: the outer's own race, after the pause
+        fake.synchronize()
+    assert [r.kind for r in inner.check().races] == ["RAW"]
+    inner_fills = [op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
+    assert len(inner_fills) == 1
+    outer_fills = [op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]
+    assert len(outer_fills) == 2  # before and after the pause, not the inner's
+    races = outer.check().races
+    assert [r.kind for r in races] == ["RAW"], [r.render() if hasattr(r, "render") else r for r in races]
+    assert not outer.complete() and inner.complete()
+    assert any("recordings nested in this one" in n for n in outer.summary().notes)
+    assert any(op["op"] == "sync_device" for op in outer.recorder.ops)
+    assert record.session._active is None
+
+
+def test_a_paused_recording_stops_the_ones_nested_in_it_first(fake):
+    """A program that ends without stopping its own recording, under ``kvverify record``: the
+    outer's stop stops the inner first, so nothing stays installed and the outer's trace is
+    written."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    outer = record.recording(platform=fake).start()
+    inner = record.recording(platform=fake).start()
+    fake.device(BLOCK).fill_(1)
+    outer.stop()
+    assert not outer.running and not inner.running and record.session._active is None
+    assert _get_current_dispatch_mode_stack() == []
+    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
+    assert not outer.complete()
+
+
+def test_a_recording_inside_another_with_a_dispatch_mode_entered_between_them_leaves_that_mode_in_place(fake):
+    """Pausing the outer recording leaves its dispatch mode where it lies: a mode entered after it
+    (a sanitizer's, a test fixture's) stays on torch's stack in its place, and the program's own
+    ``__exit__`` of it, which pops the top of the stack, still pops that mode."""
+    from torch.utils._python_dispatch import (
+        TorchDispatchMode,
+        _get_current_dispatch_mode_stack,
+    )
+
+    class Between(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    kv = fake.device(BLOCK)
+    with record.recording(platform=fake) as outer:
+        between = Between()
+        with between:
+            with record.recording(platform=fake) as inner:
+                assert _get_current_dispatch_mode_stack() == [between, inner._mode]
+                kv.fill_(1)
+            assert _get_current_dispatch_mode_stack() == [outer._mode, between]
+            kv.fill_(2)
+        assert _get_current_dispatch_mode_stack() == [outer._mode]
+        kv.fill_(3)
+    assert _get_current_dispatch_mode_stack() == []
+    assert len([op for op in outer.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 2
+    assert len([op for op in inner.recorder.ops if op.get("name") == "aten.fill_.Scalar"]) == 1
 
 
 def test_a_recording_started_again_records_its_new_run(fake):
@@ -113,34 +192,40 @@ def test_a_recording_started_again_records_its_new_run(fake):
     assert len(_fills(rec)) == 2, "the second run's ops went to the first run's recorder"
 
 
-def test_a_program_that_leaves_its_own_recording_running_still_gets_an_exit_status(tmp_path, monkeypatch, capsys):
-    """Was: ``kvverify record -- python prog.py`` where prog.py starts a recording of its own
-    and exits (an error, sys.exit) before stopping it: the program's recording nests, and the
-    CLI's ``rec.stop()`` is refused ("stop() the recording nested in this one first"). The
-    RecordingError escapes ``cli.run``: no trace written, no verdict, a traceback and exit 1 (which
-    the CLI documents as "races") instead of the program's status 3; the program's recording stays
-    active with its dispatch mode on torch's stack and every hook installed. Before nesting, the
-    program's own start was refused and the run ended normally."""
-    import fake_cuda
+def test_three_levels_restore_every_hook_and_each_level_records_its_own(fake, clean):
+    """Three levels of nesting: each recording gets exactly its own ops, the two paused
+    ones say they are incomplete, and afterwards torch's mode stack, gc.freeze, the thread, queue
+    and lock patches and os.preadv are what they were."""
+    kv = fake.device(BLOCK)
+    with record.recording(platform=fake) as a:
+        kv.fill_(1)
+        with record.recording(platform=fake) as b:
+            kv.fill_(2)
+            with record.recording(platform=fake) as c:
+                kv.fill_(3)
+            kv.fill_(4)
+        kv.fill_(5)
+    assert (len(_fills(a)), len(_fills(b)), len(_fills(c))) == (2, 2, 1)
+    assert (a.complete(), b.complete(), c.complete()) == (False, False, True)
+    assert _hooks() == clean
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(HERE))
-    prog = tmp_path / "prog.py"
-    prog.write_text(textwrap.dedent("""\
-        import fake_cuda
-        import kvverify.record as record
 
-        fake = fake_cuda.shared()
-        rec = record.recording(platform=fake).start()  # its stop() is never reached
-        fake.device(64).fill_(1)
-        raise SystemExit(3)
-        """))
-    parser = argparse.ArgumentParser()
-    cli.add_arguments(parser)
-    status = cli.run(parser.parse_args(["--", "python", str(prog)]), platform=fake_cuda.shared())
-    assert status == 3
-    assert (tmp_path / "kvverify-trace.json").exists()
-    assert record.session._active is None
+def test_an_exception_in_the_inner_block_propagates_unchanged_and_the_outer_goes_on(fake, clean):
+    """An exception raised in the inner ``with`` leaves it as raised; the outer resumes
+    (records the next op) and every hook is gone at the end."""
+    kv = fake.device(BLOCK)
+    with record.recording(platform=fake) as outer:
+        with pytest.raises(KeyError, match="boom"):
+            with record.recording(platform=fake) as inner:
+                kv.fill_(1)
+                raise KeyError("boom")
+        assert record.session._active is outer and not inner.running
+        kv.fill_(2)
+    assert len(_fills(outer)) == 1 and len(_fills(inner)) == 1
+    assert _hooks() == clean
+
+
+# -- what the outer keeps of its threads across the pause --------------------------------------
 
 
 def test_a_join_during_the_pause_does_not_become_a_race_across_it(fake):
@@ -219,6 +304,9 @@ def test_device_work_of_the_outers_thread_during_the_pause_is_not_dropped_unnoti
             kv.fill_(7)  # WAR with the worker's read: a real race while the inner runs
         worker.join()
     assert inner.check().verdict == "RACY" or not inner.complete(), inner.report()
+
+
+# -- a start, pause, resume or stop that fails partway -----------------------------------------
 
 
 class _FailsOn(FakeCuda):
@@ -311,6 +399,76 @@ def test_an_inner_stop_that_fails_partway_still_takes_its_capture_away(clean):
     assert after["locks"] == clean["locks"] and after["start"] is clean["start"]
 
 
+def test_an_inner_whose_install_fails_leaves_the_outer_recording(clean):
+    """The platform's ``install`` raising on the inner's start: the error reaches the
+    caller, the outer resumes and records, and nothing stays installed after it stops."""
+    fake = _FailsOn("install", {2})
+    kv = fake.device(BLOCK)
+    with record.recording(platform=fake) as outer:
+        with pytest.raises(RuntimeError, match="install failed"):
+            record.recording(platform=fake).start()
+        kv.fill_(1)
+    assert len(_fills(outer)) == 1 and not outer.complete()
+    assert _hooks() == clean
+
+
+def test_a_refused_nested_recording_says_nothing_was_recorded(fake):
+    """A nested start that is refused (here: on another thread than the running recording's)
+    leaves nothing half set: its ``trace()`` raises the documented RecordingError ("nothing was
+    recorded: start() the recording first"), not an AttributeError."""
+    from kvverify.errors import RecordingError
+
+    refused = record.recording(platform=fake)
+    errors = []
+
+    def start():
+        try:
+            refused.start()
+        except RecordingError as exc:
+            errors.append(str(exc))
+
+    with record.recording(platform=fake):
+        t = threading.Thread(target=start)
+        t.start()
+        t.join()
+    assert errors and "already running" in errors[0]
+    with pytest.raises(RecordingError, match="nothing was recorded"):
+        refused.trace()
+
+
+# -- a program's own recording or dispatch mode under kvverify record --------------------------
+
+
+def test_a_program_that_leaves_its_own_recording_running_still_gets_an_exit_status(tmp_path, monkeypatch, capsys):
+    """Was: ``kvverify record -- python prog.py`` where prog.py starts a recording of its own
+    and exits (an error, sys.exit) before stopping it: the program's recording nests, and the
+    CLI's ``rec.stop()`` is refused ("stop() the recording nested in this one first"). The
+    RecordingError escapes ``cli.run``: no trace written, no verdict, a traceback and exit 1 (which
+    the CLI documents as "races") instead of the program's status 3; the program's recording stays
+    active with its dispatch mode on torch's stack and every hook installed. Before nesting, the
+    program's own start was refused and the run ended normally."""
+    import fake_cuda
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(HERE))
+    prog = tmp_path / "prog.py"
+    prog.write_text(textwrap.dedent("""\
+        import fake_cuda
+        import kvverify.record as record
+
+        fake = fake_cuda.shared()
+        rec = record.recording(platform=fake).start()  # its stop() is never reached
+        fake.device(64).fill_(1)
+        raise SystemExit(3)
+        """))
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    status = cli.run(parser.parse_args(["--", "python", str(prog)]), platform=fake_cuda.shared())
+    assert status == 3
+    assert (tmp_path / "kvverify-trace.json").exists()
+    assert record.session._active is None
+
+
 CONFTEST = textwrap.dedent("""\
     import fake_cuda
     import pytest
@@ -376,76 +534,3 @@ def test_a_dispatch_mode_fixture_under_kvverify_record_pytest_does_not_break_the
     message = "" if bad is None else bad.get("message", "") + (bad.text or "")
     assert "cannot start a recording" not in message, message
     assert "races" in message
-
-
-def test_a_refused_nested_recording_says_nothing_was_recorded(fake):
-    """A nested start that is refused (here: on another thread than the running recording's)
-    leaves nothing half set: its ``trace()`` raises the documented RecordingError ("nothing was
-    recorded: start() the recording first"), not an AttributeError."""
-    from kvverify.errors import RecordingError
-
-    refused = record.recording(platform=fake)
-    errors = []
-
-    def start():
-        try:
-            refused.start()
-        except RecordingError as exc:
-            errors.append(str(exc))
-
-    with record.recording(platform=fake):
-        t = threading.Thread(target=start)
-        t.start()
-        t.join()
-    assert errors and "already running" in errors[0]
-    with pytest.raises(RecordingError, match="nothing was recorded"):
-        refused.trace()
-
-
-# -- guarantees the review checked ---------------------------------------------------------------
-
-
-def test_three_levels_restore_every_hook_and_each_level_records_its_own(fake, clean):
-    """Three levels of nesting: each recording gets exactly its own ops, the two paused
-    ones say they are incomplete, and afterwards torch's mode stack, gc.freeze, the thread, queue
-    and lock patches and os.preadv are what they were."""
-    kv = fake.device(BLOCK)
-    with record.recording(platform=fake) as a:
-        kv.fill_(1)
-        with record.recording(platform=fake) as b:
-            kv.fill_(2)
-            with record.recording(platform=fake) as c:
-                kv.fill_(3)
-            kv.fill_(4)
-        kv.fill_(5)
-    assert (len(_fills(a)), len(_fills(b)), len(_fills(c))) == (2, 2, 1)
-    assert (a.complete(), b.complete(), c.complete()) == (False, False, True)
-    assert _hooks() == clean
-
-
-def test_an_exception_in_the_inner_block_propagates_unchanged_and_the_outer_goes_on(fake, clean):
-    """An exception raised in the inner ``with`` leaves it as raised; the outer resumes
-    (records the next op) and every hook is gone at the end."""
-    kv = fake.device(BLOCK)
-    with record.recording(platform=fake) as outer:
-        with pytest.raises(KeyError, match="boom"):
-            with record.recording(platform=fake) as inner:
-                kv.fill_(1)
-                raise KeyError("boom")
-        assert record.session._active is outer and not inner.running
-        kv.fill_(2)
-    assert len(_fills(outer)) == 1 and len(_fills(inner)) == 1
-    assert _hooks() == clean
-
-
-def test_an_inner_whose_install_fails_leaves_the_outer_recording(clean):
-    """The platform's ``install`` raising on the inner's start: the error reaches the
-    caller, the outer resumes and records, and nothing stays installed after it stops."""
-    fake = _FailsOn("install", {2})
-    kv = fake.device(BLOCK)
-    with record.recording(platform=fake) as outer:
-        with pytest.raises(RuntimeError, match="install failed"):
-            record.recording(platform=fake).start()
-        kv.fill_(1)
-    assert len(_fills(outer)) == 1 and not outer.complete()
-    assert _hooks() == clean
