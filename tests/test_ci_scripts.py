@@ -121,16 +121,16 @@ def test_same_verdicts(tmp_path, capsys):
 
 def test_validate_reports_and_merged_documents(tmp_path):
     pytest.importorskip("jsonschema")
-    smoke = ROOT / "docs" / "stress-smoke-h200.json"  # schema version 1
+    smoke = ROOT / "tests" / "data" / "stress-smoke-h200.json"  # schema version 1
     merged = tmp_path / "merged.json"
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-m", "kvverify", "merge", str(smoke), str(ROOT / "docs" / "probe-h200.json"),
+    subprocess.run([sys.executable, "-m", "kvverify", "merge", str(smoke), str(ROOT / "tests" / "data" / "probe-h200.json"),
                     "--json", str(merged)], capture_output=True, env=env, check=True)
     assert reports.main(["validate", str(smoke), str(merged)]) == 0
     broken = tmp_path / "broken.json"
     broken.write_text(json.dumps(json.loads(merged.read_text()) | {"exit_status": 7}))
     assert reports.main(["validate", str(broken)]) == 1
-    assert reports.main(["validate", str(ROOT / "docs" / "probe-h200.json")]) == 1  # not a report it knows
+    assert reports.main(["validate", str(ROOT / "tests" / "data" / "probe-h200.json")]) == 1  # not a report it knows
 
 
 def test_gpu_sh_names_its_steps(tmp_path):

@@ -43,7 +43,7 @@ def _kvverify_shell(pipeline: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
-@pytest.mark.parametrize("command", ["merge docs/stress-smoke-h200.json", "stress --no-gpu"])
+@pytest.mark.parametrize("command", ["merge tests/data/stress-smoke-h200.json", "stress --no-gpu"])
 def test_standard_output_that_cannot_be_written_is_one_line_and_exit_2(command):
     p = _kvverify_shell(f"{sys.executable} -m kvverify {command} > /dev/full")
     assert p.returncode == 2, p.stderr
@@ -52,7 +52,7 @@ def test_standard_output_that_cannot_be_written_is_one_line_and_exit_2(command):
     assert "Traceback" not in p.stderr
 
 
-@pytest.mark.parametrize("command", ["merge docs/stress-smoke-h200.json", "stress --no-gpu --details"])
+@pytest.mark.parametrize("command", ["merge tests/data/stress-smoke-h200.json", "stress --no-gpu --details"])
 def test_a_reader_that_goes_away_ends_it_quietly_with_exit_2(command):
     # The reader is gone before the first write: `| head -c 1` raced the writer, and a report that
     # fit the pipe's buffer before head exited was never refused (exit 0, one run in six under load).

@@ -2,7 +2,7 @@
 wrote it: every malformed paths document, and every bad argument of ``choose``, is one
 CalibrationError (a ValueError) naming the file and the field; never a KeyError, TypeError,
 OverflowError or RecursionError, and never a silently wrong choice. The H200's own document
-(docs/paths-h200.json) is the well-formed start. Making the document: ``test_calibration.py``."""
+(tests/data/paths-h200.json) is the well-formed start. Making the document: ``test_calibration.py``."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from kvverify.errors import CalibrationError
 from kvverify.measure import calibration
 
 REPO = Path(__file__).resolve().parents[2]
-H200 = json.loads((REPO / "docs" / "paths-h200.json").read_text())
+H200 = json.loads((REPO / "tests" / "data" / "paths-h200.json").read_text())
 PROPERTY = settings(max_examples=300, derandomize=True, database=None, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture])
 REWRITE = "write the document again with kvverify bench --calibrate -o PATH"

@@ -18,8 +18,8 @@ from kvverify.stress import merge
 from kvverify.stress.report import Platform
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-H200_SMOKE = os.path.join(ROOT, "docs", "stress-smoke-h200.json")  # schema version 1
-H200_PROBE = os.path.join(ROOT, "docs", "probe-h200.json")
+H200_SMOKE = os.path.join(ROOT, "tests", "data", "stress-smoke-h200.json")  # schema version 1
+H200_PROBE = os.path.join(ROOT, "tests", "data", "probe-h200.json")
 CAMPAIGN = ('trials = 3\nmax_trials = 3\nmin_checked = "1KiB"\nblock_size = 4\nblocks_per_transfer = 2\n'
             'transfers = 2\nhost_memory = ["pageable"]\nscenarios = ["P2", "H7-broken"]\nwriter_delay_us = 0\n'
             'reader_us = 0\n')

@@ -24,7 +24,7 @@ PROPERTY = settings(max_examples=200, derandomize=True, database=None, deadline=
 
 
 def _cut(name: str, cells: int) -> dict:
-    with open(os.path.join(ROOT, "docs", name), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "tests", "data", name), encoding="utf-8") as f:
         doc = json.load(f)
     doc["cells"] = doc["cells"][:cells]
     return doc

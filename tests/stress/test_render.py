@@ -1,6 +1,6 @@
 """The report a person reads: the verdict matrix (``kvverify.stress.matrix``), the terminal view
 (``render_matrix``) and the PNG (``kvverify.stress.plot``), checked on the H200's smoke report
-(``docs/stress-smoke-h200.json``), on runs cut short, and in a pseudo-terminal of 100 columns."""
+(``tests/data/stress-smoke-h200.json``), on runs cut short, and in a pseudo-terminal of 100 columns."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from kvverify.stress.render import MAX_LISTED, render_matrix
 from kvverify.stress.report import Cell, CellResult, Observation, Platform, StressReport
 
 ROOT = Path(__file__).resolve().parents[2]
-H200_SMOKE = ROOT / "docs" / "stress-smoke-h200.json"
+H200_SMOKE = ROOT / "tests" / "data" / "stress-smoke-h200.json"
 WITNESS = "ops 3 and 4 (RAW): nothing orders the source read after the write"
 
 

@@ -442,7 +442,7 @@ def test_from_json_reads_a_version_1_report():
     headline come back as they were written."""
     from pathlib import Path
 
-    doc = json.loads((Path(__file__).resolve().parents[2] / "docs" / "stress-smoke-h200.json").read_text())
+    doc = json.loads((Path(__file__).resolve().parents[2] / "tests" / "data" / "stress-smoke-h200.json").read_text())
     assert doc["schema_version"] == 1
     report = StressReport.from_json(doc)
     assert [r.verdict.value for r in report.cells] == [c["verdict"] for c in doc["cells"]]
