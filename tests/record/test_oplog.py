@@ -227,6 +227,34 @@ def test_an_op_that_raises_is_not_logged_and_what_follows_is(swap_op):
     assert rec.complete()
 
 
+def test_ops_that_raised_in_one_recording_leave_the_next_recording_whole(swap_op):
+    # an op that raises unwinds through the observer's end callback: the op log's depth and open
+    # calls on this thread must be as before it, or every later op of the recording is taken for
+    # one inside it and not logged; the next recording starts from a clean thread state
+    lib = torch.library.Library("kvoplograise", "DEF")
+    lib.define("swap_blocks_batch(Tensor src_ptrs, Tensor dst_ptrs, Tensor sizes, int src_access_order=1) -> ()")
+
+    def refuse(*args):
+        raise ValueError("a host page the swap cannot reach")
+
+    lib.impl("swap_blocks_batch", refuse, "CompositeExplicitAutograd")
+    arena = torch.zeros(8 << 10, dtype=torch.uint8)
+    with recording(platform=ArenaAsDevice(arena, []), op_log=True, keep_all=True) as failing:
+        for fails in (lambda: arena.view(64, 128).index_select(0, torch.tensor([1000])),  # a C++ kernel's
+                      lambda: arena[0:64].view(8, 8).add_(arena[0:9]),
+                      lambda: torch.ops.kvoplograise.swap_blocks_batch(*(torch.zeros(1, dtype=torch.int64),) * 3)):
+            with pytest.raises((IndexError, RuntimeError, ValueError)):
+                fails()
+            arena[0:64].fill_(1)
+    del lib
+    fills = [op for op in failing.trace()["ops"] if op["op"] == "kernel" and op["name"].startswith("aten.fill_")]
+    assert len(fills) == 3
+    clean, _ = _record(swap_op, op_log=True)
+    ops = Counter(op["op"] for op in clean.trace()["ops"])
+    assert ops["copy_batch"] == 3 and ops["copy"] == 3 and ops["kernel"] >= 3
+    assert clean.complete()
+
+
 def test_decode_reads_every_tag():
     tensor = [1, 0, -1, 4, 5, 1000, 16, 1000, 16, 2, 3, 0, 2, 7, 9]
     fields = [7, 0, 0xabc,
