@@ -22,6 +22,7 @@
 #include <torch/library.h>
 
 #include "context.h"
+#include "driver_entry.h"
 #include "record/host_watch.h"
 #include "message.h"
 #include <unistd.h>
@@ -37,19 +38,7 @@ namespace {
 using PointerGetAttributes = PFN_cuPointerGetAttributes_v7000;
 
 PointerGetAttributes pointer_get_attributes() {
-  static PointerGetAttributes fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &p, 7000, cudaEnableDefault, &status) ==
-            cudaSuccess &&
-        status == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PointerGetAttributes>(p);
-    } else {
-      cudaGetLastError();
-    }
-  });
+  static const auto fn = driver_entry<PointerGetAttributes>("cuPointerGetAttributes", 7000);
   return fn;
 }
 

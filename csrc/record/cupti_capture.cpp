@@ -31,6 +31,7 @@
 #define KVVERIFY_HAS_CUPTI 0
 #endif
 
+#include "driver_entry.h"
 #include "host_watch.h"
 #include "native_log.h"
 
@@ -47,18 +48,6 @@ std::unique_ptr<at::ObserverContext> enter_op(const at::RecordFunction&) {
 }
 void leave_op(const at::RecordFunction&, at::ObserverContext*) { --suppressed(); }
 at::CallbackHandle observer = 0;
-
-template <typename Fn>
-Fn driver_entry(const char* symbol, int version) {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion(symbol, &fn, version, cudaEnableDefault, &status) != cudaSuccess ||
-      status != cudaDriverEntryPointSuccess) {
-    cudaGetLastError();  // a missing symbol is an answer, not an error to leave behind
-    return nullptr;
-  }
-  return reinterpret_cast<Fn>(fn);
-}
 
 int64_t word(const void* p) { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p)); }
 
@@ -209,6 +198,16 @@ void watch_call(CUpti_CallbackId cbid, const void* p, CUresult result) {
   const bool pt = per_thread_api(cbid);
   auto key = [pt](CUstream s) { return watch::stream_key(static_cast<uint64_t>(word(s)), pt); };
   using watch::Access;
+  // cuMemcpyBatchAsync's two parameter structs (CUDA 12.8's and 13.0's) name the same fields
+  auto watch_batch = [&key](const auto& a) {
+    std::vector<Access> all;
+    all.reserve(2 * a.count);
+    for (size_t i = 0; i < a.count; ++i) {
+      all.push_back({a.srcs[i], a.sizes[i], false});
+      all.push_back({a.dsts[i], a.sizes[i], true, true});  // (a pageable one may be written after the call)
+    }
+    watch::device_op(key(a.hStream), all.data(), all.size());
+  };
 #define PARAMS(T) (*static_cast<const T*>(p))
   switch (cbid) {
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyAsync:
@@ -240,16 +239,7 @@ void watch_call(CUpti_CallbackId cbid, const void* p, CUresult result) {
 #if CUDA_VERSION >= 13000
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz:
-      if (ok) {
-        const auto& a = PARAMS(cuMemcpyBatchAsync_v2_params);
-        std::vector<Access> all;
-        all.reserve(2 * a.count);
-        for (size_t i = 0; i < a.count; ++i) {
-          all.push_back({a.srcs[i], a.sizes[i], false});
-          all.push_back({a.dsts[i], a.sizes[i], true, true});  // (a pageable one may be written after the call)
-        }
-        watch::device_op(key(a.hStream), all.data(), all.size());
-      }
+      if (ok) watch_batch(PARAMS(cuMemcpyBatchAsync_v2_params));
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2:
 #endif
@@ -258,16 +248,7 @@ void watch_call(CUpti_CallbackId cbid, const void* p, CUresult result) {
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz:
-      if (ok) {
-        const auto& a = PARAMS(cuMemcpyBatchAsync_params);
-        std::vector<Access> all;
-        all.reserve(2 * a.count);
-        for (size_t i = 0; i < a.count; ++i) {
-          all.push_back({a.srcs[i], a.sizes[i], false});
-          all.push_back({a.dsts[i], a.sizes[i], true, true});  // (a pageable one may be written after the call)
-        }
-        watch::device_op(key(a.hStream), all.data(), all.size());
-      }
+      if (ok) watch_batch(PARAMS(cuMemcpyBatchAsync_params));
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async:
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz:
@@ -662,7 +643,7 @@ __attribute__((visibility("default"))) void kvverify_native_stop() { kvverify::n
 // default stream synchronizes with it, CUDA "Stream synchronization behavior") and its device.
 // Returns 0, or -1 where the driver cannot say (no driver; a handle it does not know).
 __attribute__((visibility("default"))) int kvverify_native_stream_info(int64_t handle, int* blocking, int* device) {
-  using kvverify::native::driver_entry;
+  using kvverify::driver_entry;
   static auto get_flags = driver_entry<PFN_cuStreamGetFlags_v5050>("cuStreamGetFlags", 5050);
   static auto get_device = driver_entry<PFN_cuStreamGetDevice_v12080>("cuStreamGetDevice", 12080);
   unsigned int flags = 0;

@@ -52,6 +52,7 @@
 #include <new>
 #include <string>
 
+#include "driver_entry.h"
 #include "frames.h"
 #include "native_log.h"
 
@@ -503,19 +504,7 @@ void complete(uint32_t s0, uint64_t d0) {
 using PointerGetAttributes = PFN_cuPointerGetAttributes_v7000;
 
 PointerGetAttributes pointer_attributes() {
-  static PointerGetAttributes fn = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    void* p = nullptr;
-    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuPointerGetAttributes", &p, 7000, cudaEnableDefault, &status) ==
-            cudaSuccess &&
-        status == cudaDriverEntryPointSuccess) {
-      fn = reinterpret_cast<PointerGetAttributes>(p);
-    } else {
-      cudaGetLastError();  // (no driver: the tests declare their memory)
-    }
-  });
+  static const auto fn = driver_entry<PointerGetAttributes>("cuPointerGetAttributes", 7000);
   return fn;
 }
 
