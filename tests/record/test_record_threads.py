@@ -20,6 +20,17 @@ import kvverify.record as record
 BLOCK = 4096
 
 
+def _races(rec) -> list[tuple[str, str, str]]:
+    """The recording's races: each one's kind and its two ops (a host access with its name)."""
+    ops = rec.trace()["ops"]
+
+    def said(i: int) -> str:
+        op = ops[i]
+        return f"{op['op']} {op['name']}" if op["op"].startswith("host_") and op.get("name") else op["op"]
+
+    return [(r.kind, said(r.first), said(r.second)) for r in rec.check().races]
+
+
 # -- locks, thread starts and names ----------------------------------------------------------------
 
 
@@ -53,9 +64,7 @@ def test_a_lock_release_that_raises_orders_nothing(fake):
             t.start()
         for t in threads:
             t.join()
-    doc = rec.trace()
-    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
-    assert kinds == [("RAW", "host_write", "copy")]
+    assert _races(rec) == [("RAW", "host_write", "copy")]
 
 
 def test_threadings_own_bookkeeping_lock_orders_no_thread_after_another():
@@ -80,9 +89,7 @@ def test_threadings_own_bookkeeping_lock_orders_no_thread_after_another():
         copier.start()
         copier.join()
         writer.join()
-    doc = rec.trace()
-    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
-    assert kinds == [("RAW", "host_write", "copy")]
+    assert _races(rec) == [("RAW", "host_write", "copy")]
 
 
 def test_a_thread_that_gets_the_ident_of_one_that_ended_keeps_both_names_apart(fake):
@@ -189,9 +196,7 @@ def test_a_queue_orders_a_get_only_after_the_put_of_its_item(fake):
     ordered before the copy only by the queue's mutex (this run's timing), so it races."""
     rec, got = _hand_off(fake, first_item_to_consumer=False)
     assert got == [0]
-    doc = rec.trace()
-    kinds = [(r.kind, doc["ops"][r.first]["op"], doc["ops"][r.second]["op"]) for r in rec.check().races]
-    assert kinds == [("RAW", "host_write", "copy")]
+    assert _races(rec) == [("RAW", "host_write", "copy")]
 
 
 def test_the_item_a_get_returns_orders_its_producer_before_the_consumer(fake):

@@ -37,13 +37,14 @@ RECORDER_ERROR = f"{NOT_RECORDED} (a recorder error; the trace misses these ops)
 OTHER_THREAD_WORK = (f"{NOT_RECORDED} (device work of a thread the recording does not follow: one that was "
                      "running before it started; see docs/record.md):")
 
-_IN_QUEUE = Depth()  # per thread: how deep in a queue's put or get, whose own locks are left out
+# per thread: how deep in a hand-off's own code (a queue's put or get), whose locks are left out
+_IN_HAND_OFF = Depth()
 _LOCK_TYPES = (type(threading.Lock()), getattr(threading, "_CRLock", None) or type(threading.RLock()))
 # threading's own locks, taken as every thread begins and ends (``_active_limbo_lock``: also by
 # ``Thread.start``, ``enumerate()``): observed, they would order a thread started after another
 # ended after everything that one did, which the program never asked for
-_BOOKKEEPING = frozenset(id(lock) for lock in (getattr(threading, "_active_limbo_lock", None),
-                                               getattr(threading, "_shutdown_locks_lock", None)) if lock is not None)
+_BOOKKEEPING = tuple(lock for lock in (getattr(threading, "_active_limbo_lock", None),
+                                        getattr(threading, "_shutdown_locks_lock", None)) if lock is not None)
 _ACQUIRES = ("acquire", "acquire_lock", "__enter__", "_acquire_restore")
 _RELEASES = ("release", "release_lock", "__exit__", "_release_save")
 
@@ -67,6 +68,10 @@ class ThreadCapture:
         self.running_before: list[str] | None = None  # at the first start (again after a pause: not)
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Thread -> its start and end names
         self._syncs: dict[int, tuple[object, str]] = {}  # id(lock) -> (lock, name): held, so no id is reused
+        # id(lock) -> lock, for locks that order nothing the program asked for (threading's
+        # bookkeeping): held, as _syncs
+        self._unobserved: dict[int, object] = {id(lock): lock for lock in _BOOKKEEPING}
+        self._items = 0  # queue items named so far (over every start: no name is released twice)
         self._undo: list[Callable[[], None]] = []
         self.starting = 0  # threads started and not yet running (not in recorder.threads)
 
@@ -94,6 +99,13 @@ class ThreadCapture:
         self.active = False
         while self._undo:
             self._undo.pop()()
+
+    def _replace(self, cls: type, name: str, fn: Callable) -> None:
+        """Put ``fn`` in place of ``cls.<name>`` (a class defined in Python) until ``stop()``."""
+        original = cls.__dict__[name]
+        fn.__name__, fn.__qualname__, fn.__doc__ = original.__name__, original.__qualname__, original.__doc__
+        setattr(cls, name, fn)
+        self._undo.append(lambda: setattr(cls, name, original))
 
     def lines(self) -> list[str]:
         """What the summary says of threads this recording did not follow."""
@@ -152,11 +164,8 @@ class ThreadCapture:
                 capture._sync("acquire", names[1])
             return out
 
-        for name, fn, original in (("start", started, start), ("_bootstrap_inner", bootstrap_inner, bootstrap),
-                                   ("join", joined, join)):
-            fn.__name__, fn.__qualname__, fn.__doc__ = original.__name__, original.__qualname__, original.__doc__
-            setattr(cls, name, fn)
-            self._undo.append(lambda name=name, original=original: setattr(cls, name, original))
+        for name, fn in (("start", started), ("_bootstrap_inner", bootstrap_inner), ("join", joined)):
+            self._replace(cls, name, fn)
 
     # -- queues ------------------------------------------------------------------------------
 
@@ -173,56 +182,49 @@ class ThreadCapture:
         import queue
 
         cls = queue.Queue
-        originals = {name: cls.__dict__[name] for name in ("put", "get", "_put", "_get")}
+        put, get = cls._put, cls._get
         capture = self
         pending: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # queue -> names, in item order
-        serial = [0]
 
         def fifo(q) -> bool:
             return type(q)._put is put_item and type(q)._get is get_item
 
-        def put(q, *args, **kwargs):
-            _IN_QUEUE.depth += 1
-            try:
-                return originals["put"](q, *args, **kwargs)
-            finally:
-                _IN_QUEUE.depth -= 1
-
-        def get(q, *args, **kwargs):
-            _IN_QUEUE.depth += 1
-            try:
-                return originals["get"](q, *args, **kwargs)
-            finally:
-                _IN_QUEUE.depth -= 1
-
         def put_item(q, item):  # under the queue's mutex
             if not fifo(q):
-                return originals["_put"](q, item)
+                return put(q, item)
             names = pending.get(q)
             if names is None:  # items put before the recording have no name
                 names = pending[q] = collections.deque([None] * len(q.queue))
-            name = None
-            if capture._following() and len(capture.recorder.followed) + capture.starting >= 2:
-                with capture.recorder.exclusive():
-                    serial[0] += 1
-                    name = f"queue item {serial[0]}"
-                    capture.recorder.host_synchronized("release", name)
-            originals["_put"](q, item)
+            name = capture._item_put()
+            put(q, item)
             names.append(name)
 
         def get_item(q):  # under the queue's mutex
-            item = originals["_get"](q)
+            item = get(q)
             names = pending.get(q) if fifo(q) else None
-            name = names.popleft() if names else None
-            if name is not None and capture._following():
-                capture._sync("acquire", name)
+            capture._item_got(names.popleft() if names else None)
             return item
 
-        for name, fn in (("put", put), ("get", get), ("_put", put_item), ("_get", get_item)):
-            original = originals[name]
-            fn.__name__, fn.__qualname__, fn.__doc__ = original.__name__, original.__qualname__, original.__doc__
-            setattr(cls, name, fn)
-            self._undo.append(lambda name=name, original=original: setattr(cls, name, original))
+        for name in ("put", "get"):
+            self._replace(cls, name, _own_locks_left_out(cls.__dict__[name]))
+        self._replace(cls, "_put", put_item)
+        self._replace(cls, "_get", get_item)
+
+    def _item_put(self) -> str | None:
+        """Release a name of its own for the item this thread puts in a queue now; returns it (None
+        where it orders nothing: a thread the recording does not follow, or no second thread yet)."""
+        if not (self._following() and len(self.recorder.followed) + self.starting >= 2):
+            return None
+        with self.recorder.exclusive():
+            self._items += 1
+            name = f"queue item {self._items}"
+            self.recorder.host_synchronized("release", name)
+        return name
+
+    def _item_got(self, name: str | None) -> None:
+        """This thread got the item ``_item_put`` named ``name`` (None: one nothing orders)."""
+        if name is not None and self._following():
+            self._sync("acquire", name)
 
     # -- locks -------------------------------------------------------------------------------
 
@@ -261,8 +263,8 @@ class ThreadCapture:
         # order nothing the program asked for (start and join are written as such)
         recorder = self.recorder
         return (self.active and len(recorder.followed) + self.starting >= 2 and not busy()
-                and not _IN_QUEUE.depth and threading.get_ident() in recorder.threads
-                and id(lock) not in _BOOKKEEPING)
+                and not _IN_HAND_OFF.depth and threading.get_ident() in recorder.threads
+                and id(lock) not in self._unobserved)
 
     def _lock(self, kind: str, lock) -> None:
         if not self._observing(lock):
@@ -283,6 +285,17 @@ class ThreadCapture:
 
     def _following(self) -> bool:
         return self.active and threading.get_ident() in self.recorder.threads
+
+
+def _own_locks_left_out(fn: Callable) -> Callable:
+    """``fn``, with the locks it takes left out (a hand-off's own: they order by this run's timing)."""
+    def left_out(*args, **kwargs):
+        _IN_HAND_OFF.depth += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _IN_HAND_OFF.depth -= 1
+    return left_out
 
 
 STREAM_OPS = frozenset(("kernel", "copy", "copy_batch", "record", "wait_event", "sync_stream"))
