@@ -1,14 +1,16 @@
 """Host threads in a recording: what orders one thread's work after another's, and what does not.
 A lock orders what the releasing thread did before the acquiring thread's later work only where the
 release happened (one that raises released nothing); threading's own bookkeeping lock orders no
-thread after another; a queue orders a ``get`` after the ``put`` of the item it returns, not after
-every earlier put; two threads issuing to one stream with nothing ordering them on the host leave
-the recording incomplete (which reached the driver first is unknown). A thread that gets the ident
-of one that ended is named apart from it. On the CUDA stand-in."""
+thread after another; a queue (``Queue``, ``SimpleQueue``) orders a ``get`` after the ``put`` of
+the item it returns, not after every earlier put, and never after a put it cannot tell was the
+item's; two threads issuing to one stream with nothing ordering them on the host leave the
+recording incomplete (which reached the driver first is unknown). A thread that gets the ident of
+one that ended is named apart from it. On the CUDA stand-in."""
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
 import time
 
@@ -150,24 +152,25 @@ def test_two_threads_on_one_stream_ordered_by_a_lock_leave_the_recording_complet
     assert rec.complete(), rec.summary().notes
 
 
-# -- queues ------------------------------------------------------------------------------------------
+# -- queues ---------------------------------------------------------------------------------------
+
+QUEUES = pytest.mark.parametrize("make", [queue.Queue, queue.SimpleQueue], ids=["Queue", "SimpleQueue"])
 
 
-def _hand_off(fake, *, first_item_to_consumer: bool):
-    """Two producers each write a pinned slot on the host and put its index in one queue; the
-    consumer gets one item and copies that slot to the device. Through the queue's mutex the get
-    came after both puts in this run, but only the put of the item it got orders the consumer."""
-    import queue
-
+def _hand_off(fake, make, *, items, copied: int):
+    """Two producers each write a pinned slot on the host (``slot0``, ``slot1``) and put their item
+    in one queue, in that order; the consumer gets one item and copies slot ``copied`` to the device.
+    Through the queue's own lock the get came after both puts in this run, but only the put of the
+    item it got orders the consumer."""
     slots = [fake.pinned(BLOCK), fake.pinned(BLOCK)]
     gpu = fake.device(BLOCK)
     side = fake.stream()
-    q = queue.Queue()
+    q = make()
     put = []  # a flag no lock guards: it orders nothing, it only makes the puts happen in this order
     with record.recording(platform=fake, skip=fake.skip()) as rec:
         def producer(k):
-            record.host_write(slots[k])
-            q.put(k)
+            record.host_write(slots[k], name=f"slot{k}")
+            q.put(items[k])
             put.append(k)
 
         threads = [threading.Thread(target=producer, args=(k,), name=f"producer{k}") for k in (0, 1)]
@@ -178,10 +181,9 @@ def _hand_off(fake, *, first_item_to_consumer: bool):
         got = []
 
         def consumer():
-            k = q.get()
-            got.append(k)
+            got.append(q.get())
             with fake.use(side):
-                gpu.copy_(slots[1 - k if not first_item_to_consumer else k], non_blocking=True)
+                gpu.copy_(slots[copied], non_blocking=True)
 
         c = threading.Thread(target=consumer, name="consumer")
         c.start()
@@ -191,14 +193,142 @@ def _hand_off(fake, *, first_item_to_consumer: bool):
     return rec, got
 
 
-def test_a_queue_orders_a_get_only_after_the_put_of_its_item(fake):
+@QUEUES
+def test_a_queue_orders_a_get_only_after_the_put_of_its_item(fake, make):
     """The consumer copies the slot of the item it did *not* get: that producer's host write is
-    ordered before the copy only by the queue's mutex (this run's timing), so it races."""
-    rec, got = _hand_off(fake, first_item_to_consumer=False)
+    ordered before the copy only by the queue's own lock (this run's timing), so it races."""
+    rec, got = _hand_off(fake, make, items=(0, 1), copied=1)
     assert got == [0]
-    assert _races(rec) == [("RAW", "host_write", "copy")]
+    assert _races(rec) == [("RAW", "host_write slot1", "copy")]
 
 
-def test_the_item_a_get_returns_orders_its_producer_before_the_consumer(fake):
-    rec, got = _hand_off(fake, first_item_to_consumer=True)
+@QUEUES
+def test_the_item_a_get_returns_orders_its_producer_before_the_consumer(fake, make):
+    rec, got = _hand_off(fake, make, items=(0, 1), copied=0)
     assert got == [0] and rec.check().verdict == "SAFE", rec.check().render()
+    threads = {op["thread"] for op in rec.trace()["ops"] if op["op"] in ("host_write", "copy")}
+    assert threads == {"producer0", "consumer"}
+
+
+@QUEUES
+def test_a_get_of_an_object_two_threads_put_is_not_ordered_after_the_later_put(fake, make):
+    """Both producers put the same object: the consumer got the first put's (a FIFO queue), and
+    nothing orders the second producer's host write before its copy. A ``SimpleQueue`` cannot tell
+    the two puts apart and orders the get after neither (a report too many on slot0, never one
+    hidden on slot1)."""
+    token = object()
+    rec, got = _hand_off(fake, make, items=(token, token), copied=1)
+    assert got == [token]
+    assert _races(rec) == [("RAW", "host_write slot1", "copy")]
+
+
+@QUEUES
+def test_a_get_of_an_object_one_thread_put_twice_is_ordered_after_the_first_put_only(fake, make):
+    """One producer puts an object, writes slot1, puts it again: the first get returned the first
+    put's, so the copy of slot1 after it races, and the copy of slot0 after the second get does not
+    (the first put orders it)."""
+    slots = [fake.pinned(BLOCK), fake.pinned(BLOCK)]
+    gpu = fake.device(BLOCK)
+    side = fake.stream()
+    q, token = make(), object()
+    put = []  # (a flag no lock guards, as above)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        def producer():
+            for k in (0, 1):
+                record.host_write(slots[k], name=f"slot{k}")
+                q.put(token)
+            put.append(True)
+
+        p = threading.Thread(target=producer, name="producer")
+        p.start()
+        while not put:
+            time.sleep(0.001)
+
+        def consumer():
+            for k in (1, 0):
+                q.get()
+                with fake.use(side):
+                    gpu.copy_(slots[k], non_blocking=True)
+
+        c = threading.Thread(target=consumer, name="consumer")
+        c.start()
+        c.join()
+        p.join()
+    assert _races(rec) == [("RAW", "host_write slot1", "copy")]
+
+
+@QUEUES
+def test_an_item_in_the_queue_before_the_recording_orders_no_get(fake, make):
+    """The queue holds an object put before the recording; a producer puts the same object again.
+    The consumer's get returns the first one, which no put of the recording made: the producer's
+    host write is not ordered before the copy."""
+    slot, gpu = fake.pinned(BLOCK), fake.device(BLOCK)
+    side = fake.stream()
+    q, token = make(), object()
+    q.put(token)
+    put = []  # (a flag no lock guards, as above)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        def producer():
+            record.host_write(slot, name="slot0")
+            q.put(token)
+            put.append(True)
+
+        p = threading.Thread(target=producer, name="producer")
+        p.start()
+        while not put:
+            time.sleep(0.001)
+
+        def consumer():
+            q.get()
+            with fake.use(side):
+                gpu.copy_(slot, non_blocking=True)
+
+        c = threading.Thread(target=consumer, name="consumer")
+        c.start()
+        c.join()
+        p.join()
+    assert q.get() is token and q.empty()
+    assert _races(rec) == [("RAW", "host_write slot0", "copy")]
+
+
+@QUEUES
+def test_a_get_through_a_method_bound_before_the_recording_leaves_the_next_get_unordered(fake, make):
+    """Producer 0 puts an object, another thread takes it through a ``get`` bound before the
+    recording (unseen where a ``SimpleQueue`` is followed), producer 1 puts the same object, and the
+    consumer gets that one. Producer 0's put is still counted, so the consumer's get cannot tell
+    which it got: producer 0's host write stays unordered before the copy of its slot."""
+    slots = [fake.pinned(BLOCK), fake.pinned(BLOCK)]
+    gpu = fake.device(BLOCK)
+    side = fake.stream()
+    q, token = make(), object()
+    take = q.get
+    done = []  # (a flag no lock guards, as above)
+    with record.recording(platform=fake, skip=fake.skip()) as rec:
+        def producer(k):
+            record.host_write(slots[k], name=f"slot{k}")
+            q.put(token)
+            done.append(k)
+
+        def taker():
+            take()
+            done.append("taken")
+
+        threads = []
+        for target, args, name in ((producer, (0,), "producer0"), (taker, (), "taker"), (producer, (1,), "producer1")):
+            threads.append(threading.Thread(target=target, args=args, name=name))
+            threads[-1].start()
+            while len(done) < len(threads):
+                time.sleep(0.001)
+
+        def consumer():
+            q.get()
+            with fake.use(side):
+                gpu.copy_(slots[0], non_blocking=True)
+
+        c = threading.Thread(target=consumer, name="consumer")
+        c.start()
+        c.join()
+        for t in threads:
+            t.join()
+    assert q.empty()
+    assert _races(rec) == [("RAW", "host_write slot0", "copy")]

@@ -13,9 +13,12 @@ it runs, and writes what orders them as ``release`` / ``acquire`` ops (rule 8):
   sync name per lock object; ``threading.Event``, ``Condition``, ``Semaphore`` and
   ``concurrent.futures`` are built on them, so an event's ``set`` and a future's result order the
   threads as they do in the program;
-- ``queue.Queue``: one sync name per item (``_wrap_queue``: a get is ordered after the put of the
-  item it returned, not by the queue's own locks). Host bookkeeping (a flag, a list) that no lock
-  guards orders nothing: the trace says so, and so does the checker.
+- queues: one sync name per item, a get ordered after the put of the item it returned, not by the
+  queue's own locks: ``queue.Queue`` by position (``_wrap_queue``), ``queue.SimpleQueue`` by the
+  object returned (``_wrap_simple_queue``, which says what it does not follow);
+
+Host bookkeeping (a flag, a list) that no lock guards orders nothing: the trace says so, and so
+does the checker.
 
 What stays unseen is named: threads already running when the recording started (the summary lists
 them; their device work is seen only through the observed event methods and the allocator's
@@ -29,6 +32,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kvverify.record.trace.recorder import Depth, busy
 
@@ -87,6 +91,7 @@ class ThreadCapture:
             self.running_before = sorted(t.name for t in threading.enumerate() if t.ident != current and t.is_alive())
         self._wrap_thread()
         self._wrap_queue()
+        self._wrap_simple_queue()
         for cls in _LOCK_TYPES:
             for name in (*_ACQUIRES, *_RELEASES):
                 original = cls.__dict__.get(name)
@@ -210,6 +215,75 @@ class ThreadCapture:
         self._replace(cls, "_put", put_item)
         self._replace(cls, "_get", get_item)
 
+    def _wrap_simple_queue(self) -> None:
+        """A ``queue.SimpleQueue`` orders each ``get`` after a ``put`` of the object it returns (its
+        methods observed in place on the C type, ``patching.patch_method``).
+
+        Its own lock is no threading lock and orders nothing. Nor does it run under the recorder:
+        two gets may reach the recorder in the other order than they left the queue, so a get is
+        matched by the object it returned, not by its position. One object may be in the queue
+        more than once: per object, ``_Puts`` counts the puts not yet got back, with the one
+        followed thread that made them all and the first one's name, which a get acquires (program
+        order puts it before that thread's later puts, among them the one whose copy the get
+        returned). Puts of several threads, or of one the recording does not follow, order no get
+        of the object until every put counted is got back. A put is counted before its object
+        enters the queue and a get after it left: the count never falls below the copies a get can
+        still return.
+
+        Not followed: a queue that held items when the recording first used it (any of them may be
+        an object a later put puts again: none of its gets is ordered); puts and gets through
+        methods bound before the recording (``put = q.put``). Such a get leaves its put counted
+        (an ordering too few); such a put of an object that followed puts also put may order a get
+        after the wrong put (bind no queue method before the recording).
+        """
+        import _queue
+
+        from kvverify.record.capture.patching import patch_method
+
+        cls = _queue.SimpleQueue
+        recorder = self.recorder
+        capture = self
+        held: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # queue -> {id(object): _Puts}, or None
+
+        def puts_of(q) -> dict[int, _Puts] | None:  # holding the recorder
+            if q not in held:
+                held[q] = None if q.qsize() else {}
+            return held[q]
+
+        def counted(original):
+            def put(q, item, *args, **kwargs):
+                name = capture._item_put()
+                with recorder.exclusive():
+                    puts = puts_of(q)
+                    if puts is not None:
+                        thread = recorder.threads.get(threading.get_ident())
+                        seen = puts.setdefault(id(item), _Puts(0, thread, name))
+                        seen.count += 1
+                        if seen.thread != thread:
+                            seen.thread = None
+                return original(q, item, *args, **kwargs)
+            return put
+
+        def got_back(original):
+            def get(q, *args, **kwargs):
+                with recorder.exclusive():
+                    puts_of(q)  # first seen by this get: what it holds now was put unseen
+                item = original(q, *args, **kwargs)
+                with recorder.exclusive():
+                    puts = held[q]
+                    seen = puts.get(id(item)) if puts else None
+                    if seen is not None:
+                        seen.count -= 1
+                        if not seen.count:
+                            del puts[id(item)]
+                    capture._item_got(seen.name if seen is not None and seen.thread is not None else None)
+                return item
+            return get
+
+        for name, wrap in (("put", counted), ("put_nowait", counted), ("get", got_back), ("get_nowait", got_back)):
+            original = cls.__dict__[name]
+            self._undo.append(patch_method(cls, name, wrap(original), original))
+
     def _item_put(self) -> str | None:
         """Release a name of its own for the item this thread puts in a queue now; returns it (None
         where it orders nothing: a thread the recording does not follow, or no second thread yet)."""
@@ -285,6 +359,16 @@ class ThreadCapture:
 
     def _following(self) -> bool:
         return self.active and threading.get_ident() in self.recorder.threads
+
+
+@dataclass
+class _Puts:
+    """The puts of one object in a ``SimpleQueue`` not yet got back: how many, the one followed
+    thread that made them all (None: several, or one not followed), and the first one's name."""
+
+    count: int
+    thread: str | None
+    name: str | None
 
 
 def _own_locks_left_out(fn: Callable) -> Callable:
