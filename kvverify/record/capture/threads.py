@@ -10,12 +10,15 @@ it runs, and writes what orders them as ``release`` / ``acquire`` ops (rule 8):
   ends, is wrapped while recording; the new thread gets its own recording dispatch mode there);
 - locks: ``acquire`` / ``release`` (and ``with``) of ``threading.Lock`` and ``threading.RLock``,
   observed on their C types in place (``patching.patch_method``: every lock stays what it is), one
-  sync name per lock object; ``threading.Event``, ``Condition``, ``Semaphore`` and
-  ``concurrent.futures`` are built on them, so an event's ``set`` and a future's result order the
-  threads as they do in the program;
+  sync name per lock object; ``threading.Event``, ``Condition`` and ``Semaphore`` are built on
+  them, so an event's ``set`` orders the threads as it does in the program;
 - queues: one sync name per item, a get ordered after the put of the item it returned, not by the
   queue's own locks: ``queue.Queue`` by position (``_wrap_queue``), ``queue.SimpleQueue`` by the
   object returned (``_wrap_simple_queue``, which says what it does not follow);
+- ``concurrent.futures``: a task starts after its ``submit`` (the executor's work queue is a
+  ``SimpleQueue``) and ends before what returns its future done (the future's condition); two
+  orderings the executor's own locks add by this run's timing are left out, one is not
+  (``_wrap_futures``).
 
 Host bookkeeping (a flag, a list) that no lock guards orders nothing: the trace says so, and so
 does the checker.
@@ -41,7 +44,8 @@ RECORDER_ERROR = f"{NOT_RECORDED} (a recorder error; the trace misses these ops)
 OTHER_THREAD_WORK = (f"{NOT_RECORDED} (device work of a thread the recording does not follow: one that was "
                      "running before it started; see docs/record.md):")
 
-# per thread: how deep in a hand-off's own code (a queue's put or get), whose locks are left out
+# per thread: how deep in a hand-off's own code (a queue's put or get, a task's start), whose locks
+# are left out
 _IN_HAND_OFF = Depth()
 _LOCK_TYPES = (type(threading.Lock()), getattr(threading, "_CRLock", None) or type(threading.RLock()))
 # threading's own locks, taken as every thread begins and ends (``_active_limbo_lock``: also by
@@ -73,7 +77,7 @@ class ThreadCapture:
         self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Thread -> its start and end names
         self._syncs: dict[int, tuple[object, str]] = {}  # id(lock) -> (lock, name): held, so no id is reused
         # id(lock) -> lock, for locks that order nothing the program asked for (threading's
-        # bookkeeping): held, as _syncs
+        # bookkeeping, an executor's count of idle workers): held, as _syncs
         self._unobserved: dict[int, object] = {id(lock): lock for lock in _BOOKKEEPING}
         self._items = 0  # queue items named so far (over every start: no name is released twice)
         self._undo: list[Callable[[], None]] = []
@@ -92,6 +96,7 @@ class ThreadCapture:
         self._wrap_thread()
         self._wrap_queue()
         self._wrap_simple_queue()
+        self._wrap_futures()
         for cls in _LOCK_TYPES:
             for name in (*_ACQUIRES, *_RELEASES):
                 original = cls.__dict__.get(name)
@@ -299,6 +304,41 @@ class ThreadCapture:
         """This thread got the item ``_item_put`` named ``name`` (None: one nothing orders)."""
         if name is not None and self._following():
             self._sync("acquire", name)
+
+    # -- concurrent.futures ------------------------------------------------------------------
+
+    def _wrap_futures(self) -> None:
+        """``concurrent.futures``: a task starts after its ``submit`` through the item the executor
+        puts in its work queue (a ``queue.SimpleQueue``), and ends before what returns its future
+        done through the future's condition (released once the result is set; ``result()`` takes
+        it, ``wait`` and ``as_completed`` take it or their waiter's lock). Two orderings of the
+        executor's own locks are this run's timing, not the program's, and are left out: the
+        task's start takes nothing from threads already waiting for its future
+        (``set_running_or_notify_cancel`` takes the lock their wait released: what they did after
+        the submit would pass for ordered before the task), and the count of idle workers (a
+        semaphore a worker releases after each task and ``submit`` takes) orders no submit after a
+        worker's last task, nor the worker's next task after a submit.
+
+        Still taken: at a task's end the worker takes the future's lock (``set_result``), which a
+        thread waiting for the future released, so what that thread did before it waited passes for
+        ordered before the worker's next tasks. A callback added with ``add_done_callback`` and run
+        by the worker needs that ordering; leaving it out needs the callbacks followed apart
+        (tests/record/test_record_threads.py, the strict xfail)."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        submit = ThreadPoolExecutor.submit
+        unobserved = self._unobserved
+
+        def submitted(executor, fn, /, *args, **kwargs):
+            # the semaphore's lock, found before a worker of this executor can take it
+            idle = getattr(getattr(executor, "_idle_semaphore", None), "_cond", None)
+            lock = getattr(idle, "_lock", None)
+            if lock is not None:
+                unobserved.setdefault(id(lock), lock)
+            return submit(executor, fn, *args, **kwargs)
+
+        self._replace(Future, "set_running_or_notify_cancel", _own_locks_left_out(Future.set_running_or_notify_cancel))
+        self._replace(ThreadPoolExecutor, "submit", submitted)
 
     # -- locks -------------------------------------------------------------------------------
 
