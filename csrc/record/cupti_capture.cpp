@@ -318,7 +318,10 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
   }
   const void* p = call->functionParams;
 #define PARAMS(T) (*static_cast<const T*>(p))
-  if (call->callbackSite == CUPTI_API_ENTER) {  // a release of host memory: unwatched before it is unmapped
+  if (call->callbackSite == CUPTI_API_ENTER) {
+    // the call's span starts here (CUPTI hands the same word to its exit callback)
+    if (call->correlationData != nullptr) *call->correlationData = static_cast<uint64_t>(now_ns());
+    // a release of host memory: unwatched before it is unmapped
     if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost) watch::host_released(word(PARAMS(cuMemFreeHost_params).p));
     if (cbid == CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister) {
       watch::host_released(word(PARAMS(cuMemHostUnregister_params).p));
@@ -326,6 +329,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
     return;
   }
   const CUresult result = *static_cast<const CUresult*>(call->functionReturnValue);
+  const int64_t t0 = call->correlationData != nullptr ? static_cast<int64_t>(*call->correlationData) : 0;
   watch_call(cbid, p, result);
   if (suppressed() > 0) {
     return;
@@ -339,7 +343,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
         const auto& a = PARAMS(cuLaunchKernel_params);
         auto fields = launch(stream_word(a.hStream, pt), a.f, a.kernelParams, a.extra);
         if (fields[2] > 0) watch::launch(watch::stream_key(word(a.hStream), pt), fields.data() + 3, fields[2]);
-        append(kLaunch, fields, true);
+        append(kLaunch, fields, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuLaunchKernelEx:
@@ -348,7 +352,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
         const auto& a = PARAMS(cuLaunchKernelEx_params);
         auto fields = launch(stream_word(a.config->hStream, pt), a.f, a.kernelParams, a.extra);
         if (fields[2] > 0) watch::launch(watch::stream_key(word(a.config->hStream), pt), fields.data() + 3, fields[2]);
-        append(kLaunch, fields, true);
+        append(kLaunch, fields, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemFreeHost:  // (watched at its entry; the recorder writes host frees it knows)
@@ -358,7 +362,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
       if (ok) {
         const auto& a = PARAMS(cuMemcpyAsync_params);
         append(kCopy, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dst), static_cast<int64_t>(a.src),
-                       static_cast<int64_t>(a.ByteCount), 0}, true);
+                       static_cast<int64_t>(a.ByteCount), 0}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyHtoDAsync_v2:
@@ -366,7 +370,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
       if (ok) {
         const auto& a = PARAMS(cuMemcpyHtoDAsync_v2_params);
         append(kCopy, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), word(a.srcHost),
-                       static_cast<int64_t>(a.ByteCount), 0}, true);
+                       static_cast<int64_t>(a.ByteCount), 0}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoHAsync_v2:
@@ -374,7 +378,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
       if (ok) {
         const auto& a = PARAMS(cuMemcpyDtoHAsync_v2_params);
         append(kCopy, {stream_word(a.hStream, pt), word(a.dstHost), static_cast<int64_t>(a.srcDevice),
-                       static_cast<int64_t>(a.ByteCount), 0}, true);
+                       static_cast<int64_t>(a.ByteCount), 0}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyDtoDAsync_v2:
@@ -382,7 +386,7 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
       if (ok) {
         const auto& a = PARAMS(cuMemcpyDtoDAsync_v2_params);
         append(kCopy, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.srcDevice),
-                       static_cast<int64_t>(a.ByteCount), 0}, true);
+                       static_cast<int64_t>(a.ByteCount), 0}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpy:
@@ -395,129 +399,129 @@ void CUPTIAPI on_driver_call(void*, CUpti_CallbackDomain domain, CUpti_CallbackI
 #if CUDA_VERSION >= 13000
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2:
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_v2_ptsz:
-      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_v2_params), pt), true);
+      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_v2_params), pt), true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize_v2:
-      if (ok) append(kDeviceSync, {}, true);
+      if (ok) append(kDeviceSync, {}, true, t0);
       break;
 #endif
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync:  // CUDA 12.8's form (with failIdx)
     case CUPTI_DRIVER_TRACE_CBID_cuMemcpyBatchAsync_ptsz:
-      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_params), pt), true);
+      if (ok) append(kCopyBatch, batch(PARAMS(cuMemcpyBatchAsync_params), pt), true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async:
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD8Async_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemsetD8Async_params);
-        append(kMemset, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.N)}, true);
+        append(kMemset, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(a.N)}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async:
     case CUPTI_DRIVER_TRACE_CBID_cuMemsetD32Async_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuMemsetD32Async_params);
-        append(kMemset, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(4 * a.N)}, true);
+        append(kMemset, {stream_word(a.hStream, pt), static_cast<int64_t>(a.dstDevice), static_cast<int64_t>(4 * a.N)}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecord:
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecord_ptsz:
-      if (ok) append(kEventRecord, {word(PARAMS(cuEventRecord_params).hEvent), stream_word(PARAMS(cuEventRecord_params).hStream, pt)}, true);
+      if (ok) append(kEventRecord, {word(PARAMS(cuEventRecord_params).hEvent), stream_word(PARAMS(cuEventRecord_params).hStream, pt)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags:
     case CUPTI_DRIVER_TRACE_CBID_cuEventRecordWithFlags_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuEventRecordWithFlags_params);
-        append(kEventRecord, {word(a.hEvent), stream_word(a.hStream, pt)}, true);
+        append(kEventRecord, {word(a.hEvent), stream_word(a.hStream, pt)}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamWaitEvent_ptsz:
-      if (ok) append(kEventWait, {stream_word(PARAMS(cuStreamWaitEvent_params).hStream, pt), word(PARAMS(cuStreamWaitEvent_params).hEvent)}, true);
+      if (ok) append(kEventWait, {stream_word(PARAMS(cuStreamWaitEvent_params).hStream, pt), word(PARAMS(cuStreamWaitEvent_params).hEvent)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventSynchronize:
-      if (ok) append(kEventSync, {word(PARAMS(cuEventSynchronize_params).hEvent)}, true);
+      if (ok) append(kEventSync, {word(PARAMS(cuEventSynchronize_params).hEvent)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventQuery:
       if (ok || result == CUDA_ERROR_NOT_READY) {
-        append(kEventQuery, {word(PARAMS(cuEventQuery_params).hEvent), ok ? 1 : 0}, true);
+        append(kEventQuery, {word(PARAMS(cuEventQuery_params).hEvent), ok ? 1 : 0}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamSynchronize_ptsz:
-      if (ok) append(kStreamSync, {stream_word(PARAMS(cuStreamSynchronize_params).hStream, pt)}, true);
+      if (ok) append(kStreamSync, {stream_word(PARAMS(cuStreamSynchronize_params).hStream, pt)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamQuery_ptsz:
       if (ok || result == CUDA_ERROR_NOT_READY) {
-        append(kStreamQuery, {stream_word(PARAMS(cuStreamQuery_params).hStream, pt), ok ? 1 : 0}, true);
+        append(kStreamQuery, {stream_word(PARAMS(cuStreamQuery_params).hStream, pt), ok ? 1 : 0}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuCtxSynchronize:
-      if (ok) append(kDeviceSync, {}, true);
+      if (ok) append(kDeviceSync, {}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventCreate:
-      if (ok) append(kEventCreate, {word(*PARAMS(cuEventCreate_params).phEvent)}, false);
+      if (ok) append(kEventCreate, {word(*PARAMS(cuEventCreate_params).phEvent)}, false, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuEventDestroy_v2:
-      if (ok) append(kEventDestroy, {word(PARAMS(cuEventDestroy_v2_params).hEvent)}, false);
+      if (ok) append(kEventDestroy, {word(PARAMS(cuEventDestroy_v2_params).hEvent)}, false, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemUnmap:
-      if (ok) append(kUnmap, {static_cast<int64_t>(PARAMS(cuMemUnmap_params).ptr), static_cast<int64_t>(PARAMS(cuMemUnmap_params).size)}, true);
+      if (ok) append(kUnmap, {static_cast<int64_t>(PARAMS(cuMemUnmap_params).ptr), static_cast<int64_t>(PARAMS(cuMemUnmap_params).size)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemMap:
-      if (ok) append(kMap, {static_cast<int64_t>(PARAMS(cuMemMap_params).ptr), static_cast<int64_t>(PARAMS(cuMemMap_params).size)}, true);
+      if (ok) append(kMap, {static_cast<int64_t>(PARAMS(cuMemMap_params).ptr), static_cast<int64_t>(PARAMS(cuMemMap_params).size)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemHostRegister_v2:
-      if (ok) append(kHostRegister, {word(PARAMS(cuMemHostRegister_v2_params).p), static_cast<int64_t>(PARAMS(cuMemHostRegister_v2_params).bytesize)}, true);
+      if (ok) append(kHostRegister, {word(PARAMS(cuMemHostRegister_v2_params).p), static_cast<int64_t>(PARAMS(cuMemHostRegister_v2_params).bytesize)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuMemHostUnregister:
-      if (ok) append(kHostUnregister, {word(PARAMS(cuMemHostUnregister_params).p)}, true);
+      if (ok) append(kHostUnregister, {word(PARAMS(cuMemHostUnregister_params).p)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch:
     case CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz:
-      if (ok) append(kGraphLaunch, {word(PARAMS(cuGraphLaunch_params).hGraph), stream_word(PARAMS(cuGraphLaunch_params).hStream, pt)}, true);
+      if (ok) append(kGraphLaunch, {word(PARAMS(cuGraphLaunch_params).hGraph), stream_word(PARAMS(cuGraphLaunch_params).hStream, pt)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz:
       // every form starts with the stream
-      if (ok) append(kCaptureBegin, {stream_word(PARAMS(cuStreamBeginCapture_params).hStream, pt)}, true);
+      if (ok) append(kCaptureBegin, {stream_word(PARAMS(cuStreamBeginCapture_params).hStream, pt)}, true, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture:
     case CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuStreamEndCapture_params);
-        append(kCaptureEnd, {stream_word(a.hStream, pt), word(*a.phGraph)}, true);
+        append(kCaptureEnd, {stream_word(a.hStream, pt), word(*a.phGraph)}, true, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags:
       if (ok) {
         const auto& a = PARAMS(cuGraphInstantiateWithFlags_params);
-        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false);
+        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams:
     case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz:
       if (ok) {
         const auto& a = PARAMS(cuGraphInstantiateWithParams_params);
-        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false);
+        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2:
       if (ok) {
         const auto& a = PARAMS(cuGraphInstantiate_v2_params);
-        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false);
+        append(kGraphInstantiate, {word(*a.phGraphExec), word(a.hGraph)}, false, t0);
       }
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphDestroy:
-      if (ok) append(kGraphDestroy, {word(PARAMS(cuGraphDestroy_params).hGraph)}, false);
+      if (ok) append(kGraphDestroy, {word(PARAMS(cuGraphDestroy_params).hGraph)}, false, t0);
       break;
     case CUPTI_DRIVER_TRACE_CBID_cuGraphExecDestroy:
-      if (ok) append(kGraphExecDestroy, {word(PARAMS(cuGraphExecDestroy_params).hGraphExec)}, false);
+      if (ok) append(kGraphExecDestroy, {word(PARAMS(cuGraphExecDestroy_params).hGraphExec)}, false, t0);
       break;
     default:  // a call the recorder sees and cannot write down: said by name, never left out silently
-      if (ok) append(kUnmodelled, {static_cast<int64_t>(cbid), word(call->functionName)}, true);
+      if (ok) append(kUnmodelled, {static_cast<int64_t>(cbid), word(call->functionName)}, true, t0);
       break;
   }
 #undef PARAMS

@@ -1064,9 +1064,11 @@ int64_t drain(uint64_t thread, int64_t kind, std::vector<int64_t>& words) {
   for (size_t r = 0; r < n; ++r) {
     TouchSlot& slot = g->touches[ready[r].second];
     words.push_back(kind);
-    words.push_back(1 + slot.nwords);  // n: nframes (0) and the fields
+    words.push_back(3 + slot.nwords);  // n: nframes (0), the fields and the span
     words.push_back(0);
     words.insert(words.end(), slot.words, slot.words + slot.nwords);
+    words.push_back(0);  // the span: not known (the touch's order in its thread's records is what counts)
+    words.push_back(0);
     slot.state.store(0, std::memory_order_release);
   }
   touches_ready.fetch_sub(static_cast<int64_t>(n), std::memory_order_acq_rel);

@@ -22,6 +22,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <pthread.h>
 
+#include <time.h>
+
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -148,30 +150,34 @@ void move_records(std::vector<int64_t>& words, int64_t*& out, int64_t& room, int
 
 thread_local bool begin_owed = false;  // an op of the op log is open and its op_begin not written
 
-// Append `parts` (spans of words) as one record of the calling thread; an owed op_begin first.
-void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts) {
+// Append `parts` (spans of words) as one record of the calling thread, the span [t0, now] last (t0
+// 0, or not before now: not known); an owed op_begin first.
+void push(std::initializer_list<std::pair<const int64_t*, size_t>> parts, int64_t t0) {
   size_t n = 0;
   for (const auto& [_, size] : parts) {
     n += size;
   }
   const auto thread = static_cast<uint64_t>(pthread_self());
+  const int64_t t1 = now_ns();
   std::lock_guard<std::mutex> guard(mutex);
   auto& words = pending[thread];
   if (begin_owed) {
     begin_owed = false;
-    words.insert(words.end(), {static_cast<int64_t>(kOpBegin), 1, 0});
+    words.insert(words.end(), {static_cast<int64_t>(kOpBegin), 3, 0, 0, t1});
     count.fetch_add(1, std::memory_order_relaxed);
     ++own_count;
   }
   own_count += watch::drain(thread, kHostTouch, words);  // the thread's touches came before this record
   ++own_count;
   words.push_back(*parts.begin()->first);  // the kind
-  words.push_back(static_cast<int64_t>(n) - 1);
+  words.push_back(static_cast<int64_t>(n) + 1);
   bool first = true;
   for (const auto& [data, size] : parts) {
     words.insert(words.end(), data + (first ? 1 : 0), data + size);
     first = false;
   }
+  words.push_back(t0 > 0 && t0 <= t1 ? t0 : 0);
+  words.push_back(t1);
   count.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -200,19 +206,25 @@ int64_t own_pending_records() { return own_count; }
 
 int& suppressed() { return watch::seen_elsewhere(); }
 
-void append(Kind kind, const std::vector<int64_t>& fields, bool frames) {
+int64_t now_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<int64_t>(t.tv_sec) * 1000000000 + t.tv_nsec;
+}
+
+void append(Kind kind, const std::vector<int64_t>& fields, bool frames, int64_t t0) {
   std::vector<int64_t> record{static_cast<int64_t>(kind)};
   if (frames) {
     capture_frames(record);
   } else {
     record.push_back(0);
   }
-  push({{record.data(), record.size()}, {fields.data(), fields.size()}});
+  push({{record.data(), record.size()}, {fields.data(), fields.size()}}, t0);
 }
 
-void append_record(Kind kind, const std::vector<int64_t>& frames, const std::vector<int64_t>& fields) {
+void append_record(Kind kind, const std::vector<int64_t>& frames, const std::vector<int64_t>& fields, int64_t t0) {
   const int64_t head = static_cast<int64_t>(kind);
-  push({{&head, 1}, {frames.data(), frames.size()}, {fields.data(), fields.size()}});
+  push({{&head, 1}, {frames.data(), frames.size()}, {fields.data(), fields.size()}}, t0);
 }
 
 void owe_begin(bool owed) { begin_owed = owed; }

@@ -1,8 +1,10 @@
 // The recorder's native log (kvverify/record/capture/native.py reads it): what torch's caching allocator
 // and the CUDA driver report, from every thread, kept per thread until the recorder takes it.
 //
-// A record is int64 words: [kind, n, nframes, (code, line) x nframes, fields...], n counting what
-// follows it. `code` is a PyCodeObject* whose reference the record holds (native.py releases it).
+// A record is int64 words: [kind, n, nframes, (code, line) x nframes, fields..., t0, t1], n counting
+// what follows it. [t0, t1] is the span of the call the record is of, in CLOCK_MONOTONIC
+// nanoseconds (Python's time.perf_counter_ns): t0 before the call began (0: not known), t1 after
+// it returned; two threads' calls whose spans do not overlap reached the driver in span order. `code` is a PyCodeObject* whose reference the record holds (native.py releases it).
 // Where the calling thread does not hold the GIL, its frames are read as text (frames.h) and
 // nframes is -1: [kind, n, -1, m, m words of text, fields...]. The kinds and their fields are
 // listed once, in kKinds (native_log.cpp), which Python reads at load.
@@ -55,9 +57,12 @@ bool enabled();
 // handler adds its touch records to it; they are moved into their thread's records when taken).
 std::atomic<int64_t>& record_count();
 
+// Now, in CLOCK_MONOTONIC nanoseconds: a record's span.
+int64_t now_ns();
+
 // Append one record of the calling thread: `fields` after its frames (captured here when the
-// thread holds the GIL and `frames` is true).
-void append(Kind kind, const std::vector<int64_t>& fields, bool frames);
+// thread holds the GIL and `frames` is true); `t0`: when the call it is of began (0: not known).
+void append(Kind kind, const std::vector<int64_t>& fields, bool frames, int64_t t0 = 0);
 
 // An op of the op log opens (true) on the calling thread: the next record it appends is preceded
 // by an op_begin (the op then holds back what is reported inside it); or it closes (false).
@@ -67,8 +72,8 @@ void owe_begin(bool owed);
 int64_t own_pending_records();
 
 // Append one record of the calling thread with frames captured already: `frames` is
-// [n, (code, line) x n], each code's reference now the record's.
-void append_record(Kind kind, const std::vector<int64_t>& frames, const std::vector<int64_t>& fields);
+// [n, (code, line) x n], each code's reference now the record's; `t0` as append's.
+void append_record(Kind kind, const std::vector<int64_t>& frames, const std::vector<int64_t>& fields, int64_t t0);
 
 // The calling thread's depth in work the recorder sees another way (an op of torch's dispatcher,
 // a method the recorder observes in Python): driver calls there are not logged.

@@ -114,6 +114,7 @@ struct Open {
   std::vector<int64_t> frames;
   std::vector<int64_t> inputs;
   bool unwritten = false;  // the observer failed on it: logged with id -1
+  int64_t t0 = 0;          // when its call began (native_log.h: a record's span)
 };
 thread_local std::deque<Open> calls;
 thread_local size_t open_calls = 0;
@@ -434,6 +435,7 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   }
   const auto frame = op.cls == kLog ? user_frame() : std::pair<int64_t, int64_t>{0, 0};
   // no Python from here on: what a call inside this one does is not this op's record
+  open.t0 = now_ns();
   ++depth;
   open.state = Open::kKept;
   open.op = op;
@@ -485,7 +487,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
   }
   if (std::uncaught_exceptions() > 0) {
     owe_begin(false);
-    append_record(kOpFailed, open.frames, {open.op.id});
+    append_record(kOpFailed, open.frames, {open.op.id}, open.t0);
     return;
   }
   fields.assign({open.op.id, open.device, open.stream});
@@ -505,7 +507,7 @@ void on_end(const at::RecordFunction& fn, at::ObserverContext*) {
     fields.assign({-1, -1, 0, 0, 0});
   }
   owe_begin(false);
-  append_record(kOp, open.frames, fields);
+  append_record(kOp, open.frames, fields, open.t0);
 }
 
 }  // namespace

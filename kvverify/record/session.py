@@ -27,6 +27,7 @@ from kvverify.record.capture.threads import (
     OTHER_THREAD_WORK,
     ThreadCapture,
     unordered_sharing,
+    waits_first,
 )
 from kvverify.record.trace.recorder import INSIDE, Recorder, busy
 from kvverify.record.trace.writer import Summary, build
@@ -208,7 +209,7 @@ class Recording:
                 self._oplog_kinds = KINDS
                 if self.op_log:
                     self._replayer = Replayer(self._mode, self._locator.locate_frames, self._locator.library_code)
-            guard = hooks.thread_guard(self.recorder, busy, self._replayer)
+            guard = hooks.thread_guard(self.recorder, busy, self._replayer, platform.last_call)
             platform.install(self.recorder, guard, native=self.native)
             if fresh:
                 if self._replayer is not None:
@@ -482,6 +483,7 @@ class Recording:
         if self.running:
             raise RecordingError("the recording is still running: stop() it (or leave its with-block) first")
         if self._built is None:
+            waits_first(self.recorder.ops)  # (before the writer reads the log)
             doc, summary = build(self.recorder, keep_all=self.keep_all)
             summary.notes += [f"{what}: {n}" for what, n in sorted(self.recorder.notes.items())]
             summary.notes += self._threads.lines()
@@ -490,8 +492,9 @@ class Recording:
             unordered, example = unordered_sharing(self.recorder.ops)
             if unordered:
                 summary.notes.append(f"{NOT_RECORDED} (ops of two threads on one stream or event with no host "
-                                     f"ordering between them, whose order the driver may have seen the other way "
-                                     f"round; the first: {example}): {unordered}")
+                                     f"ordering between them, whose calls overlapped in time or were not timed: "
+                                     f"the driver may have seen them the other way round; the first: {example}): "
+                                     f"{unordered}")
             summary.notes += self._unwatched_notes()
             if self.recorder.memory.overruns:
                 # their placeholder shares no bytes with the allocation they run into: a race there is not decided

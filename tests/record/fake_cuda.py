@@ -19,6 +19,7 @@ import contextlib
 import ctypes
 import itertools
 import threading
+import time
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -109,6 +110,7 @@ class FakeCuda(RecordingPlatform):
         self.native_rows: defaultdict[int, list[NativeRecord]] = defaultdict(list)  # the native log, by thread
         self.capture_off = None  # native capture "runs": tests put its records in with native()
         self._keep: list = []  # numpy arrays behind the tensors
+        self._calls = threading.local()  # per thread: when its last reported call began
 
     # -- kvverify.record.capture.dispatch.RecordingPlatform --------------------------------------
 
@@ -159,8 +161,15 @@ class FakeCuda(RecordingPlatform):
     # -- what a program uses -----------------------------------------------------------------
 
     def report(self, what: str, *args) -> None:
+        """A call of torch's observed stream or event methods: it begins here (its span starts, as
+        ``CudaPlatform.suppressed()`` times it) and the recorder hears of it."""
         if self.recorder is not None:
+            self._calls.t0 = time.perf_counter_ns()
             self.guard(getattr(self.recorder, what))(*args)
+
+    def last_call(self) -> int | None:
+        t0, self._calls.t0 = getattr(self._calls, "t0", None), None
+        return t0
 
     def _tensor(self, shape, dtype) -> torch.Tensor:
         # a probe without storage: one with, made while recording, would be recorded as host memory
@@ -195,11 +204,12 @@ class FakeCuda(RecordingPlatform):
         self.blocks = [b for b in self.blocks if b[0] != base]
         self.native("free", base, 0, 0, 0)
 
-    def native(self, kind: str, *fields: int, frames: tuple = ()) -> None:
+    def native(self, kind: str, *fields: int, frames: tuple = (), when: tuple[int, int] | None = None) -> None:
         """What the extension's native log does on a GPU: a record of this thread's, taken later
-        (the allocator's ``alloc`` / ``free``, native capture's driver calls)."""
+        (the allocator's ``alloc`` / ``free``, native capture's driver calls, each of a call that
+        ran in ``when``)."""
         if self.recorder is not None:
-            self.native_rows[threading.get_ident()].append(NativeRecord(kind, list(fields), frames))
+            self.native_rows[threading.get_ident()].append(NativeRecord(kind, list(fields), frames, when))
 
     def stream(self) -> FakeStream:
         return FakeStream(self)

@@ -188,9 +188,11 @@ def test_the_log_parser_takes_over_each_frames_code_reference():
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(code))  # the record's reference, as the C++ takes it
     before = sys.getrefcount(code)
     kinds = {1: "alloc", 23: "event_query", 26: "device_sync"}
-    records = parse([1, 5, 0, 10, 20, 0, 0, 23, 3, 0, 7, 1, 26, 3, 1, id(code), 42], kinds)
-    assert [(r.kind, r.fields) for r in records] == [("alloc", [10, 20, 0, 0]), ("event_query", [7, 1]),
-                                                     ("device_sync", [])]
+    # each record ends with its call's span (t0 0: not known)
+    records = parse([1, 7, 0, 10, 20, 0, 0, 0, 99, 23, 5, 0, 7, 1, 50, 60, 26, 5, 1, id(code), 42, 70, 80], kinds)
+    assert [(r.kind, r.fields, r.when) for r in records] == [("alloc", [10, 20, 0, 0], None),
+                                                             ("event_query", [7, 1], (50, 60)),
+                                                             ("device_sync", [], (70, 80))]
     assert records[2].frames == ((code, 42),)
     del records
     assert sys.getrefcount(code) == before - 1

@@ -4,14 +4,12 @@ release happened (one that raises released nothing); threading's own bookkeeping
 thread after another; a queue (``Queue``, ``SimpleQueue``) orders a ``get`` after the ``put`` of
 the item it returns, not after every earlier put, and never after a put it cannot tell was the
 item's; a ``ThreadPoolExecutor`` task starts after its ``submit`` and ends before what returns its
-future, and the executor's own locks order nothing more; two threads issuing to one stream with
-nothing ordering them on the host leave the recording incomplete (which reached the driver first
-is unknown). A thread that gets the ident of one that ended is named apart from it. On the CUDA
-stand-in."""
+future, and the executor's own locks order nothing more. A thread that gets the ident of one that
+ended is named apart from it. (Two threads issuing to one stream: test_driver_order.py.) On the
+CUDA stand-in."""
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import threading
 import time
@@ -116,44 +114,6 @@ def test_a_thread_that_gets_the_ident_of_one_that_ended_keeps_both_names_apart(f
     assert doc["threads"] == ["MainThread", "worker", "worker #2", "worker #3"]
     assert {op["thread"] for op in doc["ops"] if "thread" in op} == {"worker", "worker #2", "worker #3"}
     rec.check()  # a valid trace
-
-
-def _two_threads_on_one_stream(fake, *, locked: bool):
-    """A worker thread records an event on the side stream while the main thread copies on it; the
-    main thread then waits for the event on its default stream. ``locked``: both hold one lock."""
-    gpu, cpu = fake.device(BLOCK), fake.pinned(BLOCK)
-    side, lock = fake.stream(), threading.Lock()
-    held = lock if locked else contextlib.nullcontext()
-    event = fake.event()
-    with record.recording(platform=fake, skip=fake.skip()) as rec:
-        def worker():
-            with held:
-                event.record(side)
-
-        t = threading.Thread(target=worker, name="worker")
-        t.start()
-        with held, fake.use(side):
-            gpu.copy_(cpu, non_blocking=True)
-        t.join()
-        event.wait(fake.default)
-    return rec
-
-
-def test_two_threads_issuing_to_one_stream_with_no_host_ordering_make_the_recording_incomplete(fake):
-    """Each op is logged after its CUDA call returned: a record of one thread and a copy of another on
-    the same stream, unordered on the host, may have reached the driver in the other order than the
-    log's, and that order decides whether the event captures the copy. The recording must not call
-    what follows SAFE: it says so as missed (``NOT_RECORDED``)."""
-    rec = _two_threads_on_one_stream(fake, locked=False)
-    assert not rec.complete()
-    note = next(n for n in rec.summary().notes if "no host ordering" in n)
-    assert "stream 'stream" in note and "record at" in note and "(worker)" in note
-    assert int(note.rsplit(": ", 1)[1]) >= 1
-
-
-def test_two_threads_on_one_stream_ordered_by_a_lock_leave_the_recording_complete(fake):
-    rec = _two_threads_on_one_stream(fake, locked=True)
-    assert rec.complete(), rec.summary().notes
 
 
 # -- queues ---------------------------------------------------------------------------------------

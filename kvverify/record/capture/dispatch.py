@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -137,6 +138,11 @@ class RecordingPlatform:
         """A context manager: the driver calls of this thread inside it are not captured natively
         (the recorder sees them another way)."""
         return contextlib.nullcontext()
+
+    def last_call(self) -> int | None:
+        """When this thread's last call inside ``suppressed()`` began (``time.perf_counter_ns()``),
+        once: a second ask, or one where no such call was timed, gets None (``Recorder.when``)."""
+        return None
 
     host_watch = None
     """The running host watch (``kvverify.record.capture.watch.HostWatch``), or None."""
@@ -311,6 +317,7 @@ class RecordingMode(TorchDispatchMode):
         forcer = self.forcer
         call = None if forcer is None else forcer.before(info.name)
         rec.begin_op()
+        t0 = time.perf_counter_ns()
         try:
             out = func(*args, **kwargs)
         except BaseException:
@@ -319,11 +326,14 @@ class RecordingMode(TorchDispatchMode):
             if call is not None:
                 forcer.failed(call)
             raise
+        when = (t0, time.perf_counter_ns())
         with rec.exclusive():
             try:
                 rec.collect()  # the op's fresh blocks and its frees come before its entry
+                rec.when(when)
                 self.handle(info, args, kwargs, out)
             finally:
+                rec.when(None)
                 rec.end_op()
         if call is not None:  # outside the recorder's lock: a witness run may wait here
             forcer.after(call)

@@ -182,6 +182,9 @@ class CudaPlatform(RecordingPlatform):
     def suppressed(self):
         return self.log.suppressed() if self.log is not None else contextlib.nullcontext()
 
+    def last_call(self) -> int | None:
+        return self.log.suppressed().last_call() if self.log is not None else None
+
     def on_graph_replay(self, report: Callable[[], None]) -> None:
         """Call ``report()`` as ``torch.cuda.CUDAGraph.replay`` is about to launch its graph (torch
         releases the GIL for the launch, where native capture cannot read the Python stack):
@@ -566,12 +569,15 @@ class CudaTools:
         self.driver.cuStreamDestroy(self.stream)
 
 
-def thread_guard(recorder: Recorder, busy: Callable[[], bool], replayer=None) -> Callable[[Callable], Callable]:
+def thread_guard(recorder: Recorder, busy: Callable[[], bool], replayer=None,
+                 last_call: Callable[[], int | None] = lambda: None) -> Callable[[Callable], Callable]:
     """A ``guard`` for ``install``: the wrapped callback runs on the threads ``recorder`` follows
     (``Recorder.threads``), unless ``busy()`` (the recorder's own work on that thread), holding the
     recorder; calls from other threads are noted as missed work (``NOT_RECORDED``). While
     ``replayer`` (``kvverify.record.capture.oplog.Replayer``) logs the ops of the calling thread,
-    the reports of ``DEFERRED`` go into its log instead, located now, and run when it is replayed."""
+    the reports of ``DEFERRED`` go into its log instead, located now, and run when it is replayed.
+    ``last_call()``: when the call the report is of began (the platform's ``suppressed()`` timed
+    it; None: not known); the ops it logs ran from then to now (``Recorder.when``)."""
 
     def guard(fn: Callable) -> Callable:
         deferrable = replayer is not None and getattr(fn, "__name__", None) in DEFERRED
@@ -586,12 +592,18 @@ def thread_guard(recorder: Recorder, busy: Callable[[], bool], replayer=None) ->
                 return None
             if busy():
                 return None
+            t0 = last_call()
+            when = None if t0 is None else (t0, time.perf_counter_ns())
             if deferrable and replayer.on and ident == replayer.thread:
-                replayer.defer(fn, args, {"at": recorder.locate()} if located else {})
+                replayer.defer(fn, args, {"at": recorder.locate()} if located else {}, when)
                 return None
             with recorder.exclusive():
                 recorder.collect()  # what the native log holds of this thread happened before
-                return fn(*args)
+                recorder.when(when)
+                try:
+                    return fn(*args)
+                finally:
+                    recorder.when(None)
 
         return cb
 

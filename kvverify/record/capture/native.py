@@ -20,6 +20,8 @@ import contextlib
 import ctypes
 import glob
 import os
+import threading
+import time
 from collections import Counter
 
 from kvverify.errors import RecordingError
@@ -166,18 +168,34 @@ class NativeLog:
         return left
 
 
-class _Quiet:
+class _Quiet(threading.local):
     """``NativeLog.suppressed()``: one object for every use (a method the recorder observes pays
-    two C calls, not a generator)."""
+    two C calls, not a generator). It also times the call it wraps: ``last_call()``."""
+
+    depth = 0
+    t0 = 0
+    span: tuple[int, int] | None = None  # the last call's, once it returned
 
     def __init__(self, suppress) -> None:
         self._suppress = suppress
 
     def __enter__(self) -> None:
+        if not self.depth:  # (a method observed inside another: the outer call's span is the one)
+            self.span, self.t0 = None, time.perf_counter_ns()
+        self.depth += 1
         self._suppress(1)
 
     def __exit__(self, *exc) -> None:
         self._suppress(-1)
+        self.depth -= 1
+        if not self.depth:
+            self.span = (self.t0, time.perf_counter_ns())
+
+    def last_call(self) -> int | None:
+        """When this thread's last call made inside ``suppressed()`` began
+        (``time.perf_counter_ns()``), now forgotten; None where there is none (or it was taken)."""
+        span, self.span = self.span, None
+        return None if span is None else span[0]
 
 
 def text_frames(words: list[int]) -> list[tuple[str, int, str]]:
@@ -197,29 +215,30 @@ def text_frames(words: list[int]) -> list[tuple[str, int, str]]:
 
 
 def parse(words: list[int], kinds: dict[int, str]) -> list[NativeRecord]:
-    """The records in ``words`` (``[kind, n, nframes, (code, line) x nframes, fields...]`` each,
-    ``n`` counting what follows it; nframes -1: ``[m, m words of frames as text]`` instead, frames
-    ``(file, line, function)``); takes over the references to their code objects."""
+    """The records in ``words`` (``[kind, n, nframes, (code, line) x nframes, fields..., t0, t1]``
+    each, ``n`` counting what follows it; nframes -1: ``[m, m words of frames as text]`` instead,
+    frames ``(file, line, function)``; ``t0`` 0: when the call began is not known); takes over the
+    references to their code objects."""
     out = []
     k = 0
     while k < len(words):
         kind, n, nframes = words[k], words[k + 1], words[k + 2]
+        end = k + 2 + n  # past the record; its span is the last two words
+        t0 = words[end - 2]
+        when = (t0, words[end - 1]) if t0 > 0 else None
         if not nframes:  # the allocator's records, most of them
-            out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 3:k + 2 + n]))
-            k += 2 + n
-            continue
-        if nframes == -1:  # read as text, where the thread had released the GIL
+            out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 3:end - 2], (), when))
+        elif nframes == -1:  # read as text, where the thread had released the GIL
             m = words[k + 3]
-            out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 4 + m:k + 2 + n],
-                                    tuple(text_frames(words[k + 4:k + 4 + m]))))
-            k += 2 + n
-            continue
-        frames = []
-        for f in range(nframes):
-            address, line = words[k + 3 + 2 * f], words[k + 4 + 2 * f]
-            code = ctypes.cast(address, ctypes.py_object).value
-            ctypes.pythonapi.Py_DecRef(ctypes.py_object(code))  # the record's reference, now ours
-            frames.append((code, line))
-        out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 3 + 2 * nframes:k + 2 + n], tuple(frames)))
-        k += 2 + n
+            out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 4 + m:end - 2],
+                                    tuple(text_frames(words[k + 4:k + 4 + m])), when))
+        else:
+            frames = []
+            for f in range(nframes):
+                address, line = words[k + 3 + 2 * f], words[k + 4 + 2 * f]
+                code = ctypes.cast(address, ctypes.py_object).value
+                ctypes.pythonapi.Py_DecRef(ctypes.py_object(code))  # the record's reference, now ours
+                frames.append((code, line))
+            out.append(NativeRecord(kinds.get(kind, str(kind)), words[k + 3 + 2 * nframes:end - 2], tuple(frames), when))
+        k = end
     return out

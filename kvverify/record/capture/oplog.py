@@ -267,10 +267,11 @@ class Replayer:
                 self.rec.notes[f"{OTHER_THREAD_WORK} dispatcher ops that torch ran for the recording thread on "
                                "threads of its own (autograd's backward pass)"] += missed
 
-    def defer(self, fn: Callable, args: tuple, kwargs: dict) -> None:
-        """Run the report ``fn(*args, **kwargs)`` where the log reaches this point."""
+    def defer(self, fn: Callable, args: tuple, kwargs: dict, when: tuple[int, int] | None = None) -> None:
+        """Run the report ``fn(*args, **kwargs)`` where the log reaches this point, its ops of a
+        call that ran in ``when`` (``Recorder.when``)."""
         index = len(self.marks)
-        self.marks.append((fn, args, kwargs))
+        self.marks.append((fn, args, kwargs, when))
         self.log.mark(index)
 
     def quiet(self, delta: int) -> None:
@@ -304,10 +305,11 @@ class Replayer:
         rec = self.rec
         if kind == "mark":
             index = record.fields[0]
-            fn, args, kwargs = self.marks[index]
+            fn, args, kwargs, when = self.marks[index]
             self.marks[index] = None
             if index == len(self.marks) - 1:
                 self.marks.clear()  # every mark before it was replayed: the list starts again
+            rec.when(when)
             fn(*args, **kwargs)
         elif kind == "op_begin":
             rec.begin_op()

@@ -424,17 +424,48 @@ def _own_locks_left_out(fn: Callable) -> Callable:
 
 STREAM_OPS = frozenset(("kernel", "copy", "copy_batch", "record", "wait_event", "sync_stream"))
 EVENT_OPS = frozenset(("record", "wait_event", "sync_event", "query_event"))
+HOST_WAITS = frozenset(("sync_stream", "sync_event", "query_event", "sync_device"))
+"""Ops where the host waits for (or asks after) device work: which work one covers depends on
+what reached the driver before it, and taking it as earlier than it was only orders less."""
+
+
+def waits_first(log: list[dict]) -> None:
+    """Move each timed host wait (``HOST_WAITS``) of the log, in place, before the ops of other
+    threads logged ahead of it that did not return before it began: which of them the wait
+    covered is not known (a thread that releases the GIL to wait lets others issue meanwhile), and
+    the wait taken as the earlier one covers none of them, a report too many at worst, never a
+    race hidden. Nothing moves past an op of its own thread."""
+    k = 0
+    while k < len(log):
+        op = log[k]
+        when = op.get("when")
+        if op["op"] not in HOST_WAITS or when is None:
+            k += 1
+            continue
+        thread, j = op.get("thread"), k
+        while j > 0 and log[j - 1].get("thread") != thread:
+            j -= 1
+        # (back to just after its thread's last op; from there on, the first op not known to be earlier)
+        while j < k and _driver_ordered(log[j].get("when"), when):
+            j += 1
+        if j < k:
+            log.insert(j, log.pop(k))
+        k += 1
 
 
 def unordered_sharing(log: list[dict]) -> tuple[int, str | None]:
     """Pairs of ops of two threads on one stream (or on one event, one of them a record) with no
-    host ordering between them (``release`` / ``acquire``, rule 8), in a recorder's op log; returns
-    their count and a description of the first.
+    host ordering between them (``release`` / ``acquire``, rule 8) and no driver order either, in a
+    recorder's op log; returns their count and a description of the first.
 
     Each op is logged after its CUDA call returned, not atomically with it: two threads' ops that
     nothing orders on the host may have reached the driver in the other order than the log's, and
     on one stream that order decides what a later event captures (or which record a wait reads).
-    Such a recording is not a complete account of the program (``NOT_RECORDED``)."""
+    Such a pair is decided where both calls were timed (``when``: ``Recorder.when``) and the
+    earlier one in the log had returned before the later one began (the driver saw them in the
+    log's order), and where the earlier one is a host wait (``waits_first`` put it there: it covers
+    less). Any other such pair (calls that overlapped, a log order the clock contradicts, a call
+    not timed) makes the recording not a complete account of the program (``NOT_RECORDED``)."""
     clocks: dict[object, dict[object, int]] = {}  # thread -> its vector clock
     syncs: dict[str, dict[object, int]] = {}  # sync name -> the clock its releases carry
     last: dict[tuple[str, str], dict[object, tuple[int, dict]]] = {}  # (kind, name) -> thread -> (tick, op)
@@ -442,8 +473,10 @@ def unordered_sharing(log: list[dict]) -> tuple[int, str | None]:
 
     def check(key: tuple[str, str], thread, clock: dict, op: dict, against: tuple[str, str]) -> None:
         nonlocal count, first
+        when = op.get("when")
         for other, (tick, earlier) in last.get(against, {}).items():
-            if other != thread and clock.get(other, 0) < tick:
+            if (other != thread and clock.get(other, 0) < tick and earlier["op"] not in HOST_WAITS
+                    and not _driver_ordered(earlier.get("when"), when)):
                 count += 1
                 if first is None:
                     first = (f"{key[0]} {key[1]!r}: {earlier['op']} at {earlier.get('at') or '?'} "
@@ -464,6 +497,10 @@ def unordered_sharing(log: list[dict]) -> tuple[int, str | None]:
                 clock[t] = max(clock.get(t, 0), c)
             continue
         tick = clock[thread]
+        if kind == "sync_device":  # a wait for every stream
+            for key in [key for key in last if key[0] == "stream"]:
+                check(key, thread, clock, op, key)
+            continue
         if kind in STREAM_OPS and "stream" in op:
             key = ("stream", op["stream"])
             check(key, thread, clock, op, key)
@@ -476,3 +513,9 @@ def unordered_sharing(log: list[dict]) -> tuple[int, str | None]:
                 last.setdefault(records, {})[thread] = (tick, op)
             last.setdefault(key, {})[thread] = (tick, op)
     return count, first
+
+
+def _driver_ordered(earlier: tuple[int, int] | None, later: tuple[int, int] | None) -> bool:
+    """Whether a call that ran in ``earlier`` reached the driver before one that ran in ``later``:
+    it returned before the other began (CLOCK_MONOTONIC is one clock for every CPU)."""
+    return earlier is not None and later is not None and earlier[1] < later[0]

@@ -72,13 +72,15 @@ HERE = object()
 class NativeRecord(NamedTuple):
     """One record of the native log (``kvverify.record.capture.native``): ``kind`` (``"alloc"`` and
     ``"free"``: torch's caching allocator handed out a block, a free was asked for, fields
-    ``address, size, stream, device``; the driver calls of native capture), its ``fields``, and
-    the ``(code, line)`` frames of the call, innermost first (``(file, line, function)`` where they
-    were read as text, the thread having released the GIL; empty: not known)."""
+    ``address, size, stream, device``; the driver calls of native capture), its ``fields``, the
+    ``(code, line)`` frames of the call, innermost first (``(file, line, function)`` where they
+    were read as text, the thread having released the GIL; empty: not known), and ``when`` the
+    call ran (``Recorder.when``; None: not known)."""
 
     kind: str
     fields: list
     frames: tuple = ()
+    when: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ class _PerThread(threading.local):
     in_op = False
     held = None
     collecting = False
+    when = None  # the span of the call whose ops it logs now (Recorder.when)
 
 
 def short_at(at: str | None) -> str:
@@ -249,8 +252,9 @@ class Recorder:
                 for implied in ({"op": "record", "event": event, "stream": other},
                                 {"op": "wait_event", "stream": name, "event": event}):
                     implied.update(name=IMPLICIT, at=op.get("at"))
-                    if "thread" in op:
-                        implied["thread"] = op["thread"]
+                    for key in ("thread", "when"):  # (the same call's)
+                        if key in op:
+                            implied[key] = op[key]
                     self.ops.append(implied)
 
     def _event(self, handle: int, at: str | None) -> str:
@@ -311,12 +315,23 @@ class Recorder:
                     elif record.kind == "free":
                         self.memory_freed(record.fields[0])
                     elif self.native is not None:
+                        local.when = record.when
                         self.native(record)
             finally:
                 local.collecting = False
+                local.when = None
+
+    def when(self, span: tuple[int, int] | None) -> None:
+        """The ops this thread logs from now on (until ``when(None)``) are of one call that ran in
+        ``span``: ``(t0, t1)``, ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, as the native log's
+        records) taken before the call began and after it returned. Two threads' calls whose spans
+        do not overlap reached the driver in span order (``threads.unordered_sharing``)."""
+        self._local.when = span
 
     def _log(self, op: dict) -> None:
         self.collect()
+        if "when" not in op and self._local.when is not None:
+            op["when"] = self._local.when
         if self._capturing:
             template = self._capturing.get(op.get("stream"))
             if template is None and op["op"] == "wait_event" and op["event"] in self._captured_events:
@@ -347,6 +362,8 @@ class Recorder:
         if local.in_op:
             if local.held is None:
                 local.held = []
+            if local.when is not None:
+                op["when"] = local.when
             local.held.append(op)
         else:
             self._log(op)

@@ -230,7 +230,7 @@ def build(recorder: Recorder, *, keep_all: bool = False) -> tuple[dict, Summary]
             summary.records_dropped += 1
             continue
         else:
-            out = {k: v for k, v in op.items() if k != "at"}
+            out = {k: v for k, v in op.items() if k not in ("at", "when")}
         if kind != "query_event":
             polled.clear()
         elif not op["result"]:
