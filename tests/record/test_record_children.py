@@ -298,6 +298,23 @@ def test_past_ten_children_the_rest_are_counted_and_a_marker_being_written_count
     assert lines[more] == 2
 
 
+def test_a_marker_renamed_since_the_folder_was_listed_is_read_under_its_final_name(clean_env):
+    watch = ChildWatch()
+    watch.start()
+    Path(watch.folder, "1000001").write_bytes(f"1000001\n{os.getpid()}\npython\0w.py\0".encode())
+    listed = [".1000001.part"]  # (listed before the child's rename)
+    clean_env.setattr(processes.os, "listdir", lambda folder: listed)
+    assert f"{CHILD} pid 1000001 `python w.py`)" in watch.stop()
+
+
+def test_a_folder_removed_under_the_recording_is_said(clean_env):
+    watch = ChildWatch()
+    watch.start()
+    os.rmdir(watch.folder)  # (a cleaner of the temporary folder)
+    [line] = watch.stop()
+    assert line.startswith("NOT RECORDED (child processes: their markers in ") and "could not be read" in line
+
+
 def test_without_the_library_the_recording_says_children_are_not_watched(fake, clean_env, tmp_path):
     clean_env.setattr(processes, "LIBRARY", str(tmp_path / "_inject.so"))
     with record.recording(platform=fake) as rec:

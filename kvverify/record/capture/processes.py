@@ -72,10 +72,10 @@ class ChildWatch:
     def start(self) -> None:
         """Set the two variables in ``os.environ`` (the previous values are kept for ``stop``).
         Nothing raises: where children cannot be watched, ``stop`` says why as a NOT RECORDED line."""
-        self.pid, self.running, self.off = os.getpid(), True, None
+        self.pid, self.running, self.off, self._unwatched = os.getpid(), True, None, 0
         if not os.path.isfile(LIBRARY):
             self.off = (f"{LIBRARY} is missing (kvverify was installed before it was built): reinstall kvverify "
-                        "(pip install --no-build-isolation -e .), which builds it on every host")
+                        "(from a checkout: pip install --no-build-isolation -e .), which builds it on every host")
             return
         try:
             self.folder = tempfile.mkdtemp(prefix="kvverify-children-")
@@ -110,7 +110,6 @@ class ChildWatch:
                   "was running before the recording started and so lacks its environment: whether they used CUDA "
                   "is not seen; start the recording before the program's first forkserver process, or use the "
                   "spawn start method)"] += self._unwatched
-            self._unwatched = 0
         if self.folder is None:
             return dict(lines)
         for name, value in self._saved.items():
@@ -123,6 +122,10 @@ class ChildWatch:
             return dict(lines)  # a forked child that ended the recording: the folder is its parent's to read
         try:
             children = [m for m in _markers(folder) if m[1] != self.pid]
+        except OSError as exc:  # (the folder removed under the recording: by a cleaner of the temporary folder)
+            children = []
+            lines[f"{NOT_RECORDED} (child processes: their markers in {folder} could not be read "
+                  f"({exc.strerror or exc}); one that used CUDA is not named)"] += 1
         finally:
             shutil.rmtree(folder, ignore_errors=True)
         for _, pid, ppid, command in children[:NAMED]:
@@ -191,10 +194,14 @@ def _markers(folder: str) -> list[tuple[float, int, int | None, str]]:
         pid_text = name[1:-len(".part")] if name.startswith(".") and name.endswith(".part") else name
         if not pid_text.isdigit():
             continue
-        try:
-            with open(os.path.join(folder, name), "rb") as f:
-                data, when = f.read(), os.fstat(f.fileno()).st_mtime
-        except OSError:  # (a .part renamed meanwhile: listed under its final name too)
+        for candidate in dict.fromkeys((name, pid_text)):  # (a .part renamed since the listing: its final name)
+            try:
+                with open(os.path.join(folder, candidate), "rb") as f:
+                    data, when = f.read(), os.fstat(f.fileno()).st_mtime
+                break
+            except OSError:
+                continue
+        else:
             continue
         fields = data.split(b"\n", 2)
         pid = int(pid_text)
