@@ -33,10 +33,9 @@ exit status:
      says which); or no race, but NOT RECORDED lines (the JSON has complete:
      false); or the trace was not written. --confirm changes none.
 
-The program runs in this process (runpy, or pytest.main). Threads it starts
-are recorded; threads running before, tests that record themselves, and child
-processes that use CUDA (named by pid and command) are NOT RECORDED, and the
-rest is never called SAFE (docs/record.md).
+Runs in this process (runpy, pytest.main), with the threads it starts; threads
+running before, tests that record themselves, and child processes that use
+CUDA are NOT RECORDED, and the rest is never called SAFE (docs/record.md).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
