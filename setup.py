@@ -1,6 +1,7 @@
-"""Build kvverify with its CUDA extension ``kvverify._C``, or fail saying why it cannot be built.
+"""Build kvverify with its CUDA extension ``kvverify._C``, or fail saying why it cannot be built;
+and, on every host, the CUDA injection library ``kvverify/_inject.so``.
 
-Every ``.cpp`` and ``.cu`` under ``csrc/`` (``csrc/op/``, ``csrc/harness/``, ``csrc/record/``: see
+Every ``.cpp`` and ``.cu`` under ``csrc/op/``, ``csrc/harness/`` and ``csrc/record/`` (see
 ``csrc/README.md``) goes into the one extension; each file registers its own ops with
 ``TORCH_LIBRARY_FRAGMENT(kvverify, ...)``. The extension never links libcuda:
 driver entry points are resolved at run time, so build hosts need no driver. It is built
@@ -15,13 +16,20 @@ Environment:
 - ``KVVERIFY_CPU_ONLY=1``: install without the extension (``kvverify check`` and the stress
   contract verdicts work; the op, ``probe``, ``bench`` and ``stress`` on a GPU refuse). Without
   it, a host where the extension cannot be built fails the install with the reason.
+
+``csrc/inject/inject.c`` is plain C (no CUDA headers, no torch, no Python API): the CUDA driver
+loads it into the recorded program's child processes (``CUDA_INJECTION64_PATH``,
+``kvverify/record/capture/processes.py``). It is built with the C compiler as setuptools sets it
+up, before torch's build command rewires that compiler for ``kvverify._C`` (ninja, C++ flags),
+and named ``_inject.so``: it is no Python module, so it gets no interpreter suffix.
 """
 
 import glob
 import os
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
 
 DEFAULT_ARCHS = "8.0;8.6;8.9;9.0;10.0;12.0+PTX"
 CPU_ONLY = os.environ.get("KVVERIFY_CPU_ONLY", "") == "1"
@@ -30,6 +38,7 @@ HOW = """\
       pip install "setuptools>=70.1" ninja && pip install --no-build-isolation -e .
   Without a GPU or nvcc (kvverify check; kvverify stress prints contract verdicts only):
       KVVERIFY_CPU_ONLY=1 pip install -e ."""
+INJECT = "kvverify._inject"
 
 
 def _find_cuda_home():
@@ -109,10 +118,42 @@ def _pip_cuda_include_dirs():
     return sorted(d for root in nvidia.__path__ for d in glob.glob(os.path.join(root, "*", "include")))
 
 
+def _inject_extension() -> Extension:
+    """The injection library: only ``InitializeInjection`` is exported (-fvisibility=hidden), so
+    that nothing of it can stand in for a symbol of the program it is loaded into."""
+    return Extension(INJECT, sources=[os.path.join("csrc", "inject", "inject.c")], libraries=["dl"],
+                     extra_compile_args=["-O2", "-Wall", "-fvisibility=hidden"])
+
+
+def _with_inject(base):
+    """``base`` (torch's build command, or setuptools' own) building the injection library first."""
+
+    class BuildExt(base):
+        def build_extensions(self):
+            plain = [ext for ext in self.extensions if ext.name == INJECT]
+            for ext in plain:
+                build_ext.build_extension(self, ext)
+            rest = self.extensions
+            self.extensions = [ext for ext in rest if ext.name != INJECT]
+            try:
+                base.build_extensions(self)
+            finally:
+                self.extensions = rest
+
+        def get_ext_filename(self, fullname):
+            # asked by the full name and by the last part alone (distutils' get_ext_fullpath)
+            ext = self.ext_map.get(fullname)
+            if ext is not None and ext.name == INJECT:
+                return os.path.join(*fullname.split(".")) + ".so"
+            return super().get_ext_filename(fullname)
+
+    return BuildExt
+
+
 def _ext_modules_and_cmdclass():
     if CPU_ONLY:
         print("kvverify: KVVERIFY_CPU_ONLY=1: installing without the CUDA extension kvverify._C", file=sys.stderr)
-        return [], {}
+        return [_inject_extension()], {"build_ext": _with_inject(build_ext)}
     reason = _why_no_extension()
     if reason is not None:
         sys.exit(f"kvverify: cannot build the CUDA extension kvverify._C: {reason}.\n{HOW}")
@@ -136,7 +177,7 @@ def _ext_modules_and_cmdclass():
         # The stable ABI keeps one build loadable by any CPython >= 3.10 (no pybind11 module).
         py_limited_api=True,
     )
-    return [ext], {"build_ext": BuildExtension.with_options(use_ninja=True)}
+    return [ext, _inject_extension()], {"build_ext": _with_inject(BuildExtension.with_options(use_ninja=True))}
 
 
 ext_modules, cmdclass = _ext_modules_and_cmdclass()

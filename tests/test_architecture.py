@@ -128,7 +128,9 @@ RECORD_BELOW = {
     "kvverify.record.trace": set(),
     "kvverify.record.capture": {"kvverify.record.trace"},
     "kvverify.record.inprocess": set(),
-    "kvverify.record.confirm": {"kvverify.record.trace", "kvverify.record.session", "kvverify.record.inprocess"},
+    # (capture/: the witness runs start without a recording's child-process variables, processes.py)
+    "kvverify.record.confirm": {"kvverify.record.trace", "kvverify.record.capture", "kvverify.record.session",
+                                "kvverify.record.inprocess"},
     "kvverify.record.pytest_plugin": {"kvverify.record.confirm", "kvverify.record.session", "kvverify.record.capture",
                                       "kvverify.record.trace", "kvverify.record.inprocess"},
 }

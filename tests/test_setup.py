@@ -93,6 +93,22 @@ def test_cpu_only_installs_without_the_extension_and_says_so(tmp_path):
     assert "KVVERIFY_CPU_ONLY=1: installing without the CUDA extension kvverify._C" in p.stderr
 
 
+def test_cpu_only_builds_the_injection_library_as_a_plain_shared_library(tmp_path):
+    """kvverify/_inject.so is built on every host, by the C compiler alone, under its own name (no
+    interpreter suffix: the CUDA driver loads it, not Python), exporting InitializeInjection."""
+    import ctypes
+
+    if shutil.which(os.environ.get("CC") or "cc") is None:
+        pytest.skip("no C compiler to build it with")
+    env = {k: v for k, v in os.environ.items() if k != "KVVERIFY_CPU_ONLY"} | {"KVVERIFY_CPU_ONLY": "1"}
+    p = subprocess.run([sys.executable, "setup.py", "build_ext", "--build-lib", str(tmp_path / "lib"),
+                        "--build-temp", str(tmp_path / "temp")], cwd=ROOT, capture_output=True, text=True, env=env,
+                       timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    assert [f.name for f in (tmp_path / "lib" / "kvverify").iterdir()] == ["_inject.so"]
+    assert ctypes.CDLL(str(tmp_path / "lib" / "kvverify" / "_inject.so")).InitializeInjection
+
+
 def _default_archs() -> list[str]:
     tree = ast.parse((ROOT / "setup.py").read_text())
     value = next(n.value.value for n in tree.body if isinstance(n, ast.Assign)

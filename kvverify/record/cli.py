@@ -33,9 +33,9 @@ exit status:
      says which); or no race, but NOT RECORDED lines (the JSON has complete:
      false); or the trace was not written. --confirm changes none.
 
-The program runs in this process (runpy, or pytest.main). Threads it starts
-are recorded; threads running before, and tests that record themselves, are
-NOT RECORDED, and the rest is never called SAFE (docs/record.md).
+Runs in this process (runpy, pytest.main), with the threads it starts; threads
+running before, tests that record themselves, and child processes that use
+CUDA are NOT RECORDED, and the rest is never called SAFE (docs/record.md).
 
 Examples:
   kvverify record -- python offload_test.py --layers 32
@@ -171,8 +171,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
         return status
     if verdict.safe and not rec.complete():
         print("kvverify record: the recording missed device work (the NOT RECORDED lines above: ops the recorder "
-              "failed on, work of other threads, recordings nested in this one): SAFE covers only what was "
-              "recorded", file=sys.stderr)
+              "failed on, work of other threads, recordings nested in this one, child processes that used CUDA): "
+              "SAFE covers only what was recorded", file=sys.stderr)
         return 2
     if verdict.safe and not written:
         return 2

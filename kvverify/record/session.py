@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 
 from kvverify.errors import RecordingError
 from kvverify.record.capture.frames import Locator
+from kvverify.record.capture.processes import ChildWatch
 from kvverify.record.capture.threads import (
     NOT_RECORDED,
     OTHER_THREAD_WORK,
@@ -141,6 +142,7 @@ class Recording:
         self._verdict = None
         self._covered: list[tuple[int, int]] = []  # host bytes the host watch held (across pauses)
         self._watch_losses: dict[str, int] = {}
+        self._children = ChildWatch()
         self.running = False
 
     # -- lifetime ----------------------------------------------------------------------------
@@ -189,6 +191,7 @@ class Recording:
             self._built = self._verdict = None
             self._covered, self._watch_losses = [], {}
             self.running = True
+            self._children.start()
             _set_active(self)
         return self
 
@@ -361,6 +364,7 @@ class Recording:
                 rec.notes[f"{NOT_RECORDED} (the recording could not go on after a recording nested in it stopped, "
                           f"and ended there: {type(exc).__name__}: {exc})"] += 1
             self.running = False
+            self._end_children()
             _set_active(self._outer)
             if self._outer is not None:
                 self._outer._resume()
@@ -386,9 +390,17 @@ class Recording:
                 self._detach()
             finally:
                 self.running = False
+                self._end_children()
                 _set_active(self._outer)
                 if self._outer is not None:
                     self._outer._resume()
+
+    def _end_children(self) -> None:
+        """The recording ends: the child processes that used CUDA while it ran are work it missed
+        (``kvverify.record.capture.processes``); the environment is the program's again."""
+        lines = self._children.stop()
+        with self.recorder.exclusive():
+            self.recorder.notes.update(lines)
 
     def _outers(self) -> list[Recording]:
         """The recordings this one paused, innermost first."""
@@ -545,8 +557,8 @@ class Recording:
 
     def complete(self) -> bool:
         """False when the recording missed device work it knows of (the summary names it): an op
-        the recorder failed on, device work or host accesses of another thread. A SAFE verdict
-        then covers only what was recorded."""
+        the recorder failed on, device work or host accesses of another thread, a child process
+        that used CUDA. A SAFE verdict then covers only what was recorded."""
         return not any(note.startswith(NOT_RECORDED) for note in self.summary().notes)
 
     def report(self, source: str | None = None) -> str:

@@ -27,9 +27,13 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_
     one pytest test, whose witness run the plugin starts where it starts the test's recording
     (``WITNESS_ENV``), so that calls are counted from the same point; else the whole command is
     the witness run, as it was the recording. A child that fails before it observes anything gives
-    an observation that says so."""
+    an observation that says so. The children use CUDA on purpose and are the recorder's, not the
+    program's: they start without a recording's child-process variables
+    (``kvverify.record.capture.processes.outside_environment``), so that a recording still running
+    (one this is nested in) does not name them."""
     import subprocess
 
+    from kvverify.record.capture.processes import outside_environment
     from kvverify.record.confirm import witness
 
     kind, target, arguments = program(command)
@@ -59,7 +63,7 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_
                     run_program("pytest", "pytest", arguments)
                 else:
                     done = subprocess.run([sys.executable, "-m", "pytest", *arguments], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True)
+                                          stderr=subprocess.PIPE, text=True, env=outside_environment())
             finally:
                 if saved is None:
                     os.environ.pop(WITNESS_ENV, None)
@@ -70,7 +74,8 @@ def witness_runs(command: list[str], swap_ops, scratch: str, platform=None, per_
         else:
             swap = [a for op in swap_ops for a in ("--swap-op", op)]
             done = subprocess.run([sys.executable, "-m", "kvverify", "record", "--witness", spec, *swap, "--",
-                                   *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                   *command], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  env=outside_environment())
         if not os.path.exists(out + ".bin"):
             if done is None:
                 return witness.WitnessObservation(
