@@ -44,7 +44,7 @@ class HardEnds:
         self._finish = finish
         self._no_verdict = no_verdict
         self._pid = os.getpid()
-        self._exit = os._exit
+        self._real_exit = os._exit
         self._os_exit = self._exit_called  # (one bound method: ``remove`` knows its own by identity)
         self._locator = Locator()
         self._sigterm = False
@@ -69,7 +69,7 @@ class HardEnds:
         thread that installed it, as the recording stops)."""
         for module in (os, posix):
             if module._exit is self._os_exit:
-                module._exit = self._exit
+                module._exit = self._real_exit
         self._restore_sigterm()
 
     def _restore_sigterm(self) -> None:
@@ -82,12 +82,12 @@ class HardEnds:
     def _exit_called(self, status, /):
         """``os._exit(status)`` while installed."""
         if os.getpid() != self._pid:  # a forked child, which ends as it asked
-            self._exit(status)
+            self._real_exit(status)
         code = operator.index(status)  # (a status os._exit refuses raises its TypeError, with its message)
         at = self._locator.frame_at(sys._getframe(1))
         how = f"os._exit({code})"
         if not self._begin():  # (a finalizer run by the report, on the thread already ending)
-            self._exit(code)
+            self._real_exit(code)
         if threading.get_ident() != self._rec.thread:
             thread = threading.current_thread().name
             self._leave(self._no_verdict(
@@ -159,4 +159,4 @@ class HardEnds:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):  # (a closed output must not keep the status from the shell)
                 stream.flush()
-        self._exit(status)
+        self._real_exit(status)
