@@ -69,6 +69,9 @@ INVALID = "INVALID"
 NOT_STARTED = "NOT_STARTED"
 """What ``kvverify record --json`` says of a program that did not start: its script or module was
 not found or could not be loaded (no trace, no verdict)."""
+NOT_RECORDED = "NOT_RECORDED"
+"""What ``kvverify record --json`` says of a program that ended where its recording could not be
+stopped (``os._exit`` on another thread than the recording's): no trace, no verdict."""
 
 
 class CellVerdict(str, enum.Enum):

@@ -1,10 +1,12 @@
 """``kvverify record [-o TRACE.json] [--no-check] -- python prog.py ... | -- pytest ...``.
 
 Runs a Python program in this process under the recorder, writes the trace, checks it and prints
-each race with both source locations. Exit status: the program's own when it failed; else 1 on a
-race, 0 when safe; 2 when nothing could be recorded (no CUDA device, a bad command line, a program
-that did not start: its script or module not found, or not compiled; no verdict then, and
-``--json`` says ``"verdict": "NOT_STARTED"``).
+each race with both source locations. Exit status: the program's own when it failed (``os._exit(N)``
+is an exit with N); else 1 on a race, 0 when safe; 2 when nothing could be recorded (no CUDA device,
+a bad command line, a program that did not start: its script or module not found, or not compiled;
+no verdict then, and ``--json`` says ``"verdict": "NOT_STARTED"``). A program a signal ended
+(SIGTERM, an uncaught KeyboardInterrupt): 1 on a race, else 128 + the signal's number; never 0.
+The ends that never return here (``os._exit``, SIGTERM) are ``kvverify.record.ends``'s.
 
 The program runs as ``kvverify.record.inprocess`` runs it; the witness runs of ``--confirm`` are
 ``kvverify.record.confirm.runs``'s.
@@ -13,21 +15,27 @@ The program runs as ``kvverify.record.inprocess`` runs it; the witness runs of `
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import signal
 import sys
+import traceback
 
 from kvverify.record.confirm import runs
+from kvverify.record.ends import HardEnds
 from kvverify.record.inprocess import check_start, program, run_program
 from kvverify.record.session import NO_OP_LOG_HELP
+from kvverify.terms import NOT_RECORDED, NOT_STARTED
 
 OWNS_STDOUT = True  # the recorded program runs in this process and writes to the real standard output
 
 EPILOG = """\
-exit status:
+exit status (os._exit(N) counts as an exit with N):
   0  the program succeeded and its recorded device work is SAFE
-  1  it succeeded and its recorded work races (each race with both ops, the
-     lines that issued them, the bytes, the kind, why, and a fix)
+  1  its recorded work races, and it succeeded or a signal ended it (each race
+     with both ops, the lines that issued them, the bytes, the kind, why, a fix)
   N  the program's own exit status, when it failed (the trace written, checked)
+  128+S  a signal S ended it (SIGTERM, SIGINT), and no race was found
   2  nothing was recorded (no CUDA device, another allocator than torch's, a
      command this cannot run in-process, a program that did not start: stderr
      says which); or no race, but NOT RECORDED lines (the JSON has complete:
@@ -51,8 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Run a PyTorch program under the recorder and find its races: what it asks the\n"
         "CUDA device to do (streams, events, synchronization, kernels, copies, batched\n"
-        "swaps with their source access order, host accesses to pinned memory) becomes\n"
-        "a trace, which kvverify check decides.")
+        "swaps, host accesses to pinned memory) becomes a trace, which kvverify check decides.")
     parser.epilog = EPILOG
     parser.add_argument("-o", "--output", default="kvverify-trace.json", metavar="TRACE.json",
                         help="where to write the trace (default: %(default)s)")
@@ -117,6 +124,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
     except NotStartedError as exc:
         return _no_verdict(args, command, str(exc))
     rec = recording(swap_ops=args.swap_op, keep_all=args.keep_all, platform=platform, op_log=not args.no_op_log)
+    finish = functools.partial(_finish, args, rec, command, argv, platform)
+    ends = HardEnds(rec, finish, lambda line: _no_verdict(args, command, line, NOT_RECORDED))
     try:
         rec.start()
     except RecordingError as exc:
@@ -125,15 +134,30 @@ def run(args: argparse.Namespace, platform=None) -> int:
         from kvverify.record.confirm.witness import Forcer
 
         rec.follow_calls(Forcer(rec.recorder))
-    not_started = None
+    ends.install()
+    not_started = signum = None
     try:
         status = run_program(kind, target, arguments)
     except NotStartedError as exc:
         not_started = str(exc)
+    except KeyboardInterrupt:  # (SIGINT: the program's finally blocks ran; its traceback, as python prints it)
+        traceback.print_exc()
+        status, signum = 0, signal.SIGINT
     finally:
+        ends.remove()
         rec.stop()
     if not_started is not None:
         return _no_verdict(args, command, not_started)
+    return finish(status, signum=signum)
+
+
+def _finish(args: argparse.Namespace, rec, command: str, argv: list[str], platform, status: int,
+            signum: int | None = None, how: str | None = None) -> int:
+    """The command's end, the recording stopped: write the trace, check it, print the report (the
+    witnesses of ``--confirm``, the JSON report of ``--json``); returns the exit status (the
+    module's docstring). ``status``: the program's own; ``signum``: the signal that ended it (then
+    1 where its recorded work races, else 128 + ``signum``: never 0); ``how``: how it ended where it
+    never returned (``os._exit(N)``, ``SIGTERM``: ``kvverify.record.ends``)."""
     written = True  # (a trace that could not be written is said so; it changes neither the program's status nor the verdict)
     try:
         rec.write(args.output)
@@ -147,6 +171,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
         if args.confirm:
             print("kvverify record: --confirm needs the check (--no-check was given): no witness runs",
                   file=sys.stderr)
+        if signum is not None:
+            return _ended_by_signal(signum, None)
         return status if status != 0 or written else 2
     from kvverify.check import check
 
@@ -154,8 +180,11 @@ def run(args: argparse.Namespace, platform=None) -> int:
     _show(verdict.render(source=command).rstrip("\n") + "\n\n" + "\n".join(rec.summary().lines()))
     witnesses = None  # (null in the JSON report: no witness runs were made)
     if args.confirm and verdict.races:
-        if status != 0:
+        if status != 0 or signum is not None:
             print("kvverify record: --confirm: the program failed; no witness runs", file=sys.stderr)
+        elif how is not None:
+            print(f"kvverify record: --confirm: the program ended by {how}, which would end its witness runs too, "
+                  "before they write what they saw: no witness runs", file=sys.stderr)
         else:
             # every race, not only those listed: each racing pair of lines gets its witness
             try:
@@ -166,6 +195,8 @@ def run(args: argparse.Namespace, platform=None) -> int:
     if args.json:
         _write_report(args.json, {"command": command, **verdict.to_json(), "complete": rec.complete(),
                                   "witnesses": None if witnesses is None else [w.to_json() for w in witnesses]})
+    if signum is not None:
+        return _ended_by_signal(signum, verdict)
     if status != 0:
         print(f"kvverify record: the program exited with status {status}", file=sys.stderr)
         return status
@@ -179,15 +210,30 @@ def run(args: argparse.Namespace, platform=None) -> int:
     return 0 if verdict.safe else 1
 
 
-def _no_verdict(args: argparse.Namespace, command: str, not_started: str) -> int:
-    """A program that did not start: no trace, no verdict (a SAFE over what never ran would be a
-    lie); the line on stderr, and in the JSON report (``--json``) as NOT_STARTED. Returns 2."""
-    if args.json:
-        from kvverify.terms import NOT_STARTED
+def _ended_by_signal(signum: int, verdict) -> int:
+    """The exit status of a program the signal ``signum`` ended (``verdict``: None unchecked): 1
+    where its recorded work races, else 128 + ``signum``, as a shell reports the signal; never 0,
+    whatever the program would have done after it. Says which on stderr."""
+    name = signal.Signals(signum).name
+    if verdict is not None and not verdict.safe:
+        print(f"kvverify record: the program was ended by {name}, and its recorded work races: exit status 1",
+              file=sys.stderr)
+        return 1
+    found = "no race found in its recorded work" if verdict is not None else "its recorded work not checked"
+    print(f"kvverify record: the program was ended by {name} ({found}): exit status {128 + signum}",
+          file=sys.stderr)
+    return 128 + signum
 
-        _write_report(args.json, {"command": command, "verdict": NOT_STARTED, "error": not_started, "races": [],
+
+def _no_verdict(args: argparse.Namespace, command: str, line: str, verdict: str = NOT_STARTED) -> int:
+    """No trace, no verdict: a program that did not start (a SAFE over what never ran would be a
+    lie; ``verdict`` NOT_STARTED), or one that ended where its recording could not be stopped
+    (NOT_RECORDED); ``line`` on stderr, and in the JSON report (``--json``) as its ``error``.
+    Returns 2."""
+    if args.json:
+        _write_report(args.json, {"command": command, "verdict": verdict, "error": line, "races": [],
                                   "complete": False, "witnesses": None}, say_so=False)
-    return _fail(not_started)
+    return _fail(line)
 
 
 def _show(text: str) -> None:

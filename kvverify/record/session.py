@@ -402,6 +402,18 @@ class Recording:
         with self.recorder.exclusive():
             self.recorder.notes.update(lines)
 
+    def settled(self) -> bool:
+        """Whether ``stop()`` can be called where this thread is now: not inside the recorder's own
+        code (its log may be half written there), nor an op it has yet to log, nor its dispatch
+        mode's handler (torch takes the mode off the stack meanwhile, where the stop could not
+        leave it). A stop made where the thread was interrupted (a signal handler:
+        ``kvverify.record.ends``) waits for this."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        if busy() or self.recorder.in_op():
+            return False
+        return not self._mode_entered or any(m is self._mode for m in _get_current_dispatch_mode_stack())
+
     def _outers(self) -> list[Recording]:
         """The recordings this one paused, innermost first."""
         out, rec = [], self._outer

@@ -123,6 +123,10 @@ class Locator:
                 return f"{self._show(name)}:{line} in {function}"
         return None
 
+    def frame_at(self, frame) -> str:
+        """The ``at`` string of ``frame`` itself, library code or not (where a call was made)."""
+        return f"{self._show(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+
     def locate(self, depth: int = 1) -> str | None:
         """The ``at`` string of the innermost user frame above the caller's ``depth``-th frame."""
         frame = sys._getframe(depth)

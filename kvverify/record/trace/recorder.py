@@ -373,6 +373,10 @@ class Recorder:
         self.collect()
         self._local.in_op = True
 
+    def in_op(self) -> bool:
+        """Whether an op of this thread runs (``begin_op``) and is not in the log yet."""
+        return self._local.in_op
+
     def end_op(self) -> None:
         """The op is in the log (or failed): release what was reported while it ran."""
         local = self._local
