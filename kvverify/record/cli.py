@@ -58,8 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.description = (
         "Run a PyTorch program under the recorder and find its races: what it asks the\n"
-        "CUDA device to do (streams, events, synchronization, kernels, copies, batched\n"
-        "swaps, host accesses to pinned memory) becomes a trace, which kvverify check decides.")
+        "CUDA device to do (streams, events, kernels, copies, swaps, host accesses to\n"
+        "pinned memory) becomes a trace, which kvverify check decides.")
     parser.epilog = EPILOG
     parser.add_argument("-o", "--output", default="kvverify-trace.json", metavar="TRACE.json",
                         help="where to write the trace (default: %(default)s)")
