@@ -90,6 +90,7 @@ class HardEnds:
             self._real_exit(code)
         if threading.get_ident() != self._rec.thread:
             thread = threading.current_thread().name
+            self._rec.abandon()
             self._leave(self._no_verdict(
                 f"NOT RECORDED: the program ended by {how} at {at} on thread {thread!r}, where the recording "
                 "cannot be stopped (only on the thread that started it: torch's dispatch modes are per thread): "

@@ -395,6 +395,12 @@ class Recording:
                 if self._outer is not None:
                     self._outer._resume()
 
+    def abandon(self) -> None:
+        """The process ends without ``stop()`` (``kvverify.record.ends``: on a thread that cannot
+        stop it): remove what would outlive the process, the child processes' marker folder
+        (``kvverify.record.capture.processes``)."""
+        self._children.stop()
+
     def _end_children(self) -> None:
         """The recording ends: the child processes that used CUDA while it ran are work it missed
         (``kvverify.record.capture.processes``); the environment is the program's again."""
