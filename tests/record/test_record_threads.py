@@ -351,27 +351,35 @@ def test_a_task_is_ordered_before_the_thread_its_future_returns_to(fake, wait):
     assert [op.get("thread") for op in ops if op["op"] in ("host_write", "copy")] == ["pool_0", None]
 
 
-def test_work_the_submitting_thread_does_after_a_submit_races_with_the_task(fake):
-    """The submitting thread writes the slot the task copies after submitting it, then waits for the
-    task before it starts: the task's start takes the future's lock that wait released, but the
-    program orders nothing there (a faster worker starts before the write)."""
+def _write_after_two_submits(fake, waited: int):
+    """One worker: a task that runs until the submitting thread waits for task ``waited`` (0: itself,
+    1: the next), then a task that copies the slot; the submitting thread writes the slot after both
+    submits, then waits for task ``waited``. The program orders the write before neither task."""
     cpu, gpu = fake.pinned(BLOCK), fake.device(BLOCK)
     side = fake.stream()
     submitted = []
     with record.recording(platform=fake, skip=fake.skip()) as rec:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool") as pool:
-            def busy():
-                while not (len(submitted) == 2 and _waited_for(submitted[1])):
+            def first():
+                while not (len(submitted) == 2 and _waited_for(submitted[waited])):
                     time.sleep(0.001)
 
-            def task():
+            def second():
                 with fake.use(side):
                     gpu.copy_(cpu, non_blocking=True)
 
-            submitted.append(pool.submit(busy))
-            submitted.append(pool.submit(task))
+            submitted.append(pool.submit(first))
+            submitted.append(pool.submit(second))
             record.host_write(cpu, name="slot0")
-            submitted[1].result()
+            submitted[waited].result()
+    return rec
+
+
+def test_work_the_submitting_thread_does_after_a_submit_races_with_the_task(fake):
+    """The submitting thread writes the slot the task copies after submitting it, then waits for the
+    task before it starts: the task's start takes the future's lock that wait released, but the
+    program orders nothing there (a faster worker starts before the write)."""
+    rec = _write_after_two_submits(fake, waited=1)
     assert _races(rec) == [("RAW", "host_write slot0", "copy")]
 
 
@@ -400,21 +408,5 @@ def test_a_submit_after_a_task_ended_is_not_ordered_after_the_task(fake):
 def test_work_done_before_waiting_for_one_task_races_with_the_next_task(fake):
     """The submitting thread writes the slot the second task copies after submitting it, then waits
     for the first task while it still runs: the program orders the write before neither task."""
-    cpu, gpu = fake.pinned(BLOCK), fake.device(BLOCK)
-    side = fake.stream()
-    submitted = []
-    with record.recording(platform=fake, skip=fake.skip()) as rec:
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pool") as pool:
-            def first():
-                while not (len(submitted) == 2 and _waited_for(submitted[0])):
-                    time.sleep(0.001)
-
-            def second():
-                with fake.use(side):
-                    gpu.copy_(cpu, non_blocking=True)
-
-            submitted.append(pool.submit(first))
-            submitted.append(pool.submit(second))
-            record.host_write(cpu, name="slot0")
-            submitted[0].result()
+    rec = _write_after_two_submits(fake, waited=0)
     assert _races(rec) == [("RAW", "host_write slot0", "copy")]
