@@ -14,8 +14,8 @@ the times down, and this process prints, for each size and load:
 
 - the median per-step cost in each tenth (decile) of the run, plain and recorded, and their ratio
   (the target: at most 1.5x in every decile);
-- peak resident memory of the program's process (VmHWM, read at its exit), plain and recorded, and
-  the difference (the target: at most 2 GB);
+- peak resident memory of the run's process (its rusage at exit: the recorder runs in it, so its
+  stop and check count), plain and recorded, and the difference (the target: at most 2 GB);
 - the time from the program's last step to the verdict (the recorded run's wall time after its
   loop ended; the target: within 60 s), the verdict's line, and the trace's size on disk;
 - the host's speed before each run (``host_speed_ms``: a shared host's cores change speed).
@@ -43,8 +43,8 @@ from bench_record import host_speed_ms  # noqa: E402
 OPS_PER_STEP = 5  # the kernel, the event's record, the wait, the copy, and a sixty-fourth of a sync
 
 # The program each run executes (plain, or under `kvverify record`): argv[1] steps, argv[2] load,
-# argv[3] where the step times (ns, one per line) and the peak RSS go; the loop's end time is the
-# file's last line, so that the time to the verdict is measured from the loop's end, not from exit.
+# argv[3] where the step times (ns, one per line) go; the loop's end time is the file's last line,
+# so that the time to the verdict is measured from the loop's end, not from exit.
 PROGRAM = r"""
 import sys, time, torch
 steps, load, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -74,18 +74,15 @@ torch.cuda.synchronize()
 end = time.time()
 with open(out, "w") as f:
     f.write("\n".join(map(str, times)))
-    with open("/proc/self/status") as status:
-        kb = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-    f.write(f"\nrss-kb {kb}\nend {end!r}\n")
+    f.write(f"\nend {end!r}\n")
 """
 
 
-def read_run(path: Path) -> tuple[list[int], int, float]:
-    """``(per-step ns, peak RSS in kB, the loop's end as time.time())`` a run's child wrote."""
+def read_run(path: Path) -> tuple[list[int], float]:
+    """``(per-step ns, the loop's end as time.time())`` a run's child wrote."""
     lines = path.read_text().splitlines()
-    rss = int(next(line for line in lines if line.startswith("rss-kb ")).split()[1])
     end = float(next(line for line in lines if line.startswith("end ")).split()[1])
-    return [int(line) for line in lines if line and line[0].isdigit()], rss, end
+    return [int(line) for line in lines if line and line[0].isdigit()], end
 
 
 def deciles(times: list[int]) -> list[float]:
@@ -105,17 +102,22 @@ def run(steps: int, load: str, recorded: bool, folder: Path) -> dict:
         cmd = [sys.executable, "-m", "kvverify", "record", "-o", str(trace), "--"] + cmd
     speed = host_speed_ms()
     start = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    finished = time.time()
+    with tempfile.TemporaryFile("w+") as stdout:
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=subprocess.STDOUT, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (kB on Linux)
+        finished = time.time()
+        code = os.waitstatus_to_exitcode(status)
+        stdout.seek(0)
+        text = stdout.read()
     if not out.exists():
         raise SystemExit(f"bench_record_scale: the {'recorded' if recorded else 'plain'} run of {steps} steps "
-                         f"({load}) wrote no step times (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
-    times, rss_kb, end = read_run(out)
+                         f"({load}) wrote no step times (exit {code}):\n{text[-2000:]}")
+    times, end = read_run(out)
     figures = {"steps": steps, "load": load, "recorded": recorded, "host_speed_ms": round(speed, 2),
-               "wall_s": round(finished - start, 2), "exit": proc.returncode, "rss_mb": rss_kb // 1024,
+               "wall_s": round(finished - start, 2), "exit": code, "rss_mb": usage.ru_maxrss // 1024,
                "deciles_us": [round(d, 2) for d in deciles(times)]}
     if recorded:
-        lines = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines() if line.strip()]
+        lines = [line for line in text.splitlines() if line.strip()]
         figures.update(verdict_after_s=round(finished - end, 2), trace_bytes=trace.stat().st_size if trace.exists() else 0,
                        verdict=next((line for line in lines if line.split()[0] in ("SAFE", "RACY", "NOT")), lines[-1] if lines else ""))
         trace.unlink(missing_ok=True)
